@@ -1,0 +1,234 @@
+"""The `[dataloader]` table of a job TOML: dataclasses, parsing and validation.
+
+    [dataloader]
+    num_lanes = 8              # fixed for the life of a run; W must divide it
+    seed = 1234
+    packing = "wrap"           # or "best_fit"
+
+    [dataloader.sources.code]
+    paths = ["data/code/*.parquet"]
+    weight = 0.3
+
+Sources are keyed by name and always processed in sorted-name order, so reordering
+tables in the file changes nothing. Relative paths are resolved against the
+working directory of the job (as TorchTitan does for its dataset paths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from zephon_titan.errors import ConfigError
+
+PACKING_MODES = ("wrap", "best_fit")
+EXHAUSTION_POLICIES = ("repeat", "redistribute")
+FORMATS = ("auto", "jsonl", "parquet")
+
+
+@dataclass(kw_only=True, slots=True)
+class SourceConfig:
+    """One named source: its files, text field and share of the mixture."""
+
+    name: str
+    """Source name (the key of its `[dataloader.sources.<name>]` table)."""
+
+    paths: list[str]
+    """Files or glob patterns (`**` allowed); relative to the job's working directory."""
+
+    weight: float = 1.0
+    """Share of tokens in the mixture (normalized over all sources)."""
+
+    text_field: str = "text"
+    """JSON field or Parquet column holding the document text."""
+
+    format: str = "auto"
+    """`jsonl`, `parquet`, or `auto` (from the file extension)."""
+
+    block_bytes: int = 1 << 20
+    """JSONL only: size of the byte ranges dealt to lanes."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Everything the row streams depend on, except the tokenizer object and seq_len."""
+
+    sources: list[SourceConfig]
+    """The named sources, in sorted-name order."""
+
+    num_lanes: int = 8
+    """Number of lanes L; fixed for a run. Data-parallel sizes must divide it."""
+
+    seed: int = 0
+    """Seed of every shuffle."""
+
+    packing: str = "wrap"
+    """`wrap`: documents concatenated and split across rows, no padding.
+    `best_fit`: whole documents placed into rows by best fit, padding labels -100."""
+
+    exhaustion: str = "repeat"
+    """`repeat`: every source loops with a fresh shuffle per epoch.
+    `redistribute`: each source is read once; an exhausted source leaves the lane's
+    mixture and the others are renormalized; a lane ends when all are exhausted."""
+
+    shuffle_window_blocks: int = 4
+    """Documents are shuffled within windows of this many consecutive blocks of a lane."""
+
+    best_fit_window_docs: int = 256
+    """best_fit only: documents considered together when filling rows."""
+
+    tokenizer: str = ""
+    """Directory holding tokenizer.json (or the file itself); empty: the trainer's tokenizer."""
+
+    add_bos: bool = True
+    """Prepend the tokenizer's BOS token to each document (if it has one)."""
+
+    add_eos: bool = True
+    """Append the tokenizer's EOS token to each document (if it has one)."""
+
+    workers: int = 1
+    """Threads producing lanes in parallel. A performance knob: rows do not depend on it."""
+
+    def source_names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+
+def _check_keys(table: dict, allowed: list[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(allowed)}"
+            raise ConfigError(f"unknown key {key!r} in {where}; {hint}")
+
+
+def _typed(value: Any, kind: type, key: str, where: str) -> Any:
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise ConfigError(f"{where} {key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _source_from_table(name: str, table: Any) -> SourceConfig:
+    where = f"[dataloader.sources.{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table with at least `paths`, got {table!r}")
+    allowed = [f.name for f in dataclasses.fields(SourceConfig) if f.name != "name"]
+    _check_keys(table, allowed, where)
+    if "paths" not in table:
+        raise ConfigError(f"{where} needs `paths`, a list of files or glob patterns")
+    paths = table["paths"]
+    if isinstance(paths, str):
+        paths = [paths]
+    if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
+        raise ConfigError(f"{where} paths must be a non-empty list of strings, got {paths!r}")
+    kwargs: dict[str, Any] = {"name": name, "paths": paths}
+    defaults = SourceConfig(name=name, paths=paths)
+    for key in ("weight", "text_field", "format", "block_bytes"):
+        if key in table:
+            kwargs[key] = _typed(table[key], type(getattr(defaults, key)), key, where)
+    source = SourceConfig(**kwargs)
+    validate_source(source)
+    return source
+
+
+def validate_source(source: SourceConfig) -> None:
+    where = f"[dataloader.sources.{source.name}]"
+    if not (math.isfinite(source.weight) and source.weight > 0):
+        raise ConfigError(
+            f"{where} weight must be a finite number > 0, got {source.weight}; "
+            "remove the source to leave it out of the mixture"
+        )
+    if source.format not in FORMATS:
+        raise ConfigError(f"{where} format must be one of {', '.join(FORMATS)}, got {source.format!r}")
+    if source.block_bytes < 1024:
+        raise ConfigError(f"{where} block_bytes must be >= 1024, got {source.block_bytes}")
+    if not source.text_field:
+        raise ConfigError(f"{where} text_field must not be empty")
+
+
+def validate(config: DataConfig) -> None:
+    """Check values that do not need the files; raises ConfigError naming the key."""
+    if not config.sources:
+        raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
+    names = config.source_names()
+    if len(set(names)) != len(names):
+        raise ConfigError(f"[dataloader] source names must be unique, got {names}")
+    if names != sorted(names):
+        raise ConfigError(f"[dataloader] sources must be in sorted-name order, got {names}")
+    for source in config.sources:
+        validate_source(source)
+    if config.num_lanes < 1:
+        raise ConfigError(f"[dataloader] num_lanes must be >= 1, got {config.num_lanes}")
+    if config.packing not in PACKING_MODES:
+        raise ConfigError(f"[dataloader] packing must be one of {', '.join(PACKING_MODES)}, got {config.packing!r}")
+    if config.exhaustion not in EXHAUSTION_POLICIES:
+        raise ConfigError(
+            f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
+        )
+    for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers"):
+        if getattr(config, key) < 1:
+            raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
+
+
+def config_from_dict(table: dict) -> DataConfig:
+    """Build a DataConfig from the `[dataloader]` table (already parsed TOML)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[dataloader] must be a table, got {table!r}")
+    allowed = [f.name for f in dataclasses.fields(DataConfig)]
+    _check_keys(table, allowed, "[dataloader]")
+    raw_sources = table.get("sources")
+    if not isinstance(raw_sources, dict) or not raw_sources:
+        raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
+    sources = [_source_from_table(name, raw_sources[name]) for name in sorted(raw_sources)]
+    defaults = DataConfig(sources=sources)
+    kwargs: dict[str, Any] = {"sources": sources}
+    for f in dataclasses.fields(DataConfig):
+        if f.name != "sources" and f.name in table:
+            kwargs[f.name] = _typed(table[f.name], type(getattr(defaults, f.name)), f.name, "[dataloader]")
+    config = DataConfig(**kwargs)
+    validate(config)
+    return config
+
+
+def load_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+
+
+def load_data_config(path: str) -> DataConfig:
+    """Read the `[dataloader]` table of a job TOML file."""
+    document = load_toml(path)
+    if "dataloader" not in document:
+        raise ConfigError(f"{path} has no [dataloader] table")
+    try:
+        return config_from_dict(document["dataloader"])
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def config_to_dict(config: DataConfig) -> dict:
+    """The inverse of config_from_dict (JSON/TOML friendly)."""
+    table = {f.name: getattr(config, f.name) for f in dataclasses.fields(DataConfig) if f.name != "sources"}
+    table["sources"] = {
+        s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}
+        for s in config.sources
+    }
+    return table
+
+

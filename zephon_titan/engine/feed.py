@@ -1,0 +1,162 @@
+"""One lane's stream of documents: its blocks of every source, shuffled, then mixed.
+
+Dealing. Source s has B blocks. Its infinite block sequence is epoch 0's blocks in
+a shuffled order, then epoch 1's in a fresh order, and so on; position j of that
+sequence is block perm_e[j mod B] with e = j div B. Lane l takes positions
+l, l + L, l + 2L, ... (L lanes), so every epoch's blocks are dealt to the lanes
+exactly once, and a source with fewer blocks than lanes still feeds every lane
+(in later epochs). Under `redistribute` only epoch 0 exists.
+
+Shuffling. A lane's blocks of a source are grouped into windows of K consecutive
+blocks (K = shuffle_window_blocks); the documents of a window are read together
+and taken in a keyed shuffled order, so documents of different files interleave.
+Everything is a pure function of (seed, source, epoch or lane and window, index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from zephon_titan.errors import DataError
+from zephon_titan.engine.mixing import choose_source
+from zephon_titan.engine.shuffle import Permutation, derive_key
+from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.state import SourceCursor
+
+# Documents tokenized together in one encode_batch call (a speed knob only).
+TOKENIZE_BATCH = 64
+# A repeating source whose lane meets no document for this many epochs is empty.
+MAX_EMPTY_EPOCHS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    source: int
+    tokens: np.ndarray
+    file: str
+    row: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    index: int
+    texts: list[str]
+    files: list[str]
+    rows: list[int]
+    order: Permutation
+
+
+class LaneSourceReader:
+    """The documents one lane reads from one source, in order."""
+
+    def __init__(self, spec: EngineSpec, source_index: int, lane_id: int):
+        self.spec = spec
+        self.source = spec.sources[source_index]
+        self.source_index = source_index
+        self.lane_id = lane_id
+        self._perms: dict[int, Permutation] = {}
+        self._window: _Window | None = None
+        self._tokens: dict[int, np.ndarray] = {}
+
+    def block_at(self, k: int) -> int | None:
+        """The lane's k-th block of this source, or None past the end (non-repeating)."""
+        num_blocks = self.source.num_blocks
+        epoch, index = divmod(self.lane_id + k * self.spec.num_lanes, num_blocks)
+        if epoch > 0 and not self.spec.repeat:
+            return None
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = Permutation(num_blocks, derive_key(self.spec.seed, "blocks", self.source.name, epoch))
+            self._perms = {epoch: perm}  # lanes move forward: one epoch at a time is enough
+        return perm[index]
+
+    def window(self, w: int) -> _Window | None:
+        """Window w of this lane (None if it has no block: the source is exhausted)."""
+        if self._window is not None and self._window.index == w:
+            return self._window
+        k0 = w * self.spec.config.shuffle_window_blocks
+        self._tokens = {}
+        self._window = None
+        if self.block_at(k0) is None:
+            return None
+        texts: list[str] = []
+        files: list[str] = []
+        rows: list[int] = []
+        for k in range(k0, k0 + self.spec.config.shuffle_window_blocks):
+            block = self.block_at(k)
+            if block is None:
+                break
+            docs = self.source.read_block(block)
+            texts.extend(docs.texts)
+            files.extend([docs.file] * len(docs.texts))
+            rows.extend(docs.rows)
+        key = derive_key(self.spec.seed, "docs", self.source.name, self.lane_id, w)
+        self._window = _Window(w, texts, files, rows, Permutation(len(texts), key))
+        return self._window
+
+    def normalize(self, cursor: SourceCursor) -> SourceCursor | None:
+        """The cursor moved past finished windows, or None if the source is exhausted."""
+        w, p = cursor.window, cursor.position
+        empty_windows = 0
+        while True:
+            window = self.window(w)
+            if window is None:
+                return None
+            if p < len(window.texts):
+                return cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
+            if not window.texts:
+                empty_windows += 1
+                blocks_seen = empty_windows * self.spec.config.shuffle_window_blocks * self.spec.num_lanes
+                if blocks_seen > MAX_EMPTY_EPOCHS * self.source.num_blocks:
+                    raise DataError(
+                        f"source {self.source.name!r}: lane {self.lane_id} found no document in "
+                        f"{MAX_EMPTY_EPOCHS} epochs of blocks; its files hold (almost) no non-empty "
+                        f"lines/rows in field {self.source.text_field!r}"
+                    )
+            w, p = w + 1, 0
+
+    def document(self, cursor: SourceCursor) -> Document:
+        """The document at a normalized cursor."""
+        window = self.window(cursor.window)
+        p = cursor.position
+        if p not in self._tokens:
+            stop = min(p + TOKENIZE_BATCH, len(window.texts))
+            indices = [window.order[i] for i in range(p, stop)]
+            encoded = self.spec.tokenizer.encode([window.texts[i] for i in indices])
+            self._tokens = dict(zip(range(p, stop), encoded))
+        i = window.order[p]
+        return Document(self.source_index, self._tokens[p], window.files[i], window.rows[i])
+
+
+class DocumentFeed:
+    """One lane's mixed document stream; its state is the per-source cursors."""
+
+    def __init__(self, spec: EngineSpec, lane_id: int, cursors: tuple[SourceCursor, ...] | None = None):
+        self.spec = spec
+        self.lane_id = lane_id
+        self.readers = [LaneSourceReader(spec, s, lane_id) for s in range(len(spec.sources))]
+        if cursors is None:
+            cursors = tuple(SourceCursor(window=0, position=0, tokens=0) for _ in spec.sources)
+        self.cursors = list(cursors)
+
+    def state(self) -> tuple[SourceCursor, ...]:
+        return tuple(self.cursors)
+
+    def next_document(self) -> Document | None:
+        """The lane's next document (never an empty one), or None when every source is exhausted."""
+        while True:
+            normalized = [r.normalize(c) for r, c in zip(self.readers, self.cursors)]
+            active = [c is not None for c in normalized]
+            tokens = [c.tokens for c in self.cursors]
+            s = choose_source(self.spec.weights, tokens, active)
+            if s < 0:
+                return None
+            cursor = normalized[s]
+            doc = self.readers[s].document(cursor)
+            self.cursors[s] = SourceCursor(
+                window=cursor.window, position=cursor.position + 1, tokens=cursor.tokens + len(doc.tokens)
+            )
+            if len(doc.tokens):  # an empty text without BOS/EOS has nothing to emit
+                return doc

@@ -1,0 +1,55 @@
+"""The fingerprint: everything lane purity depends on, as named components.
+
+A resume compares the saved components with the current ones and names each that
+changed (data, tokenizer, seed, seq_len, num_lanes, ...). The number of ranks,
+workers and the batch split are deliberately absent: changing them is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from zephon_titan.errors import ResumeError
+from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.state import STATE_VERSION
+
+
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+
+
+def fingerprint(spec: EngineSpec) -> dict[str, str]:
+    c = spec.config
+    return {
+        "state_version": str(STATE_VERSION),
+        "sources": ",".join(spec.source_names),
+        "data": _sha([s.describe() for s in spec.sources]),
+        "weights": ",".join(f"{w:.12g}" for w in spec.weights),
+        "tokenizer": spec.tokenizer.digest()[:16],
+        "seed": str(c.seed),
+        "seq_len": str(spec.seq_len),
+        "num_lanes": str(c.num_lanes),
+        "packing": f"{c.packing}(window_docs={c.best_fit_window_docs})" if c.packing == "best_fit" else c.packing,
+        "exhaustion": c.exhaustion,
+        "shuffle_window_blocks": str(c.shuffle_window_blocks),
+    }
+
+
+def fingerprint_digest(components: dict[str, str]) -> str:
+    return _sha(components)
+
+
+def check_fingerprint(saved: dict[str, str], current: dict[str, str]) -> None:
+    """Raise ResumeError listing every component that differs (old -> new)."""
+    changed = [
+        f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"
+        for key in sorted(set(saved) | set(current))
+        if saved.get(key) != current.get(key)
+    ]
+    if changed:
+        raise ResumeError(
+            "the checkpoint's data stream differs from this run's config, so resuming would change "
+            "the data; changed: " + "; ".join(changed)
+            + ". Restore the old settings, or start a new run (without the checkpoint's dataloader state)"
+        )

@@ -1,0 +1,84 @@
+"""Lane ownership and the canonical order of a step's rows.
+
+Step t's global batch is lane 0's rows [tR, (t+1)R), then lane 1's, ..., lane L-1's
+(R = G / L). DP rank r of W owns lanes [r L/W, (r+1) L/W) and yields its rows in
+that same order, so concatenating ranks in rank order gives the same bytes for
+every valid W.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from zephon_titan.errors import ConfigError
+from zephon_titan.engine.packing import Row
+from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.state import LaneState
+from zephon_titan.engine.stream import LaneStream
+
+
+def valid_world_sizes(num_lanes: int) -> list[int]:
+    return [w for w in range(1, num_lanes + 1) if num_lanes % w == 0]
+
+
+def lanes_of_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> range:
+    if dp_world_size < 1 or num_lanes % dp_world_size:
+        raise ConfigError(
+            f"{dp_world_size} data-parallel ranks cannot share {num_lanes} lanes evenly; "
+            f"use a data-parallel size in {valid_world_sizes(num_lanes)} or change [dataloader] num_lanes "
+            "(only at the start of a run)"
+        )
+    if not 0 <= dp_rank < dp_world_size:
+        raise ConfigError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
+    per_rank = num_lanes // dp_world_size
+    return range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+
+
+def rows_per_lane(global_batch_size: int, num_lanes: int) -> int:
+    if global_batch_size < 1 or global_batch_size % num_lanes:
+        raise ConfigError(
+            f"global batch size {global_batch_size} is not a positive multiple of num_lanes {num_lanes}; "
+            f"each lane gives the same number of rows per step (e.g. {num_lanes * max(1, global_batch_size // num_lanes)})"
+        )
+    return global_batch_size // num_lanes
+
+
+class LaneGroup:
+    """The lanes one rank owns, stepped together: R rows per lane per step, in canonical order.
+
+    `workers` threads produce lanes in parallel (tokenization releases the GIL);
+    rows never depend on it.
+    """
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        lane_ids: range | list[int],
+        rows_per_step: int,
+        workers: int = 1,
+        states: dict[int, LaneState] | None = None,
+    ):
+        states = states or {}
+        self.rows_per_step = rows_per_step
+        self.streams = [LaneStream(spec, lane, states.get(lane)) for lane in lane_ids]
+        self._pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 and len(self.streams) > 1 else None
+
+    def next_step(self) -> list[list[Row]]:
+        """One step's rows: a list per lane, in lane order."""
+        if self._pool is None:
+            return [stream.take(self.rows_per_step) for stream in self.streams]
+        return list(self._pool.map(lambda stream: stream.take(self.rows_per_step), self.streams))
+
+    def state(self) -> dict[int, LaneState]:
+        return {stream.lane_id: stream.state() for stream in self.streams}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "LaneGroup":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

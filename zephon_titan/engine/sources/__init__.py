@@ -1,0 +1,40 @@
+"""Source formats. `open_source` picks the reader from the config (or file extension)."""
+
+from __future__ import annotations
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.errors import ConfigError
+from zephon_titan.engine.sources.base import BlockDocuments, Source, expand_paths
+from zephon_titan.engine.sources.jsonl import JsonlSource
+from zephon_titan.engine.sources.parquet import ParquetSource
+
+_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def _format_of(source: SourceConfig, path: str) -> str:
+    if source.format != "auto":
+        return source.format
+    for ext, fmt in _EXTENSIONS.items():
+        if path.endswith(ext):
+            return fmt
+    raise ConfigError(
+        f"[dataloader.sources.{source.name}]: cannot tell the format of {path} from its extension "
+        f"(known: {', '.join(_EXTENSIONS)}); set format = \"jsonl\" or \"parquet\""
+    )
+
+
+def open_source(source: SourceConfig, base_dir: str | None = None) -> Source:
+    files = expand_paths(source.name, source.paths, base_dir)
+    formats = {_format_of(source, f) for f in files}
+    if len(formats) > 1:
+        raise ConfigError(
+            f"[dataloader.sources.{source.name}] mixes formats ({', '.join(sorted(formats))}); "
+            "split it into one source per format"
+        )
+    fmt = formats.pop()
+    if fmt == "parquet":
+        return ParquetSource(source.name, files, source.text_field)
+    return JsonlSource(source.name, files, source.text_field, source.block_bytes)
+
+
+__all__ = ["BlockDocuments", "Source", "open_source", "JsonlSource", "ParquetSource"]

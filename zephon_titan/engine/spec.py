@@ -1,0 +1,87 @@
+"""EngineSpec: the immutable description every lane stream is a pure function of.
+
+Built once per process from the `[dataloader]` config, the tokenizer and seq_len.
+It opens the sources (file sizes, Parquet footers) but reads no document.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from zephon_titan.config import DataConfig, SourceConfig, validate
+from zephon_titan.errors import ConfigError
+from zephon_titan.engine.sources import open_source
+from zephon_titan.engine.sources.base import Source
+from zephon_titan.engine.tokenize import DocumentTokenizer, load_tokenizer
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class EngineSpec:
+    config: DataConfig
+    sources: tuple[Source, ...]
+    weights: tuple[float, ...]
+    """Mixture weights, normalized to sum to 1, in source order."""
+    tokenizer: DocumentTokenizer
+    seq_len: int
+
+    @property
+    def num_lanes(self) -> int:
+        return self.config.num_lanes
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def row_tokens(self) -> int:
+        """Tokens per packed row: seq_len inputs plus the last label."""
+        return self.seq_len + 1
+
+    @property
+    def repeat(self) -> bool:
+        return self.config.exhaustion == "repeat"
+
+    @property
+    def pad_id(self) -> int:
+        """Input id of padding tokens (their labels are always -100)."""
+        eos = self.tokenizer.eos_id
+        return eos if eos is not None else 0
+
+    @property
+    def source_names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+
+def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer | None = None) -> EngineSpec:
+    """Validate the config against its files and open every source."""
+    validate(config)
+    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
+        raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")
+    if tokenizer is None:
+        if not config.tokenizer:
+            raise ConfigError(
+                "no tokenizer: set [dataloader] tokenizer to a directory holding tokenizer.json "
+                "(or let the TorchTitan trainer pass its own)"
+            )
+        tokenizer = load_tokenizer(config.tokenizer, add_bos=config.add_bos, add_eos=config.add_eos)
+    sources = tuple(_open(s) for s in config.sources)
+    total = sum(s.weight for s in config.sources)
+    return EngineSpec(
+        config=config,
+        sources=sources,
+        weights=tuple(s.weight / total for s in config.sources),
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+    )
+
+
+def _open(source: SourceConfig) -> Source:
+    opened = open_source(source)
+    if opened.num_blocks == 0:
+        files = ", ".join(os.path.basename(f.path) for f in opened.files)
+        raise ConfigError(
+            f"[dataloader.sources.{source.name}] has no data: its files ({files}) are empty; "
+            "fix the paths or remove the source"
+        )
+    return opened

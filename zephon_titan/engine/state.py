@@ -1,0 +1,82 @@
+"""A lane's checkpoint state: a few integers, JSON-serializable, never tokens or pickles.
+
+The state names a *unit* of work that is replayed on restore: in `wrap` packing
+the document being split across rows, in `best_fit` packing the window of
+documents being placed into rows. `cursors` are the per-source reading positions
+at the start of that unit and `unit_offset` the progress inside it (tokens of the
+document already emitted, or rows of the window already emitted). Restoring
+re-reads and re-tokenizes that one unit and skips what was already emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zephon_titan.errors import ResumeError
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceCursor:
+    """Where a lane stands in one source."""
+
+    window: int
+    """Index of the lane's current shuffle window (shuffle_window_blocks blocks each)."""
+
+    position: int
+    """Documents of that window already taken, in the window's shuffled order."""
+
+    tokens: int
+    """Tokens taken from this source by the lane so far (drives the mixture)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaneState:
+    lane_id: int
+    rows: int
+    """Rows the consumer has taken from this lane."""
+
+    cursors: tuple[SourceCursor, ...]
+    """Per source (sorted-name order), at the start of the open unit."""
+
+    unit_open: bool
+    """Whether a unit (document or best-fit window) is partly emitted."""
+
+    unit_offset: int
+    """Tokens (wrap) or rows (best_fit) of the open unit already emitted."""
+
+    version: int = STATE_VERSION
+
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "lane_id": self.lane_id,
+            "rows": self.rows,
+            "cursors": [[c.window, c.position, c.tokens] for c in self.cursors],
+            "unit_open": self.unit_open,
+            "unit_offset": self.unit_offset,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LaneState":
+        expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
+        if not isinstance(data, dict) or set(data) != expected:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ResumeError(f"lane state must have keys {sorted(expected)}, got {got}")
+        if data["version"] != STATE_VERSION:
+            raise ResumeError(
+                f"lane state version {data['version']} is not supported by this zephon_titan "
+                f"(it reads version {STATE_VERSION}); resume with the release that wrote it"
+            )
+        try:
+            cursors = tuple(SourceCursor(window=int(w), position=int(p), tokens=int(t)) for w, p, t in data["cursors"])
+            return cls(
+                lane_id=int(data["lane_id"]),
+                rows=int(data["rows"]),
+                cursors=cursors,
+                unit_open=bool(data["unit_open"]),
+                unit_offset=int(data["unit_offset"]),
+            )
+        except (TypeError, ValueError) as e:
+            raise ResumeError(f"malformed lane state {data!r}: {e}") from None
