@@ -1,0 +1,73 @@
+import pytest
+
+from helpers import data_table
+from zephon_titan.config import config_from_dict, config_to_dict, load_data_config
+from zephon_titan.engine import build_engine
+from zephon_titan.errors import ConfigError
+
+
+def test_toml_round_trip(tmp_path, corpus_dir, tokenizer_dir):
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[dataloader]
+num_lanes = 4
+seed = 3
+tokenizer = "{tokenizer_dir}"
+
+[dataloader.sources.prose]
+paths = ["{corpus_dir}/prose/*.jsonl"]
+weight = 2
+
+[dataloader.sources.code]
+paths = "{corpus_dir}/code/*.parquet"
+""")
+    config = load_data_config(str(path))
+    assert config.source_names() == ["code", "prose"]  # sorted, whatever the file order
+    assert config.sources[1].weight == 2.0 and config.num_lanes == 4
+    assert config_from_dict(config_to_dict(config)) == config
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"num_lanse": 8}, r"unknown key 'num_lanse' in \[dataloader\]; did you mean 'num_lanes'\?"),
+        ({"num_lanes": 0}, r"num_lanes must be >= 1, got 0"),
+        ({"num_lanes": "8"}, r"num_lanes must be int, got '8'"),
+        ({"packing": "greedy"}, r"packing must be one of wrap, best_fit, got 'greedy'"),
+        ({"exhaustion": "stop"}, r"exhaustion must be one of repeat, redistribute"),
+        ({"sources": {}}, r"has no sources"),
+        ({"sources": {"a": {"weight": 1}}}, r"\[dataloader.sources.a\] needs `paths`"),
+        ({"sources": {"a": {"paths": ["x"], "weight": 0}}}, r"weight must be a finite number > 0, got 0"),
+        ({"sources": {"a": {"paths": ["x"], "weight": -1.5}}}, r"weight must be a finite number > 0"),
+        ({"sources": {"a": {"paths": ["x"], "wieght": 1}}}, r"unknown key 'wieght' .*did you mean 'weight'"),
+        ({"sources": {"a": {"paths": []}}}, r"paths must be a non-empty list"),
+    ],
+)
+def test_config_mistakes_are_named(corpus_dir, tokenizer_dir, change, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(data_table(corpus_dir, tokenizer_dir, **change))
+
+
+def test_missing_files_fail_when_the_engine_is_built(corpus_dir, tokenizer_dir):
+    table = data_table(corpus_dir, tokenizer_dir)
+    table["sources"]["prose"]["paths"] = ["/no/such/dir/*.jsonl"]
+    with pytest.raises(ConfigError, match="source 'prose': path '/no/such/dir/\\*.jsonl' matches no file"):
+        build_engine(config_from_dict(table), seq_len=64)
+
+
+@pytest.mark.parametrize("seq_len", [0, -3, 2.5])
+def test_bad_seq_len(corpus_dir, tokenizer_dir, seq_len):
+    with pytest.raises(ConfigError, match="seq_len must be an integer >= 1"):
+        build_engine(config_from_dict(data_table(corpus_dir, tokenizer_dir)), seq_len=seq_len)
+
+
+def test_missing_tokenizer_file(corpus_dir, tmp_path):
+    with pytest.raises(ConfigError, match="tokenizer.json does not exist"):
+        build_engine(config_from_dict(data_table(corpus_dir, str(tmp_path))), seq_len=64)
+
+
+def test_missing_toml_table(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[training]\nsteps = 3\n")
+    with pytest.raises(ConfigError, match=r"job.toml has no \[dataloader\] table"):
+        load_data_config(str(path))

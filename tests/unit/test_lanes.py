@@ -1,0 +1,62 @@
+import hashlib
+
+import pytest
+
+from helpers import make_spec
+from zephon_titan.engine import (
+    ConfigError, LaneGroup, batch_digest, lane_digest, lanes_of_rank, rows_per_lane, valid_world_sizes,
+)
+
+STEPS, GLOBAL_BATCH = 4, 16
+
+
+def _global_batches(spec, world_size, lane_order=None):
+    """Each rank's rows of each step, concatenated in rank order; also the digest-only hash."""
+    groups = []
+    for rank in range(world_size):
+        lanes = list(lanes_of_rank(spec.num_lanes, world_size, rank))
+        groups.append(LaneGroup(spec, lanes, rows_per_lane(GLOBAL_BATCH, spec.num_lanes)))
+    out = []
+    for _ in range(STEPS):
+        per_lane = [lane_rows for g in groups for lane_rows in g.next_step()]
+        if lane_order is not None:
+            per_lane = [per_lane[i] for i in lane_order]
+        flat = b"".join(row.to_bytes() for rows in per_lane for row in rows)
+        out.append((hashlib.sha256(flat).hexdigest(), batch_digest(lane_digest(rows) for rows in per_lane)))
+    return out
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_global_batches_are_identical_for_every_world_size(corpus_dir, tokenizer_dir, packing):
+    spec = make_spec(corpus_dir, tokenizer_dir, packing=packing, best_fit_window_docs=16)
+    reference = _global_batches(spec, 1)
+    assert len({h for h, _ in reference}) == STEPS
+    for world_size in (2, 4, 8):
+        assert _global_batches(spec, world_size) == reference, f"W={world_size}"
+
+
+def test_negative_controls_other_seed_or_lane_order(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    reference = _global_batches(spec, 2)
+    swapped = _global_batches(spec, 2, lane_order=[1, 0, 2, 3, 4, 5, 6, 7])
+    other_seed = _global_batches(make_spec(corpus_dir, tokenizer_dir, seed=99), 2)
+    for other in (swapped, other_seed):
+        assert all(a[0] != b[0] and a[1] != b[1] for a, b in zip(reference, other))
+
+
+def test_ownership_is_contiguous_and_complete():
+    for w in valid_world_sizes(8):
+        owned = [lane for r in range(w) for lane in lanes_of_rank(8, w, r)]
+        assert owned == list(range(8))
+    assert valid_world_sizes(12) == [1, 2, 3, 4, 6, 12]
+
+
+def test_invalid_world_size_lists_valid_ones():
+    with pytest.raises(ConfigError, match=r"3 data-parallel ranks cannot share 8 lanes evenly; .*\[1, 2, 4, 8\]"):
+        lanes_of_rank(8, 3, 0)
+
+
+def test_global_batch_must_be_a_multiple_of_lanes():
+    with pytest.raises(ConfigError, match="global batch size 20 is not a positive multiple of num_lanes 8"):
+        rows_per_lane(20, 8)
+    assert rows_per_lane(24, 8) == 3

@@ -1,0 +1,158 @@
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers import assert_restores_exactly, data_table, make_spec, rows_digest
+from zephon_titan.engine import LaneExhausted, LaneGroup, LaneState, LaneStream
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+@given(lane=st.integers(0, 7), cut=st.integers(0, 60), after=st.integers(1, 8))
+@settings(max_examples=20, deadline=None)
+def test_restore_is_exact_at_random_cuts(corpus_dir, tokenizer_dir, packing, lane, cut, after):
+    # Each side builds its own engine (fresh spec, sources and tokenizer objects).
+    factory = lambda: make_spec(corpus_dir, tokenizer_dir, seq_len=48, packing=packing, best_fit_window_docs=8)
+    assert_restores_exactly(factory, lane, cut, after)
+
+
+def test_state_is_small_json_of_integers(corpus_dir, tokenizer_dir):
+    stream = LaneStream(make_spec(corpus_dir, tokenizer_dir), 4)
+    stream.take(37)
+    encoded = json.dumps(stream.state().to_dict())
+    assert len(encoded) < 200, encoded
+    assert LaneState.from_dict(json.loads(encoded)) == stream.state()
+
+
+def test_restore_check_can_fail(corpus_dir, tokenizer_dir):
+    # Negative control: a state one token off restores to different rows.
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    stream = LaneStream(spec, 0)
+    stream.take(5)
+    state = stream.state().to_dict()
+    expected = rows_digest(stream.take(3))
+    state["unit_offset"] += 1
+    assert rows_digest(LaneStream(spec, 0, LaneState.from_dict(state)).take(3)) != expected
+
+
+_CHILD = """
+import json, sys
+from zephon_titan.config import config_from_dict
+from zephon_titan.engine import LaneState, LaneStream, build_engine
+sys.path.insert(0, {tests!r})
+from helpers import rows_digest
+spec = build_engine(config_from_dict(json.loads({table!r})), seq_len=48)
+stream = LaneStream(spec, {lane}, LaneState.from_dict(json.loads({state!r})))
+print(rows_digest(stream.take(6)))
+"""
+
+
+def test_restore_in_a_fresh_process(corpus_dir, tokenizer_dir):
+    table = data_table(corpus_dir, tokenizer_dir)
+    stream = LaneStream(make_spec(corpus_dir, tokenizer_dir, seq_len=48), 6)
+    stream.take(23)
+    state = json.dumps(stream.state().to_dict())
+    expected = rows_digest(stream.take(6))
+    code = _CHILD.format(tests=os.path.dirname(os.path.dirname(__file__)), table=json.dumps(table), lane=6,
+                         state=state)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
+
+
+@given(workers=st.integers(1, 4), lanes=st.sets(st.integers(0, 7), min_size=1, max_size=8))
+@settings(max_examples=12, deadline=None)
+def test_lane_purity_alone_or_beside_others_with_any_workers(corpus_dir, tokenizer_dir, workers, lanes):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    lane = min(lanes)
+    alone = LaneStream(spec, lane).take(12)
+    with LaneGroup(spec, sorted(lanes), rows_per_step=3, workers=workers) as group:
+        steps = [group.next_step() for _ in range(4)]
+    beside = [row for step in steps for row in step[0]]
+    assert [r.to_bytes() for r in beside] == [r.to_bytes() for r in alone]
+
+
+def test_lanes_differ_and_seeds_matter(corpus_dir, tokenizer_dir):
+    # Negative controls: other lanes and other seeds give other streams.
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    digests = {rows_digest(LaneStream(spec, lane).take(4)) for lane in range(8)}
+    assert len(digests) == 8
+    other = make_spec(corpus_dir, tokenizer_dir, seed=8)
+    assert rows_digest(LaneStream(other, 0).take(4)) != rows_digest(LaneStream(spec, 0).take(4))
+
+
+def _drain(spec):
+    pieces = []
+    for lane in range(spec.num_lanes):
+        stream = LaneStream(spec, lane)
+        try:
+            while True:
+                row = stream.next_row()
+                pieces.extend((p, row) for p in row.pieces)
+        except LaneExhausted:
+            pass
+    return pieces
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_one_epoch_appears_exactly_once_across_lanes(corpus_dir, tokenizer_dir, prose_docs, code_docs, packing):
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, exhaustion="redistribute", packing=packing)
+    by_doc = defaultdict(list)
+    for piece, _ in _drain(spec):
+        by_doc[(piece.file, piece.row)].append(piece)
+    # Every document of both sources once: tokens of its pieces tile [0, len) with no gap or overlap.
+    expected = {}
+    for source in spec.sources:
+        for b in range(source.num_blocks):
+            block = source.read_block(b)
+            for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
+                expected[(block.file, row)] = len(tokens)
+    assert len(expected) == len(prose_docs) + len(code_docs)
+    assert set(by_doc) == set(expected)
+    for key, pieces in by_doc.items():
+        spans = sorted((p.doc_offset, p.length) for p in pieces)
+        at = 0
+        for offset, length in spans:
+            assert offset == at, (key, spans)
+            at += length
+        assert at == expected[key], key
+
+
+def test_epoch_tokens_are_the_tokenized_documents(corpus_dir, tokenizer_dir):
+    # The bytes, not just the bookkeeping: rebuild every document from the rows.
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=100, exhaustion="redistribute")
+    rebuilt = defaultdict(dict)
+    for piece, row in _drain(spec):
+        at = sum(p.length for p in row.pieces[: row.pieces.index(piece)])
+        tokens = list(row.inputs) + [None]
+        full = tokens[:-1] + [row.labels[-1]] if row.padding == 0 else list(row.inputs)
+        rebuilt[(piece.file, piece.row)][piece.doc_offset] = [int(t) for t in full[at : at + piece.length]]
+    for source in spec.sources:
+        block = source.read_block(0)
+        for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
+            parts = rebuilt[(block.file, row)]
+            joined = [t for offset in sorted(parts) for t in parts[offset]]
+            assert joined == tokens.tolist()
+
+
+def test_source_with_fewer_blocks_than_lanes(tmp_path, corpus_dir, tokenizer_dir, code_docs):
+    from zephon_titan.testing.corpus import write_parquet
+
+    write_parquet(code_docs[:6], str(tmp_path / "tiny"), num_files=1, row_group_size=3)  # 2 blocks, 8 lanes
+    sources = {
+        "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "block_bytes": 16384},
+        "tiny": {"paths": [str(tmp_path / "tiny" / "*.parquet")], "weight": 0.5},
+    }
+    spec = make_spec(corpus_dir, tokenizer_dir, sources=sources)
+    assert spec.sources[1].num_blocks == 2
+    for lane in range(8):  # every lane gets tiny's documents (from later epochs) and mixes them in
+        stream = LaneStream(spec, lane)
+        stream.take(400)  # a lane may start inside a 10k-token document
+        assert stream.feed.state()[1].tokens > 0
+    finite = make_spec(corpus_dir, tokenizer_dir, sources=sources, exhaustion="redistribute")
+    tiny_docs = {(p.file, p.row) for p, _ in _drain(finite) if p.source == 1}
+    assert len(tiny_docs) == 6
