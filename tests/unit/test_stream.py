@@ -156,3 +156,35 @@ def test_source_with_fewer_blocks_than_lanes(tmp_path, corpus_dir, tokenizer_dir
     finite = make_spec(corpus_dir, tokenizer_dir, sources=sources, exhaustion="redistribute")
     tiny_docs = {(p.file, p.row) for p, _ in _drain(finite) if p.source == 1}
     assert len(tiny_docs) == 6
+
+
+def test_a_lane_reads_only_its_own_blocks(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir, exhaustion="redistribute")
+    read_by_lane = {}
+    for lane in range(spec.num_lanes):
+        calls = []
+        stream = LaneStream(spec, lane)
+        for reader in stream.feed.readers:  # record, then forward to the real reader
+            original = reader.source.read_block
+            reader.source = type("Recorder", (), {
+                "read_block": lambda self, b, o=original, s=reader.source_index: calls.append((s, b)) or o(b),
+                "__getattr__": lambda self, name, src=reader.source: getattr(src, name),
+            })()
+        try:
+            while True:
+                stream.next_row()
+        except LaneExhausted:
+            pass
+        read_by_lane[lane] = calls
+    for s, source in enumerate(spec.sources):
+        per_lane = [[b for src, b in read_by_lane[lane] if src == s] for lane in range(spec.num_lanes)]
+        assert all(len(blocks) == len(set(blocks)) for blocks in per_lane)  # no block read twice
+        everything = sorted(b for blocks in per_lane for b in blocks)
+        assert everything == list(range(source.num_blocks))  # lanes split the source, nobody scans it all
+        assert max(len(blocks) for blocks in per_lane) <= -(-source.num_blocks // spec.num_lanes)
+
+
+def test_engine_imports_neither_torch_nor_torchtitan():
+    code = "import sys, zephon_titan.engine, zephon_titan.config; print(sorted(m for m in ('torch', 'torchtitan') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -96,16 +96,16 @@ class LaneSourceReader:
         self._window = _Window(w, texts, files, rows, Permutation(len(texts), key))
         return self._window
 
-    def normalize(self, cursor: SourceCursor) -> SourceCursor | None:
-        """The cursor moved past finished windows, or None if the source is exhausted."""
+    def normalize(self, cursor: SourceCursor) -> tuple[SourceCursor, bool]:
+        """The cursor moved past finished windows, and whether a document is there
+        (False: the source is exhausted for this lane)."""
         w, p = cursor.window, cursor.position
         empty_windows = 0
         while True:
             window = self.window(w)
-            if window is None:
-                return None
-            if p < len(window.texts):
-                return cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
+            if window is None or p < len(window.texts):
+                moved = cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
+                return moved, window is not None
             if not window.texts:
                 empty_windows += 1
                 blocks_seen = empty_windows * self.spec.config.shuffle_window_blocks * self.spec.num_lanes
@@ -147,13 +147,14 @@ class DocumentFeed:
     def next_document(self) -> Document | None:
         """The lane's next document (never an empty one), or None when every source is exhausted."""
         while True:
-            normalized = [r.normalize(c) for r, c in zip(self.readers, self.cursors)]
-            active = [c is not None for c in normalized]
-            tokens = [c.tokens for c in self.cursors]
-            s = choose_source(self.spec.weights, tokens, active)
+            # Keep normalized cursors so no finished window is ever read again.
+            checked = [r.normalize(c) for r, c in zip(self.readers, self.cursors)]
+            self.cursors = [c for c, _ in checked]
+            active = [has_next for _, has_next in checked]
+            s = choose_source(self.spec.weights, [c.tokens for c in self.cursors], active)
             if s < 0:
                 return None
-            cursor = normalized[s]
+            cursor = self.cursors[s]
             doc = self.readers[s].document(cursor)
             self.cursors[s] = SourceCursor(
                 window=cursor.window, position=cursor.position + 1, tokens=cursor.tokens + len(doc.tokens)
