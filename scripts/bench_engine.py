@@ -35,7 +35,7 @@ def main() -> None:
         path, _, weight = rest.partition(":")
         sources.append(SourceConfig(name=name, paths=[path], weight=float(weight or 1), block_bytes=1 << 18))
     config = DataConfig(sources=sorted(sources, key=lambda s: s.name), num_lanes=args.lanes,
-                        tokenizer=args.tokenizer, packing=args.packing)
+                        tokenizer_path=args.tokenizer, packing=args.packing)
     spec = build_engine(config, seq_len=args.seq_len)
 
     texts = []

@@ -15,7 +15,7 @@ def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
         "code": {"paths": [os.path.join(corpus_dir, "code", "*.parquet")], "weight": 0.4},
         "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "weight": 0.6, "block_bytes": 16384},
     }
-    table = {"num_lanes": 8, "seed": 7, "tokenizer": tokenizer_dir, "shuffle_window_blocks": 2, "sources": sources}
+    table = {"num_lanes": 8, "seed": 7, "tokenizer_path": tokenizer_dir, "shuffle_window_blocks": 2, "sources": sources}
     table.update(overrides)
     return table
 

@@ -20,7 +20,7 @@ import dataclasses
 import difflib
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -33,6 +33,8 @@ from zephon_titan.errors import ConfigError
 PACKING_MODES = ("wrap", "best_fit")
 EXHAUSTION_POLICIES = ("repeat", "redistribute")
 FORMATS = ("auto", "jsonl", "parquet")
+# Fields of TorchTitan's BaseDataLoader.Config that mean nothing to this loader.
+_FOREIGN_FIELDS = ("dataset", "dataset_path")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,12 +60,14 @@ class SourceConfig:
     """JSONL only: size of the byte ranges dealt to lanes."""
 
 
-@dataclass(kw_only=True, slots=True)
+# No slots: the TorchTitan loader's Config inherits from both this and TorchTitan's
+# slotted BaseDataLoader.Config, and two slotted bases cannot be combined.
+@dataclass(kw_only=True)
 class DataConfig:
     """Everything the row streams depend on, except the tokenizer object and seq_len."""
 
-    sources: list[SourceConfig]
-    """The named sources, in sorted-name order."""
+    sources: list[SourceConfig] = field(default_factory=list)
+    """The named sources, in sorted-name order (set them in the TOML file)."""
 
     num_lanes: int = 8
     """Number of lanes L; fixed for a run. Data-parallel sizes must divide it."""
@@ -86,7 +90,7 @@ class DataConfig:
     best_fit_window_docs: int = 256
     """best_fit only: documents considered together when filling rows."""
 
-    tokenizer: str = ""
+    tokenizer_path: str = ""
     """Directory holding tokenizer.json (or the file itself); empty: the trainer's tokenizer."""
 
     add_bos: bool = True
@@ -181,22 +185,23 @@ def validate(config: DataConfig) -> None:
             raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
 
 
-def config_from_dict(table: dict) -> DataConfig:
-    """Build a DataConfig from the `[dataloader]` table (already parsed TOML)."""
+def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
+    """Build a DataConfig (or a subclass, like the TorchTitan loader's Config) from the
+    `[dataloader]` table (already parsed TOML)."""
     if not isinstance(table, dict):
         raise ConfigError(f"[dataloader] must be a table, got {table!r}")
-    allowed = [f.name for f in dataclasses.fields(DataConfig)]
+    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in _FOREIGN_FIELDS]
     _check_keys(table, allowed, "[dataloader]")
     raw_sources = table.get("sources")
     if not isinstance(raw_sources, dict) or not raw_sources:
         raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
     sources = [_source_from_table(name, raw_sources[name]) for name in sorted(raw_sources)]
-    defaults = DataConfig(sources=sources)
+    defaults = cls(sources=sources)
     kwargs: dict[str, Any] = {"sources": sources}
-    for f in dataclasses.fields(DataConfig):
-        if f.name != "sources" and f.name in table:
-            kwargs[f.name] = _typed(table[f.name], type(getattr(defaults, f.name)), f.name, "[dataloader]")
-    config = DataConfig(**kwargs)
+    for name in allowed:
+        if name != "sources" and name in table:
+            kwargs[name] = _typed(table[name], type(getattr(defaults, name)), name, "[dataloader]")
+    config = cls(**kwargs)
     validate(config)
     return config
 
@@ -224,7 +229,8 @@ def load_data_config(path: str) -> DataConfig:
 
 def config_to_dict(config: DataConfig) -> dict:
     """The inverse of config_from_dict (JSON/TOML friendly)."""
-    table = {f.name: getattr(config, f.name) for f in dataclasses.fields(DataConfig) if f.name != "sources"}
+    names = [f.name for f in dataclasses.fields(config) if f.name not in _FOREIGN_FIELDS + ("sources",)]
+    table = {name: getattr(config, name) for name in names}
     table["sources"] = {
         s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}
         for s in config.sources

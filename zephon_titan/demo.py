@@ -32,7 +32,7 @@ def build_corpus(out: str) -> DataConfig:
     prose, code = corpus.prose_documents(), corpus.code_documents(max_files=60)
     tokenizer = os.path.join(out, "tokenizer")
     if not os.path.exists(os.path.join(tokenizer, "tokenizer.json")):
-        corpus.train_tokenizer(prose + code, tokenizer, vocab_size=4000)
+        corpus.train_tokenizer(prose + code, tokenizer, vocab_size=2000)  # <= llama3 debugmodel's 2048
         corpus.write_jsonl(prose, os.path.join(out, "prose"), num_files=4)
         corpus.write_parquet(code, os.path.join(out, "code"), num_files=3, row_group_size=5)
     return DataConfig(
@@ -42,7 +42,7 @@ def build_corpus(out: str) -> DataConfig:
         ],
         num_lanes=NUM_LANES,
         seed=2026,
-        tokenizer=tokenizer,
+        tokenizer_path=tokenizer,
     )
 
 
@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="demo_out")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--save-at", type=int, default=3)
+    p.add_argument("--build-only", action="store_true", help="only write the corpus and tokenizer")
     args = p.parse_args(argv)
+    if args.build_only:
+        build_corpus(args.out)
+        print(f"corpus and tokenizer written to {args.out}/")
+        return 0
 
     print(f"building the corpus and tokenizer in {args.out}/ ...", flush=True)
     spec = build_engine(build_corpus(args.out), seq_len=SEQ_LEN)

@@ -12,7 +12,7 @@ def test_toml_round_trip(tmp_path, corpus_dir, tokenizer_dir):
 [dataloader]
 num_lanes = 4
 seed = 3
-tokenizer = "{tokenizer_dir}"
+tokenizer_path = "{tokenizer_dir}"
 
 [dataloader.sources.prose]
 paths = ["{corpus_dir}/prose/*.jsonl"]

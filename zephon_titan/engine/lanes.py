@@ -65,9 +65,16 @@ class LaneGroup:
 
     def next_step(self) -> list[list[Row]]:
         """One step's rows: a list per lane, in lane order."""
+        return self._map(lambda stream: stream.take(self.rows_per_step))
+
+    def next_step_with_states(self) -> list[list[tuple[Row, LaneState]]]:
+        """Like next_step, each row paired with its lane's state right after it."""
+        return self._map(lambda stream: stream.take_with_states(self.rows_per_step))
+
+    def _map(self, work):
         if self._pool is None:
-            return [stream.take(self.rows_per_step) for stream in self.streams]
-        return list(self._pool.map(lambda stream: stream.take(self.rows_per_step), self.streams))
+            return [work(stream) for stream in self.streams]
+        return list(self._pool.map(work, self.streams))
 
     def state(self) -> dict[int, LaneState]:
         return {stream.lane_id: stream.state() for stream in self.streams}

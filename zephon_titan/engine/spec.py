@@ -59,12 +59,12 @@ def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer 
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")
     if tokenizer is None:
-        if not config.tokenizer:
+        if not config.tokenizer_path:
             raise ConfigError(
-                "no tokenizer: set [dataloader] tokenizer to a directory holding tokenizer.json "
+                "no tokenizer: set [dataloader] tokenizer_path to a directory holding tokenizer.json "
                 "(or let the TorchTitan trainer pass its own)"
             )
-        tokenizer = load_tokenizer(config.tokenizer, add_bos=config.add_bos, add_eos=config.add_eos)
+        tokenizer = load_tokenizer(config.tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
     sources = tuple(_open(s) for s in config.sources)
     total = sum(s.weight for s in config.sources)
     return EngineSpec(

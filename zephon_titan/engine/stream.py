@@ -44,6 +44,14 @@ class LaneStream:
     def take(self, n: int) -> list[Row]:
         return [self.next_row() for _ in range(n)]
 
+    def take_with_states(self, n: int) -> list[tuple[Row, LaneState]]:
+        """n rows, each with the lane state right after it (what a consumer of that row saves)."""
+        out = []
+        for _ in range(n):
+            row = self.next_row()
+            out.append((row, self.state()))
+        return out
+
     def state(self) -> LaneState:
         cursors, unit_open, unit_offset = self.packer.unit()
         return LaneState(

@@ -70,7 +70,7 @@ def load_tokenizer(path: str, add_bos: bool = True, add_eos: bool = True) -> Doc
     directory, file = (path, os.path.join(path, "tokenizer.json")) if os.path.isdir(path) else (
         os.path.dirname(path), path)
     if not os.path.isfile(file):
-        raise ConfigError(f"tokenizer {file} does not exist; point [dataloader] tokenizer at a tokenizer.json")
+        raise ConfigError(f"tokenizer {file} does not exist; point [dataloader] tokenizer_path at a tokenizer.json")
     tokenizer = Tokenizer.from_file(file)
     special: dict = {}
     config_file = os.path.join(directory, "tokenizer_config.json")

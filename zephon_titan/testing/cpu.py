@@ -1,0 +1,55 @@
+"""Run TorchTitan's trainer on CPU with gloo: for tests and the demo only, never the GPU path.
+
+Three adjustments (see shared/TORCHTITAN.md): device detection answers "cpu" and the
+CPU device module gets the few calls the trainer and memory monitor make; attention
+uses SDPA (FlexAttention has no CPU backward); data parallelism is replicate-only
+(FSDP's PREMUL_SUM reduce is not implemented by gloo).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+
+def install_cpu_device() -> None:
+    """Must run before torchtitan.trainer is imported (it reads the device type at import)."""
+    if "torchtitan.tools.utils" in sys.modules:
+        raise RuntimeError("install_cpu_device() must run before torchtitan is imported")
+    import torch
+    import torch._utils
+
+    torch._utils._get_available_device_type = lambda: "cpu"
+    cpu = torch.cpu
+    defaults = {
+        "set_device": lambda device: None,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "memory_stats": lambda device=None: {},
+        "reset_peak_memory_stats": lambda device=None: None,
+        "empty_cache": lambda: None,
+        "get_device_name": lambda device=None: "cpu",
+        "get_device_properties": lambda device=None: types.SimpleNamespace(
+            name="cpu", total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+    }
+    for name, fn in defaults.items():
+        if not hasattr(cpu, name):
+            setattr(cpu, name, fn)
+    # torch.cpu.current_device() answers "cpu"; TorchTitan passes it as a barrier device id.
+    cpu.current_device = lambda: 0
+
+
+def prepare_cpu_config(config):
+    """SDPA attention and replicate-only data parallelism over all ranks."""
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+
+    for _, _, parent, attr in list(config.model_spec.model.traverse(FlexAttention.Config)):
+        if isinstance(parent, list):
+            parent[attr] = ScaledDotProductAttention.Config()
+        elif parent is not None:
+            setattr(parent, attr, ScaledDotProductAttention.Config())
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    config.parallelism.data_parallel_replicate_degree = world
+    config.parallelism.data_parallel_shard_degree = 1
+    return config

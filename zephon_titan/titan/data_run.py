@@ -1,0 +1,110 @@
+"""Run only the data path of a job under torchrun (gloo, no model, no GPU) with real DCP checkpoints.
+
+    torchrun --nproc_per_node 16 -m zephon_titan.titan.data_run --job.config_file configs/X.toml \
+        --steps 12 --save-at 4 --checkpoint ckpt/ --ledger run16.jsonl
+    torchrun --nproc_per_node 8 -m zephon_titan.titan.data_run --job.config_file configs/X.toml \
+        --steps 12 --resume ckpt/ --ledger run8.jsonl
+
+Every rank builds the loader exactly as the trainer does (`dataloader.build(dp_world_size=,
+dp_rank=, tokenizer=, seq_len=, local_batch_size=)`), consumes each step's microbatches,
+and rank 0 writes the batch ledger. `--builtin` runs TorchTitan's own HuggingFace text
+loader over the first JSONL source instead (to show it cannot resume on another size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+from zephon_titan.config import config_from_dict, load_toml
+from zephon_titan.engine.ledger import LedgerWriter
+from zephon_titan.errors import ConfigError, ZephonError
+from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.ledger import gather_ledger_entry
+
+
+class StepCounter(Stateful):
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, state_dict):
+        self.step = int(state_dict["step"])
+
+
+def _builtin_loader(job: dict, world: int, rank: int, tokenizer, training: dict):
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+
+    source = sorted(job["dataloader"]["sources"].items())[-1][1]
+    directory = os.path.dirname(source["paths"][0])
+    config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=directory, infinite=True)
+    return config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=training["seq_len"],
+                        local_batch_size=training["local_batch_size"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job.config_file", dest="config", required=True)
+    p.add_argument("--steps", type=int, required=True, help="run until this step (inclusive)")
+    p.add_argument("--save-at", type=int, action="append", default=[], help="save a DCP checkpoint after this step")
+    p.add_argument("--checkpoint", help="folder for saved checkpoints (step-N subfolders)")
+    p.add_argument("--resume", help="a step-N checkpoint folder to resume from")
+    p.add_argument("--ledger", help="ledger.jsonl to write (rank 0)")
+    p.add_argument("--local-batch-size", type=int, help="override [training] local_batch_size")
+    p.add_argument("--builtin", action="store_true", help="use TorchTitan's built-in loader instead")
+    args = p.parse_args(argv)
+
+    dist.init_process_group("gloo", timeout=timedelta(minutes=10))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    try:
+        job = load_toml(args.config)
+        training = job.get("training", {})
+        if args.local_batch_size:
+            training["local_batch_size"] = args.local_batch_size
+        tokenizer = HuggingFaceTokenizer(HuggingFaceTokenizer.Config(), tokenizer_path=job["hf_assets_path"])
+        if args.builtin:
+            loader = _builtin_loader(job, world, rank, tokenizer, training)
+            microbatches = training["global_batch_size"] // (training["local_batch_size"] * world)
+        else:
+            config = config_from_dict(job["dataloader"], cls=ZephonDataLoader.Config)
+            config.global_batch_size = training.get("global_batch_size", -1)
+            loader = config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
+                                  seq_len=training["seq_len"], local_batch_size=training["local_batch_size"])
+            microbatches = config.global_batch_size // (training["local_batch_size"] * world)
+        counter = StepCounter()
+        if args.resume:
+            dcp.load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
+        ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
+        batches = iter(loader)
+        while counter.step < args.steps:
+            for _ in range(microbatches):
+                next(batches)
+            counter.step += 1
+            if not args.builtin:
+                entry = gather_ledger_entry(loader, counter.step, dist.group.WORLD)
+                if ledger is not None and entry is not None:
+                    ledger.write(entry)
+            if counter.step in args.save_at:
+                path = os.path.join(args.checkpoint, f"step-{counter.step}")
+                dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
+        dist.barrier()
+    except ZephonError as e:
+        print(f"zephon_titan (rank {rank}): {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

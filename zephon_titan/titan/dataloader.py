@@ -1,0 +1,218 @@
+"""ZephonDataLoader: TorchTitan's BaseDataLoader over the lane engine.
+
+Each DP rank owns the contiguous lanes [r L/W, (r+1) L/W) and yields, per optimizer
+step, R = G/L rows of each of its lanes in lane order, cut into microbatches of
+local_batch_size rows. Its checkpoint state is one entry per lane plus a header
+replicated on every rank, so a rank that owns other lanes after a resize loads
+exactly those entries from TorchTitan's DCP checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+import tyro
+from torchtitan.components.dataloader import BaseDataLoader
+
+from zephon_titan.config import DataConfig, SourceConfig
+from zephon_titan.engine import (
+    DocumentTokenizer, LaneGroup, LaneState, Row, build_engine, lane_digest, check_fingerprint, fingerprint, lanes_of_rank,
+    load_tokenizer, rows_per_lane, valid_world_sizes,
+)
+from zephon_titan.errors import ConfigError, ResumeError
+
+HEADER_KEY = "header"
+HEADER_VERSION = 1
+
+
+def lane_key(lane_id: int) -> str:
+    return f"lane_{lane_id:05d}"
+
+
+def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size: int, local_batch_size: int) -> int:
+    """Check the run's batch shape against the lanes; returns rows per lane per step."""
+    if global_batch_size <= 0:
+        raise ConfigError(
+            "training.global_batch_size must be set explicitly (rows per optimizer step, a multiple of "
+            f"[dataloader] num_lanes = {num_lanes}). TorchTitan's default (-1) means local_batch_size x "
+            "data-parallel size, which changes with the number of GPUs and so would change the data of every step"
+        )
+    if num_lanes % dp_world_size:
+        raise ConfigError(
+            f"the data-parallel size is {dp_world_size}, which does not divide [dataloader] num_lanes = {num_lanes}; "
+            f"valid data-parallel sizes: {valid_world_sizes(num_lanes)} "
+            "(data_parallel_replicate_degree x data_parallel_shard_degree)"
+        )
+    rows = rows_per_lane(global_batch_size, num_lanes)
+    rows_per_rank = global_batch_size // dp_world_size
+    if rows_per_rank % local_batch_size:
+        fits = [b for b in range(1, rows_per_rank + 1) if rows_per_rank % b == 0]
+        raise ConfigError(
+            f"each of the {dp_world_size} data-parallel ranks takes global_batch_size / {dp_world_size} = "
+            f"{rows_per_rank} rows per step, which is not a multiple of training.local_batch_size = "
+            f"{local_batch_size}; use a local_batch_size in {fits}"
+        )
+    return rows
+
+
+def _engine_tokenizer(config: "ZephonDataLoader.Config", trainer_tokenizer: Any) -> DocumentTokenizer:
+    """The [dataloader] tokenizer if set, else the trainer's HuggingFaceTokenizer."""
+    if config.tokenizer_path:
+        return load_tokenizer(config.tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
+    inner = getattr(trainer_tokenizer, "tokenizer", None)
+    if inner is None or not hasattr(inner, "encode_batch_fast"):
+        raise ConfigError(
+            f"the trainer's tokenizer ({type(trainer_tokenizer).__name__}) is not a Hugging Face `tokenizers` "
+            "tokenizer; set [dataloader] tokenizer_path to a directory holding tokenizer.json"
+        )
+    bos = getattr(trainer_tokenizer, "bos_id", None) if config.add_bos else None
+    eos = getattr(trainer_tokenizer, "eos_id", None) if config.add_eos else None
+    return DocumentTokenizer(inner, bos, eos)
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """What this rank's lanes contributed to one step, for the batch ledger."""
+
+    lane_digests: list[bytes]
+    tokens: list[int]
+    """Per source, then padding (last)."""
+
+    @classmethod
+    def of(cls, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> "StepRecord":
+        totals = [0] * (num_sources + 1)
+        for rows in step:
+            for row, _ in rows:
+                for s, n in enumerate(row.tokens_by_source(num_sources)):
+                    totals[s] += n
+                totals[-1] += row.padding
+        return cls([lane_digest(row for row, _ in rows) for rows in step], totals)
+
+
+class ZephonDataLoader(BaseDataLoader):
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config, DataConfig):
+        # Sources are set in the TOML file; tyro cannot express a list of tables on a command line.
+        sources: Annotated[list[SourceConfig], tyro.conf.Suppress] = field(default_factory=list)
+
+        global_batch_size: int = -1
+        """Rows per optimizer step; ZephonTrainer copies training.global_batch_size here."""
+
+        ledger: bool = True
+        """Write each step's global-batch SHA-256 to ledger.jsonl beside the checkpoints."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: Any,
+        seq_len: int,
+        local_batch_size: int,
+        **_unused: Any,  # snapshot_every_n_steps: state is always exact, no snapshots needed
+    ):
+        self.config = config
+        self.rows_per_lane = validate_batch_layout(
+            config.num_lanes, config.global_batch_size, dp_world_size, local_batch_size
+        )
+        self.local_batch_size = local_batch_size
+        self.spec = build_engine(config, seq_len, _engine_tokenizer(config, tokenizer))
+        self.fingerprint = fingerprint(self.spec)
+        self.lane_ids = list(lanes_of_rank(config.num_lanes, dp_world_size, dp_rank))
+        num_sources = len(self.spec.sources)
+        self._group = LaneGroup(self.spec, self.lane_ids, self.rows_per_lane, config.workers)
+        # What the trainer has consumed, per lane: engine state and tokens per source.
+        self._consumed: dict[int, LaneState] = self._group.state()
+        self._tokens: dict[int, list[int]] = {lane: [0] * num_sources for lane in self.lane_ids}
+        self._padding: dict[int, int] = {lane: 0 for lane in self.lane_ids}
+        self.last_step: StepRecord | None = None
+
+    # ---- iteration -------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        num_sources = len(self.spec.sources)
+        while True:
+            step = self._group.next_step_with_states()
+            record = StepRecord.of(step, num_sources)
+            flat = [(lane, row, state) for lane, rows in zip(self.lane_ids, step) for row, state in rows]
+            for start in range(0, len(flat), self.local_batch_size):
+                chunk = flat[start : start + self.local_batch_size]
+                batch = (
+                    {
+                        "input": torch.from_numpy(np.stack([row.inputs for _, row, _ in chunk])).long(),
+                        "positions": torch.from_numpy(np.stack([row.positions for _, row, _ in chunk])).long(),
+                    },
+                    torch.from_numpy(np.stack([row.labels for _, row, _ in chunk])).long(),
+                )
+                # Handing the microbatch over is consumption: record it before yielding.
+                for lane, row, state in chunk:
+                    self._consumed[lane] = state
+                    counts = row.tokens_by_source(num_sources)
+                    self._tokens[lane] = [a + b for a, b in zip(self._tokens[lane], counts)]
+                    self._padding[lane] += row.padding
+                if start + self.local_batch_size >= len(flat):
+                    self.last_step = record  # the step's last microbatch is consumed with this one
+                yield batch
+
+    # ---- token accounting ------------------------------------------------------------------
+
+    def consumed_tokens(self) -> list[int]:
+        """Tokens per source (plus padding, last) in this rank's lanes, as consumed by the trainer."""
+        totals = [sum(self._tokens[lane][s] for lane in self.lane_ids) for s in range(len(self.spec.sources))]
+        return totals + [sum(self._padding.values())]
+
+    # ---- checkpoint state ------------------------------------------------------------------
+
+    def _header(self) -> dict:
+        return {
+            "version": HEADER_VERSION,
+            "num_lanes": self.config.num_lanes,
+            "global_batch_size": self.config.global_batch_size,
+            "seq_len": self.spec.seq_len,
+            "fingerprint": self.fingerprint,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {HEADER_KEY: json.dumps(self._header(), sort_keys=True)}
+        for lane in self.lane_ids:
+            entry = {"state": self._consumed[lane].to_dict(), "tokens": self._tokens[lane],
+                     "padding": self._padding[lane]}
+            state[lane_key(lane)] = json.dumps(entry, sort_keys=True)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        header = _parse(state_dict, HEADER_KEY)
+        if header.get("version") != HEADER_VERSION:
+            raise ResumeError(f"dataloader header version {header.get('version')} is not {HEADER_VERSION}")
+        check_fingerprint(header["fingerprint"], self.fingerprint)
+        entries = {lane: _parse(state_dict, lane_key(lane)) for lane in self.lane_ids}
+        rows = {entry["state"]["rows"] for entry in entries.values()}
+        if len(rows) != 1:
+            raise ResumeError(f"lanes of the checkpoint are at different rows ({sorted(rows)}); it is corrupt")
+        self._group.close()
+        states = {lane: LaneState.from_dict(entry["state"]) for lane, entry in entries.items()}
+        self._group = LaneGroup(self.spec, self.lane_ids, self.rows_per_lane, self.config.workers, states)
+        self._consumed = states
+        self._tokens = {lane: list(entry["tokens"]) for lane, entry in entries.items()}
+        self._padding = {lane: int(entry["padding"]) for lane, entry in entries.items()}
+
+    def close(self) -> None:
+        self._group.close()
+
+
+def _parse(state_dict: dict[str, Any], key: str) -> dict:
+    if key not in state_dict:
+        raise ResumeError(f"the checkpoint's dataloader state has no {key!r}")
+    value = state_dict[key]
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode("utf-8")
+    try:
+        return json.loads(value)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ResumeError(f"dataloader state {key!r} is not JSON ({e})") from None

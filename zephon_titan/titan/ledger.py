@@ -1,0 +1,37 @@
+"""The step's ledger entry, assembled across DP ranks from 32-byte lane digests (never tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zephon_titan.engine import batch_digest
+from zephon_titan.engine.ledger import LedgerEntry
+from zephon_titan.titan.dataloader import ZephonDataLoader
+
+
+def gather_ledger_entry(
+    loader: ZephonDataLoader, step: int, group: dist.ProcessGroup | None, device: torch.device | str = "cpu"
+) -> LedgerEntry | None:
+    """Collective over the DP `group` (None: a single rank). Returns the entry on global rank 0, else None."""
+    record = loader.last_step
+    digests = torch.from_numpy(np.frombuffer(b"".join(record.lane_digests), dtype=np.int64).copy())
+    digests = digests.reshape(len(record.lane_digests), 4).to(device)
+    tokens = torch.tensor(record.tokens, dtype=torch.int64, device=device)
+    if group is not None:
+        gathered = torch.empty((digests.shape[0] * dist.get_world_size(group), 4), dtype=torch.int64, device=device)
+        dist.all_gather_single(gathered, digests, group=group)  # DP-rank order = lane order
+        dist.all_reduce(tokens, group=group)
+        digests = gathered
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    lane_bytes = digests.cpu().numpy().tobytes()
+    counts = tokens.tolist()
+    return LedgerEntry(
+        step=step,
+        sha256=batch_digest(lane_bytes[i : i + 32] for i in range(0, len(lane_bytes), 32)),
+        rows=loader.config.global_batch_size,
+        tokens=dict(zip(loader.spec.source_names, counts[:-1])),
+        padding=counts[-1],
+    )

@@ -1,0 +1,104 @@
+"""ZephonTrainer: TorchTitan's Trainer with the zephon loader wired in.
+
+TorchTitan does not tell a loader the global batch size; this Config subclass is
+the one hook that sees `training.*` and the dataloader together (TorchTitan's
+docs/extension.md), so it copies training.global_batch_size into the loader.
+The trainer also logs globally correct tokens per source (TorchTitan's own
+`ntokens_seen` is per rank and wrong after a resize) and turns a checkpoint
+written with another lane count into an error that says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import os
+
+import torch
+import torch.distributed as dist
+from torchtitan.trainer import Trainer
+
+from zephon_titan.engine.ledger import LedgerWriter
+from zephon_titan.errors import ResumeError
+from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.ledger import gather_ledger_entry
+
+
+class ZephonTrainer(Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        dataloader: ZephonDataLoader.Config = field(default_factory=ZephonDataLoader.Config)
+
+        def __post_init__(self):
+            Trainer.Config.__post_init__(self)
+            # training.global_batch_size is the single source of truth; the loader
+            # refuses to start if it is left at TorchTitan's W-dependent default.
+            if isinstance(self.dataloader, ZephonDataLoader.Config) and self.training.global_batch_size > 0:
+                self.dataloader.global_batch_size = self.training.global_batch_size
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self._ledger: LedgerWriter | None = None
+        if isinstance(self.dataloader, ZephonDataLoader):
+            self._wrap_metrics_log()
+            self._wrap_checkpoint_load()
+
+    @property
+    def ledger_path(self) -> str:
+        return os.path.join(self.config.dump_folder, self.config.checkpoint.folder, "ledger.jsonl")
+
+    def train_step(self, data_iterator):
+        super().train_step(data_iterator)
+        if isinstance(self.dataloader, ZephonDataLoader) and self.dataloader.config.ledger:
+            self._record_ledger()
+
+    def _record_ledger(self) -> None:
+        group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+        entry = gather_ledger_entry(self.dataloader, self.step, group, self.device)
+        if entry is None:
+            return
+        if self._ledger is None:
+            self._ledger = LedgerWriter(self.ledger_path, resume_step=self.step - 1)
+        self._ledger.write(entry)
+
+    def token_metrics(self) -> dict[str, int]:
+        """Tokens consumed per source over all lanes (a sum over the batch mesh)."""
+        loader: ZephonDataLoader = self.dataloader  # type: ignore[assignment]
+        counts = torch.tensor(loader.consumed_tokens(), dtype=torch.int64, device=self.device)
+        if self.parallel_dims.dp_enabled:
+            # TP/CP/PP peers share a DP rank and its lanes: reduce over the batch mesh only.
+            dist.all_reduce(counts, group=self.parallel_dims.get_mesh("batch").get_group())
+        values = counts.tolist()
+        names = loader.spec.source_names
+        metrics = {f"zephon/tokens/{name}": v for name, v in zip(names, values)}
+        metrics["zephon/tokens_total"] = sum(values[:-1])
+        metrics["zephon/padding_tokens"] = values[-1]
+        return metrics
+
+    def _wrap_metrics_log(self) -> None:
+        log = self.metrics_processor.log
+
+        def log_with_tokens(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+            extra = {**(extra_metrics or {}), **self.token_metrics()}
+            return log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+
+        self.metrics_processor.log = log_with_tokens
+
+    def _wrap_checkpoint_load(self) -> None:
+        load = self.checkpointer.load
+        num_lanes = self.dataloader.config.num_lanes
+
+        def load_with_lane_check(*args, **kwargs):
+            try:
+                return load(*args, **kwargs)
+            except Exception as e:  # DCP raises several types for a missing key
+                if "dataloader.lane_" not in str(e):
+                    raise
+                raise ResumeError(
+                    f"the checkpoint has no dataloader state for some of this run's {num_lanes} lanes ({e}); "
+                    "it was saved with a different [dataloader] num_lanes. Lanes are fixed for a run: set "
+                    "num_lanes back to the checkpoint's value, or exclude the dataloader from loading "
+                    "(--checkpoint.exclude_from_loading dataloader) to start the data stream over"
+                ) from None
+
+        self.checkpointer.load = load_with_lane_check
