@@ -1,0 +1,59 @@
+"""Integration fixtures: the demo corpus in a working directory, and a torchrun launcher."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from zephon_titan import demo
+from zephon_titan.engine.ledger import read_ledger
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPU_CONFIG = os.path.join(REPO, "configs", "debug_cpu.toml")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> str:
+    """A job working directory holding demo_out/ (corpus + tokenizer), as configs/debug_cpu.toml expects."""
+    root = str(tmp_path_factory.mktemp("job"))
+    demo.build_corpus(os.path.join(root, "demo_out"))
+    return root
+
+
+def torchrun(workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = TORCHRUN + ["--nproc_per_node", str(nproc), "-m", module, *args]
+    return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        tail = (result.stdout + result.stderr)[-6000:]
+        raise AssertionError(f"torchrun failed ({result.returncode}):\n{tail}")
+    return result
+
+
+_LOSS = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
+
+
+def losses(output: str) -> dict[int, float]:
+    return {int(step): float(loss) for step, loss in _LOSS.findall(output)}
+
+
+def ledger(path: str) -> dict[int, str]:
+    return {e.step: e.sha256 for e in read_ledger(path)}
+
+
+def copy_checkpoint(workdir: str, src_run: str, step: int, dst_run: str) -> None:
+    """Start run `dst_run` from `src_run`'s checkpoint at `step` (and its ledger up to there)."""
+    src = os.path.join(workdir, src_run, "checkpoint")
+    dst = os.path.join(workdir, dst_run, "checkpoint")
+    os.makedirs(dst)
+    shutil.copytree(os.path.join(src, f"step-{step}"), os.path.join(dst, f"step-{step}"))
+    shutil.copy(os.path.join(src, "ledger.jsonl"), os.path.join(dst, "ledger.jsonl"))

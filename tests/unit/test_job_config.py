@@ -1,0 +1,74 @@
+"""TOML job configs mirror TorchTitan's config tree; command-line overrides apply on top."""
+
+import os
+
+import pytest
+from torchtitan.config import ConfigManager
+
+from zephon_titan.errors import ConfigError
+from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.job_config import load_job_config
+from zephon_titan.train import parse_args
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+
+
+def test_cpu_debug_config():
+    config = load_job_config(os.path.join(CONFIGS, "debug_cpu.toml"))
+    assert isinstance(config.dataloader, ZephonDataLoader.Config)
+    assert config.training.global_batch_size == config.dataloader.global_batch_size == 16
+    assert [s.name for s in config.dataloader.sources] == ["code", "prose"]
+    assert config.checkpoint.enable and config.model_spec.flavor == "debugmodel"
+
+
+def test_gpu_config_uses_the_1b_model_and_64_lanes():
+    config = load_job_config(os.path.join(CONFIGS, "llama3_1b_64lanes.toml"))
+    assert config.model_spec.flavor == "1B" and config.model_spec.model.vocab_size == 128256
+    assert config.loss.loss_fn.global_vocab_size == 128256
+    assert config.dataloader.num_lanes == 64 and config.dataloader.global_batch_size == 512
+    for gpus in (8, 16, 32, 64):  # the same file is valid at every size of the resume
+        rows_per_gpu = 512 // gpus
+        assert 64 % gpus == 0 and rows_per_gpu % config.training.local_batch_size == 0
+
+
+def test_command_line_overrides_apply_on_top_of_the_file():
+    config = parse_args(["--job.config_file", os.path.join(CONFIGS, "debug_cpu.toml"), "--training.steps", "3",
+                         "--training.global_batch_size", "32", "--dataloader.seed", "9"])
+    assert config.training.steps == 3 and config.dataloader.seed == 9
+    assert config.dataloader.global_batch_size == 32  # follows training.global_batch_size
+
+
+def test_reachable_from_torchtitans_registry():
+    config = ConfigManager().parse_args(["--module", "zephon_titan.recipes", "--config", "llama3_debugmodel",
+                                         "--dataloader.num_lanes", "4"])
+    assert isinstance(config.dataloader, ZephonDataLoader.Config) and config.dataloader.num_lanes == 4
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+_OK = '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n[dataloader.sources.a]\npaths = ["x.jsonl"]\n'
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("[training]\nstesp = 3\n", r"unknown key 'stesp' in \[training\]; did you mean 'steps'\?"),
+        ("[training]\nsteps = \"3\"\n", r"\[training\] steps must be int \(like 10\), got '3'"),
+        ("[checkpoint]\nenable = 1\n", r"\[checkpoint\] enable must be bool"),
+        ("[dataloader]\nnum_lanes = 0\n", r"num_lanes must be >= 1, got 0"),
+    ],
+)
+def test_mistakes_name_the_key(tmp_path, extra, message):
+    with pytest.raises(ConfigError, match=message):
+        load_job_config(_write(tmp_path, _OK + extra))
+
+
+def test_model_table_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"\[model\] config = 'llama3_tiny' is not in .*choices"):
+        load_job_config(_write(tmp_path, _OK.replace("llama3_debugmodel", "llama3_tiny")))
+    with pytest.raises(ConfigError, match="has no \\[model\\] table"):
+        load_job_config(_write(tmp_path, "[dataloader.sources.a]\npaths = ['x']\n"))

@@ -1,0 +1,104 @@
+"""ZephonDataLoader as TorchTitan builds it (no torchrun): batches, validation, per-lane state."""
+
+import json
+
+import pytest
+import torch
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+from helpers import data_table
+from zephon_titan.config import config_from_dict
+from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.titan.dataloader import HEADER_KEY, ZephonDataLoader, lane_key
+
+SEQ = 32
+
+
+def _config(corpus_dir, tokenizer_dir, global_batch_size=16, **overrides):
+    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides), cls=ZephonDataLoader.Config)
+    config.global_batch_size = global_batch_size
+    return config
+
+
+def _build(config, world, rank, local=2, tokenizer=None):
+    return config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=SEQ, local_batch_size=local)
+
+
+def _steps(loaders, steps, local=2, global_batch=16):
+    """Per step, every rank's microbatches concatenated in DP-rank order."""
+    iters = [iter(loader) for loader in loaders]
+    per_rank = global_batch // len(loaders) // local
+    out = []
+    for _ in range(steps):
+        parts = [next(it) for it in iters for _ in range(per_rank)]
+        out.append(torch.cat([torch.stack([p[0]["input"], p[0]["positions"], p[1]]) for p in parts], dim=1))
+    return out
+
+
+def test_microbatches_have_titans_shapes(corpus_dir, tokenizer_dir):
+    inputs, labels = next(iter(_build(_config(corpus_dir, tokenizer_dir), 1, 0, local=4)))
+    assert set(inputs) == {"input", "positions"}
+    assert inputs["input"].shape == inputs["positions"].shape == labels.shape == (4, SEQ)
+    assert inputs["input"].dtype == labels.dtype == torch.int64
+
+
+def test_state_moves_between_world_sizes_lane_by_lane(corpus_dir, tokenizer_dir):
+    config = _config(corpus_dir, tokenizer_dir)
+    reference = _steps([_build(config, 1, 0)], 5)
+    first = [_build(config, 2, r) for r in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(_steps(first, 3), reference[:3]))
+    saved = {}
+    for loader in first:  # what DCP stores: the union of the ranks' keys
+        saved.update(loader.state_dict())
+    assert sorted(saved) == [HEADER_KEY] + [lane_key(lane) for lane in range(8)]
+    second = [_build(config, 4, r) for r in range(4)]
+    for loader in second:  # each rank asks for the lanes it owns now
+        loader.load_state_dict({k: saved[k] for k in loader.state_dict()})
+    assert all(torch.equal(a, b) for a, b in zip(_steps(second, 2), reference[3:]))
+    other = [_build(_config(corpus_dir, tokenizer_dir, seed=8), 1, 0)]
+    assert not torch.equal(_steps(other, 1)[0], reference[0])  # negative control
+
+
+def test_tp_peers_of_a_dp_rank_have_identical_state(corpus_dir, tokenizer_dir):
+    config = _config(corpus_dir, tokenizer_dir)
+    peers = [_build(config, 2, 1) for _ in range(2)]
+    _steps(peers[:1], 2, global_batch=8), _steps(peers[1:], 2, global_batch=8)
+    assert peers[0].state_dict() == peers[1].state_dict()
+
+
+def test_state_is_what_was_consumed(corpus_dir, tokenizer_dir):
+    config = _config(corpus_dir, tokenizer_dir)
+    loader = _build(config, 1, 0)
+    batches = iter(loader)
+    next(batches)  # one microbatch of 2 rows: lane 0's rows 0 and 1 (R = 2)
+    entries = {k: json.loads(v) for k, v in loader.state_dict().items() if k != HEADER_KEY}
+    assert entries[lane_key(0)]["state"]["rows"] == 2
+    assert all(entries[lane_key(lane)]["state"]["rows"] == 0 for lane in range(1, 8))
+
+
+def test_fingerprint_mismatch_names_the_change(corpus_dir, tokenizer_dir):
+    saved = _build(_config(corpus_dir, tokenizer_dir), 1, 0).state_dict()
+    loader = _build(_config(corpus_dir, tokenizer_dir, seed=9, packing="best_fit"), 1, 0)
+    with pytest.raises(ResumeError, match=r"packing: wrap -> best_fit\(window_docs=256\); seed: 7 -> 9"):
+        loader.load_state_dict(saved)
+
+
+def test_trainer_tokenizer_is_the_default(corpus_dir, tokenizer_dir):
+    titan_tokenizer = HuggingFaceTokenizer(HuggingFaceTokenizer.Config(), tokenizer_path=tokenizer_dir)
+    explicit = _steps([_build(_config(corpus_dir, tokenizer_dir), 1, 0)], 2)
+    default = _steps([_build(_config(corpus_dir, tokenizer_dir, tokenizer_path=""), 1, 0, tokenizer=titan_tokenizer)], 2)
+    assert all(torch.equal(a, b) for a, b in zip(explicit, default))
+
+
+@pytest.mark.parametrize(
+    "global_batch, world, local, message",
+    [
+        (-1, 2, 2, r"training.global_batch_size must be set explicitly"),
+        (16, 3, 2, r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel sizes: \[1, 2, 4, 8\]"),
+        (20, 2, 2, r"global batch size 20 is not a positive multiple of num_lanes 8"),
+        (16, 4, 3, r"global_batch_size / 4 = 4 rows per step, which is not a multiple of training.local_batch_size = 3; use a local_batch_size in \[1, 2, 4\]"),
+    ],
+)
+def test_startup_validation(corpus_dir, tokenizer_dir, global_batch, world, local, message):
+    with pytest.raises(ConfigError, match=message):
+        _build(_config(corpus_dir, tokenizer_dir, global_batch_size=global_batch), world, 0, local=local)
