@@ -1,108 +1,119 @@
-"""Elastic-resume demo on bundled offline text (engine level, no GPU, no torchrun).
+"""The elastic training demo on bundled offline text (CPU, 2 cores, a few minutes).
 
-Builds a corpus from text every Python install has (the standard library's source
-as a `code` source in Parquet, the pydoc topics as a `prose` source in JSONL),
-trains a small BPE tokenizer on it, then:
+1. Builds a corpus from text every Python install has (the standard library's own
+   modules as a `code` source in Parquet, the pydoc topics as a `prose` source in
+   JSONL) and trains a small BPE tokenizer on it, in ./demo_out.
+2. Predicts the batch ledger offline (`zephon_titan.plan`: all lanes in one process).
+3. Trains a tiny Llama-3 with TorchTitan's real trainer under torchrun on 2 ranks,
+   checkpointing (DCP) every 2 steps.
+4. Resumes the step-2 checkpoint on 4 ranks and on 1 rank.
+5. Prints every step's global-batch SHA-256 and loss side by side, and exits non-zero
+   unless all of them match the prediction.
 
-  1. runs 2 data-parallel "ranks" for N steps without interruption;
-  2. runs 2 ranks to step K, saves every lane's state as JSON (a checkpoint);
-  3. resumes that checkpoint on 4 ranks and on 1 rank;
-and prints every step's global-batch SHA-256 side by side.
-
-    python -m zephon_titan.demo [--out demo_out] [--steps 8] [--save-at 3]
+    python -m zephon_titan.demo [--steps 6] [--save-at 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import shutil
+import subprocess
 import sys
+import time
 
 from zephon_titan.config import DataConfig, SourceConfig
-from zephon_titan.engine import (
-    LaneGroup, LaneState, batch_digest, build_engine, fingerprint, lane_digest, lanes_of_rank, rows_per_lane,
-)
+from zephon_titan.engine.ledger import read_ledger
 from zephon_titan.testing import corpus
 
-NUM_LANES, GLOBAL_BATCH, SEQ_LEN = 8, 16, 128
+DEMO_DIR = "demo_out"
+CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "debug_cpu.toml")
 
 
-def build_corpus(out: str) -> DataConfig:
-    prose, code = corpus.prose_documents(), corpus.code_documents(max_files=60)
+def build_corpus(out: str = DEMO_DIR) -> DataConfig:
+    """Write the demo corpus and tokenizer into `out` (once) and describe its sources."""
+    prose, code = corpus.prose_documents(), corpus.code_documents(max_files=60, max_bytes=12_000)
     tokenizer = os.path.join(out, "tokenizer")
     if not os.path.exists(os.path.join(tokenizer, "tokenizer.json")):
-        corpus.train_tokenizer(prose + code, tokenizer, vocab_size=2000)  # <= llama3 debugmodel's 2048
         corpus.write_jsonl(prose, os.path.join(out, "prose"), num_files=4)
         corpus.write_parquet(code, os.path.join(out, "code"), num_files=3, row_group_size=5)
+        corpus.train_tokenizer(prose + code, tokenizer, vocab_size=2000)  # <= llama3 debugmodel's 2048
     return DataConfig(
         sources=[
             SourceConfig(name="code", paths=[os.path.join(out, "code", "*.parquet")], weight=0.3),
             SourceConfig(name="prose", paths=[os.path.join(out, "prose", "*.jsonl")], weight=0.7, block_bytes=32768),
         ],
-        num_lanes=NUM_LANES,
+        num_lanes=8,
         seed=2026,
         tokenizer_path=tokenizer,
     )
 
 
-def run(spec, world_size: int, first_step: int, last_step: int, states: dict | None = None):
-    """Global-batch digests of steps [first_step, last_step) and the lane states after them."""
-    groups = [
-        LaneGroup(spec, lanes_of_rank(spec.num_lanes, world_size, r), rows_per_lane(GLOBAL_BATCH, spec.num_lanes),
-                  states=states)
-        for r in range(world_size)
-    ]
-    digests = {}
-    for step in range(first_step, last_step):
-        # Each rank hashes its own lanes; only the 32-byte lane digests would cross ranks.
-        lane_digests = [lane_digest(rows) for g in groups for rows in g.next_step()]
-        digests[step] = batch_digest(lane_digests)
-    saved = {lane: s.to_dict() for g in groups for lane, s in g.state().items()}
-    return digests, saved
+def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | None) -> dict:
+    """One torchrun of the CPU trainer; returns {"ledger": {step: sha}, "losses": {step: loss}}."""
+    from zephon_titan.testing.logs import parse_losses
+
+    run = os.path.join(DEMO_DIR, "runs", name)
+    shutil.rmtree(run, ignore_errors=True)
+    if resume_from is not None:
+        src, step = resume_from
+        os.makedirs(os.path.join(run, "checkpoint"))
+        shutil.copytree(os.path.join(src, "checkpoint", f"step-{step}"), os.path.join(run, "checkpoint", f"step-{step}"))
+        shutil.copy(os.path.join(src, "checkpoint", "ledger.jsonl"), os.path.join(run, "checkpoint", "ledger.jsonl"))
+    os.makedirs(run, exist_ok=True)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "zephon_titan.testing.cpu_train", "--job.config_file", CONFIG, "--dump_folder", run,
+           "--training.steps", str(steps), "--metrics.disable_color_printing"]
+    log = os.path.join(run, "train.log")
+    started = time.time()
+    with open(log, "w") as f:
+        result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    with open(log) as f:
+        output = f.read()
+    if result.returncode != 0:
+        raise SystemExit(f"training run {name!r} failed; see {log}:\n{output[-3000:]}")
+    losses = parse_losses(output)
+    print(f"      done in {time.time() - started:.0f} s: steps {min(losses)}-{max(losses)}, log {log}", flush=True)
+    ledger = {e.step: e.sha256 for e in read_ledger(os.path.join(run, "checkpoint", "ledger.jsonl"))}
+    return {"run": run, "ledger": ledger, "losses": losses}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="demo_out")
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--save-at", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--save-at", type=int, default=2, help="resume the checkpoint of this step (a multiple of 2)")
     p.add_argument("--build-only", action="store_true", help="only write the corpus and tokenizer")
     args = p.parse_args(argv)
+
+    print(f"[1/5] corpus and tokenizer in {DEMO_DIR}/ (Python stdlib as 'code', pydoc topics as 'prose')", flush=True)
+    build_corpus()
     if args.build_only:
-        build_corpus(args.out)
-        print(f"corpus and tokenizer written to {args.out}/")
         return 0
+    from zephon_titan.plan import plan_ledger
 
-    print(f"building the corpus and tokenizer in {args.out}/ ...", flush=True)
-    spec = build_engine(build_corpus(args.out), seq_len=SEQ_LEN)
-    print(f"sources: {', '.join(f'{s.name} ({s.num_blocks} blocks)' for s in spec.sources)}; "
-          f"{NUM_LANES} lanes, global batch {GLOBAL_BATCH} rows of {SEQ_LEN} tokens")
-    print(f"fingerprint: {json.dumps(fingerprint(spec))}\n")
+    print(f"[2/5] predicting the ledger offline from {os.path.relpath(CONFIG)} (no torchrun)", flush=True)
+    planned = {e.step: e.sha256 for e in plan_ledger(CONFIG, args.steps)}
+    print(f"[3/5] training on 2 ranks, steps 1-{args.steps}, a DCP checkpoint every 2 steps", flush=True)
+    runs = {"2 ranks": _train("w2", 2, args.steps, None)}
+    print(f"[4/5] resuming the step-{args.save_at} checkpoint on 4 ranks", flush=True)
+    runs["resumed on 4"] = _train("w2_to_w4", 4, args.steps, (runs["2 ranks"]["run"], args.save_at))
+    print(f"[5/5] resuming the step-{args.save_at} checkpoint on 1 rank", flush=True)
+    runs["resumed on 1"] = _train("w2_to_w1", 1, args.steps, (runs["2 ranks"]["run"], args.save_at))
 
-    reference, _ = run(spec, 2, 0, args.steps)
-    _, checkpoint = run(spec, 2, 0, args.save_at)
-    path = os.path.join(args.out, f"lanes_step{args.save_at}.json")
-    with open(path, "w") as f:
-        json.dump(checkpoint, f)
-    print(f"saved the 2-rank state at step {args.save_at}: {path} ({os.path.getsize(path)} bytes for {NUM_LANES} lanes)")
-    with open(path) as f:
-        states = {int(lane): LaneState.from_dict(s) for lane, s in json.load(f).items()}
-    resumed = {w: run(spec, w, args.save_at, args.steps, states)[0] for w in (4, 1)}
-
-    print(f"\n{'step':>4}  {'2 ranks, uninterrupted':<24} {'resumed on 4':<14} {'resumed on 1':<14}")
+    print(f"\n{'step':>4}  {'global batch SHA-256 (planned)':<22}  " + "  ".join(f"{n:<21}" for n in runs))
     ok = True
-    for step in range(args.steps):
+    for step in range(1, args.steps + 1):
         cells = []
-        for w in (4, 1):
-            if step < args.save_at:
-                cells.append("(before save)")
-            else:
-                same = resumed[w][step] == reference[step]
-                ok &= same
-                cells.append("same" if same else "DIFFERENT")
-        print(f"{step:>4}  {reference[step][:20]}...  {cells[0]:<14} {cells[1]:<14}")
-    print("\nevery resumed global batch is SHA-256-identical" if ok else "\nMISMATCH: resumed batches differ")
+        for name, run in runs.items():
+            if step not in run["losses"]:
+                cells.append(f"{'(before resume)':<21}")
+                continue
+            same = run["ledger"].get(step) == planned[step]
+            ok &= same
+            cells.append(f"{'same' if same else 'DIFFERENT'} loss {run['losses'][step]:.5f}")
+        print(f"{step:>4}  {planned[step][:16]}...        " + "  ".join(f"{c:<21}" for c in cells))
+    print("\nevery global batch of every run is SHA-256-identical to the offline plan" if ok
+          else "\nMISMATCH: some global batches differ")
     return 0 if ok else 1
 
 

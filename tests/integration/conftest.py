@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import pytest
 
 from zephon_titan import demo
 from zephon_titan.engine.ledger import read_ledger
+from zephon_titan.testing.logs import parse_losses
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_CONFIG = os.path.join(REPO, "configs", "debug_cpu.toml")
@@ -39,11 +39,8 @@ def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     return result
 
 
-_LOSS = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
-
-
 def losses(output: str) -> dict[int, float]:
-    return {int(step): float(loss) for step, loss in _LOSS.findall(output)}
+    return parse_losses(output)
 
 
 def ledger(path: str) -> dict[int, str]:

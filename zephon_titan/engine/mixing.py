@@ -2,7 +2,7 @@
 
 Rule (largest deficit first): with T tokens taken so far, of which t_s from source s,
 take the next document from the active source with the largest deficit
-w_s * T - t_s (ties: the lowest source index). It is pure integer/float
+w_s * T - t_s (ties: the larger weight, then the lower source index). It is pure integer/float
 arithmetic on the state, with no randomness.
 
 Bound. Deficits always sum to 0. A source is only picked when its deficit is the
@@ -39,6 +39,6 @@ def choose_source(weights: Sequence[float], tokens: Sequence[int], active: Seque
         if not a:
             continue
         deficit = w / total_weight * total_tokens - t
-        if best < 0 or deficit > best_deficit:
+        if best < 0 or deficit > best_deficit or (deficit == best_deficit and w > weights[best]):
             best, best_deficit = s, deficit
     return best

@@ -1,0 +1,12 @@
+"""Reading TorchTitan's console log (losses per step) for tests and the demo."""
+
+from __future__ import annotations
+
+import re
+
+_LOSS = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
+
+
+def parse_losses(output: str) -> dict[int, float]:
+    """{step: loss} from TorchTitan's metric lines (run with --metrics.disable_color_printing)."""
+    return {int(step): float(loss) for step, loss in _LOSS.findall(output)}
