@@ -34,15 +34,31 @@ def test_dcp_resume_8_to_2_and_2_to_8(workdir):
 def test_another_seed_differs_at_every_step(workdir):
     # Negative control for the ledger comparison itself.
     reference = data_run(workdir, 2, "data/seed_ref.jsonl")
-    other_config = os.path.join(workdir, "other_seed.toml")
-    with open(CPU_CONFIG) as f:
-        text = f.read().replace("seed = 2026", "seed = 2027")
-    with open(other_config, "w") as f:
-        f.write(text)
+    other_config = _config_with(workdir, "other_seed.toml", "seed = 2026", "seed = 2027")
     args = ["--job.config_file", other_config, "--steps", str(STEPS), "--ledger", "data/seed_other.jsonl"]
     check(torchrun(workdir, MODULE, 2, args))
     other = ledger(os.path.join(workdir, "data/seed_other.jsonl"))
     assert all(other[s] != reference[s] for s in reference)
+
+
+def _config_with(workdir, name, old, new):
+    path = os.path.join(workdir, name)
+    with open(CPU_CONFIG) as f:
+        text = f.read()
+    assert old in text
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+    return path
+
+
+def test_a_changed_lane_count_is_refused_with_its_reason(workdir):
+    data_run(workdir, 2, "data/lanes.jsonl", "--save-at", "2", "--checkpoint", "data/lanes_ckpt")
+    for lanes, message in ((16, "saved with fewer [dataloader] num_lanes"), (4, "num_lanes: 8 -> 4")):
+        config = _config_with(workdir, f"lanes_{lanes}.toml", "num_lanes = 8", f"num_lanes = {lanes}")
+        args = ["--job.config_file", config, "--steps", "3", "--resume", "data/lanes_ckpt/step-2"]
+        result = torchrun(workdir, MODULE, 2, args)
+        assert result.returncode != 0
+        assert message in result.stdout + result.stderr
 
 
 def test_torchtitans_builtin_loader_cannot_resume_on_another_size(workdir):

@@ -2,20 +2,31 @@
 save on W ranks, resume on W' ranks, compare every global batch's SHA-256 and the losses."""
 
 import os
+import re
 
 import pytest
 
 from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, losses, torchrun
+from zephon_titan.engine.ledger import read_ledger
 
 pytestmark = pytest.mark.integration
 STEPS = 6
+
+
+_TOKENS = re.compile(r"zephon tokens consumed: code (\d+), prose (\d+) \(total (\d+)")
 
 
 def train(workdir, run, nproc, *extra):
     args = ["--job.config_file", CPU_CONFIG, "--dump_folder", run, "--training.steps", str(STEPS),
             "--metrics.disable_color_printing", *extra]
     result = check(torchrun(workdir, "zephon_titan.testing.cpu_train", nproc, args))
-    return ledger(os.path.join(workdir, run, "checkpoint", "ledger.jsonl")), losses(result.stdout + result.stderr)
+    output = result.stdout + result.stderr
+    token_lines = _TOKENS.findall(output)
+    train.tokens[run] = tuple(int(x) for x in token_lines[-1])  # after the last step, over all ranks
+    return ledger(os.path.join(workdir, run, "checkpoint", "ledger.jsonl")), losses(output)
+
+
+train.tokens = {}
 
 
 @pytest.fixture(scope="module")
@@ -23,20 +34,23 @@ def uninterrupted(workdir):
     return train(workdir, "runs/w2", 2)
 
 
-def test_resume_on_other_world_sizes_gives_identical_batches(workdir, uninterrupted):
-    ref_ledger, ref_losses = uninterrupted
-    assert sorted(ref_ledger) == list(range(1, STEPS + 1))
-    assert len(set(ref_ledger.values())) == STEPS
-
+@pytest.fixture(scope="module")
+def resumed(workdir, uninterrupted):
     copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_to_w4")
     copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_to_w1")
-    resumed = {
+    runs = {
         "2 -> 4": train(workdir, "runs/w2_to_w4", 4),
         "2 -> 1": train(workdir, "runs/w2_to_w1", 1),
     }
     copy_checkpoint(workdir, "runs/w2_to_w4", 4, "runs/w4_to_w2")
-    resumed["2 -> 4 -> 2"] = train(workdir, "runs/w4_to_w2", 2)
+    runs["2 -> 4 -> 2"] = train(workdir, "runs/w4_to_w2", 2)
+    return runs
 
+
+def test_resume_on_other_world_sizes_gives_identical_batches(uninterrupted, resumed):
+    ref_ledger, ref_losses = uninterrupted
+    assert sorted(ref_ledger) == list(range(1, STEPS + 1))
+    assert len(set(ref_ledger.values())) == STEPS
     for name, (got_ledger, got_losses) in resumed.items():
         worst = max(abs(loss - ref_losses[step]) for step, loss in got_losses.items())
         print(f"{name}: steps {sorted(got_losses)} resumed, ledger equal: {got_ledger == ref_ledger}, "
@@ -47,6 +61,16 @@ def test_resume_on_other_world_sizes_gives_identical_batches(workdir, uninterrup
         for step, loss in got_losses.items():
             # Replicate-only DP: only the order of float sums differs between world sizes.
             assert loss == pytest.approx(ref_losses[step], rel=2e-4, abs=2e-4), f"{name} step {step}"
+
+
+def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):
+    entries = read_ledger(os.path.join(workdir, "runs/w2", "checkpoint", "ledger.jsonl"))
+    code = sum(e.tokens["code"] for e in entries)
+    prose = sum(e.tokens["prose"] for e in entries)
+    assert code > 0 and prose > 0
+    assert train.tokens["runs/w2"] == (code, prose, code + prose)
+    for run in ("runs/w2_to_w4", "runs/w2_to_w1", "runs/w4_to_w2"):
+        assert train.tokens[run] == train.tokens["runs/w2"], run
 
 
 def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted):

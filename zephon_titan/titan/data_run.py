@@ -18,7 +18,6 @@ import os
 import sys
 from datetime import timedelta
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
@@ -26,8 +25,8 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from zephon_titan.config import config_from_dict, load_toml
 from zephon_titan.engine.ledger import LedgerWriter
-from zephon_titan.errors import ConfigError, ZephonError
-from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.errors import ZephonError
+from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
 from zephon_titan.titan.ledger import gather_ledger_entry
 
 
@@ -83,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             microbatches = config.global_batch_size // (training["local_batch_size"] * world)
         counter = StepCounter()
         if args.resume:
-            dcp.load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
+            load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.num_lanes)
+            load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
         ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
         while counter.step < args.steps:

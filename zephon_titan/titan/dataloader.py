@@ -10,7 +10,7 @@ exactly those entries from TorchTitan's DCP checkpoint.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -204,6 +204,29 @@ class ZephonDataLoader(BaseDataLoader):
 
     def close(self) -> None:
         self._group.close()
+
+
+def with_lane_check(load: Callable, num_lanes: int) -> Callable:
+    """Wrap a DCP load so that a checkpoint lacking some of this run's lanes says why.
+
+    With more lanes than the checkpoint, DCP fails before the loader sees its header
+    (the new lane keys are missing), so the fingerprint check cannot name the change.
+    """
+
+    def load_with_lane_check(*args, **kwargs):
+        try:
+            return load(*args, **kwargs)
+        except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
+            if "dataloader.lane_" not in str(e):
+                raise
+            raise ResumeError(
+                f"the checkpoint has no dataloader state for some of this run's {num_lanes} lanes ({e}); it was "
+                "saved with fewer [dataloader] num_lanes. Lanes are fixed for a run: set num_lanes back to the "
+                "checkpoint's value, or exclude the dataloader from loading "
+                "(--checkpoint.exclude_from_loading dataloader) to start the data stream over"
+            ) from None
+
+    return load_with_lane_check
 
 
 def _parse(state_dict: dict[str, Any], key: str) -> dict:

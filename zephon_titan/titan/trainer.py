@@ -4,8 +4,8 @@ TorchTitan does not tell a loader the global batch size; this Config subclass is
 the one hook that sees `training.*` and the dataloader together (TorchTitan's
 docs/extension.md), so it copies training.global_batch_size into the loader.
 The trainer also logs globally correct tokens per source (TorchTitan's own
-`ntokens_seen` is per rank and wrong after a resize) and turns a checkpoint
-written with another lane count into an error that says so.
+`ntokens_seen` is per rank and wrong after a resize), writes the batch ledger,
+and turns a checkpoint written with another lane count into an error that says so.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import os
 
 import torch
 import torch.distributed as dist
+from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from zephon_titan.engine.ledger import LedgerWriter
-from zephon_titan.errors import ResumeError
-from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
 from zephon_titan.titan.ledger import gather_ledger_entry
 
 
@@ -73,6 +73,10 @@ class ZephonTrainer(Trainer):
         metrics = {f"zephon/tokens/{name}": v for name, v in zip(names, values)}
         metrics["zephon/tokens_total"] = sum(values[:-1])
         metrics["zephon/padding_tokens"] = values[-1]
+        logger.info(
+            "zephon tokens consumed: " + ", ".join(f"{n} {v}" for n, v in zip(names, values))
+            + f" (total {metrics['zephon/tokens_total']}, padding {values[-1]})"
+        )
         return metrics
 
     def _wrap_metrics_log(self) -> None:
@@ -85,20 +89,4 @@ class ZephonTrainer(Trainer):
         self.metrics_processor.log = log_with_tokens
 
     def _wrap_checkpoint_load(self) -> None:
-        load = self.checkpointer.load
-        num_lanes = self.dataloader.config.num_lanes
-
-        def load_with_lane_check(*args, **kwargs):
-            try:
-                return load(*args, **kwargs)
-            except Exception as e:  # DCP raises several types for a missing key
-                if "dataloader.lane_" not in str(e):
-                    raise
-                raise ResumeError(
-                    f"the checkpoint has no dataloader state for some of this run's {num_lanes} lanes ({e}); "
-                    "it was saved with a different [dataloader] num_lanes. Lanes are fixed for a run: set "
-                    "num_lanes back to the checkpoint's value, or exclude the dataloader from loading "
-                    "(--checkpoint.exclude_from_loading dataloader) to start the data stream over"
-                ) from None
-
-        self.checkpointer.load = load_with_lane_check
+        self.checkpointer.load = with_lane_check(self.checkpointer.load, self.dataloader.config.num_lanes)
