@@ -63,6 +63,23 @@ def test_resume_on_other_world_sizes_gives_identical_batches(uninterrupted, resu
             assert loss == pytest.approx(ref_losses[step], rel=2e-4, abs=2e-4), f"{name} step {step}"
 
 
+def test_plan_predicts_every_run(workdir, uninterrupted, resumed, monkeypatch, tmp_path):
+    monkeypatch.chdir(workdir)  # the job's data paths are relative to its working directory
+    from zephon_titan.cli import main
+    from zephon_titan.plan import plan_ledger
+
+    planned = {e.step: e.sha256 for e in plan_ledger(CPU_CONFIG, STEPS)}
+    assert planned == uninterrupted[0]  # 2 ranks
+    for name, (got_ledger, _) in resumed.items():  # 4 and 1 ranks, across resumes
+        assert got_ledger == planned, name
+    # From a checkpoint, and through the command line, compared with `verify`.
+    out = str(tmp_path / "from_step4.jsonl")
+    assert main(["plan", CPU_CONFIG, "--steps", str(STEPS), "--from-checkpoint",
+                 "runs/w2_to_w4/checkpoint/step-4", "-o", out]) == 0
+    assert sorted(ledger(out)) == [5, 6]
+    assert main(["verify", out, "runs/w4_to_w2/checkpoint/ledger.jsonl"]) == 0
+
+
 def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):
     entries = read_ledger(os.path.join(workdir, "runs/w2", "checkpoint", "ledger.jsonl"))
     code = sum(e.tokens["code"] for e in entries)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -86,18 +87,29 @@ def main(argv: list[str] | None = None) -> int:
             load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
         ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
+        ledger_seconds = data_seconds = 0.0
+        first_step = counter.step
         while counter.step < args.steps:
+            started = time.perf_counter()
             for _ in range(microbatches):
                 next(batches)
+            data_seconds += time.perf_counter() - started
             counter.step += 1
             if not args.builtin:
+                started = time.perf_counter()
                 entry = gather_ledger_entry(loader, counter.step, dist.group.WORLD)
                 if ledger is not None and entry is not None:
                     ledger.write(entry)
+                ledger_seconds += time.perf_counter() - started
             if counter.step in args.save_at:
                 path = os.path.join(args.checkpoint, f"step-{counter.step}")
                 dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
         dist.barrier()
+        steps = max(counter.step - first_step, 1)
+        if rank == 0:
+            print(f"data_run: {steps} steps on {world} ranks; rank 0 spent {data_seconds / steps * 1e3:.1f} ms "
+                  f"per step producing its batches, {ledger_seconds / steps * 1e3:.2f} ms per step on the ledger "
+                  "(gather + write)", flush=True)
     except ZephonError as e:
         print(f"zephon_titan (rank {rank}): {e}", file=sys.stderr, flush=True)
         return 2

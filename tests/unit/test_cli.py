@@ -1,0 +1,118 @@
+"""The zephon-titan command line on a small job over the test corpus (no torchrun)."""
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon_titan.cli import main
+from zephon_titan.engine import LaneStream
+from zephon_titan.plan import load_job
+
+
+def _job(tmp_path, corpus_dir, tokenizer_dir, name="job.toml"):
+    path = tmp_path / name
+    path.write_text(f"""
+hf_assets_path = "{tokenizer_dir}"
+[training]
+seq_len = 64
+global_batch_size = 16
+local_batch_size = 2
+[dataloader]
+num_lanes = 8
+seed = 7
+shuffle_window_blocks = 2
+[dataloader.sources.code]
+paths = ["{corpus_dir}/code/*.parquet"]
+weight = 0.4
+[dataloader.sources.prose]
+paths = ["{corpus_dir}/prose/*.jsonl"]
+weight = 0.6
+block_bytes = 16384
+""")
+    return str(path)
+
+
+def test_plan_then_verify_identical(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["plan", job, "--steps", "4", "-o", str(tmp_path / "a.jsonl")]) == 0
+    assert main(["plan", job, "--steps", "6", "-o", str(tmp_path / "b.jsonl")]) == 0
+    assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
+    assert "identical: all 4 common steps (1-4)" in capsys.readouterr().out
+
+
+def _first_step_with(job_path, file, row, steps=12):
+    job = load_job(job_path)
+    r = job.rows_per_lane
+    first = None
+    for lane in range(job.spec.num_lanes):
+        for i, produced in enumerate(LaneStream(job.spec, lane).take(steps * r)):
+            if any((p.file, p.row) == (file, row) for p in produced.pieces):
+                first = i // r + 1 if first is None else min(first, i // r + 1)
+                break
+    return first
+
+
+def test_verify_names_the_first_step_after_a_one_token_change(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    import shutil
+
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus_dir, copy)
+    job = _job(tmp_path, str(copy), tokenizer_dir)
+    assert main(["plan", job, "--steps", "12", "-o", str(tmp_path / "before.jsonl")]) == 0
+    target = sorted((copy / "code").glob("*.parquet"))[1]
+    texts = pq.read_table(target).column("text").to_pylist()
+    row = 2
+    step = _first_step_with(job, str(target), row)
+    assert step is not None and step > 1
+    texts[row] = texts[row].replace("def ", "def  ", 1)  # one more space: a one-token change
+    pq.write_table(pa.table({"text": texts}), target, row_group_size=4)
+    assert main(["plan", job, "--steps", "12", "-o", str(tmp_path / "after.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "before.jsonl"), str(tmp_path / "after.jsonl")]) == 1
+    assert f"first difference at step {step}:" in capsys.readouterr().out
+
+
+def _source_text(piece):
+    if piece["file"].endswith(".parquet"):
+        return pq.read_table(piece["file"]).column("text")[piece["row"]].as_py()
+    with open(piece["file"], "rb") as f:
+        f.seek(piece["byte_offset"])
+        return json.loads(f.readline())["text"]
+
+
+def test_inspect_traces_rows_to_files_and_round_trips_text(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    job_path = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["inspect", job_path, "--step", "3", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    job = load_job(job_path)
+    assert len(rows) == 16 and [r["batch_row"] for r in rows] == list(range(16))
+    for row in rows:
+        for piece in row["pieces"]:
+            tokens = job.spec.tokenizer.encode([_source_text(piece)])[0]
+            start, end = piece["doc_tokens"]
+            assert job.spec.tokenizer.decode(tokens[start:end]) == piece["text"]
+    assert main(["inspect", job_path, "--step", "3", "--lane", "5"]) == 0
+    text = capsys.readouterr().out
+    assert "step 3 lane 5 row 4 (row 10 of the global batch)" in text and "document tokens" in text
+
+
+def test_validate_reports_counts_and_world_sizes(tmp_path, corpus_dir, tokenizer_dir, prose_docs, code_docs, capsys):
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["validate", job, "--world-sizes", "2,4,8"]) == 0
+    out = capsys.readouterr().out
+    assert f"{len(code_docs)} documents" in out and f"{len(prose_docs)} documents" in out
+    assert "seed                   7" in out
+    assert main(["validate", job, "--no-count", "--world-sizes", "3,16"]) == 1
+    out = capsys.readouterr().out
+    assert "3 ranks: INVALID (does not divide the lanes)" in out
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path, capsys):
+    assert main(["validate", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zephon-titan: error: config file") and "Traceback" not in err
+    assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 2
+    assert "ledger" in capsys.readouterr().err

@@ -1,0 +1,192 @@
+"""zephon-titan: look inside a data stream and prove two runs saw the same data, without GPUs.
+
+    zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl]
+    zephon-titan verify A.jsonl B.jsonl
+    zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
+    zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tqdm import tqdm
+
+from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
+from zephon_titan.engine.ledger import LedgerEntry, read_ledger
+from zephon_titan.errors import ZephonError
+from zephon_titan.plan import Job, load_job, plan_ledger, read_checkpoint
+
+
+def cmd_plan(args) -> int:
+    entries = plan_ledger(args.config, args.steps, args.from_checkpoint)
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    try:
+        for entry in tqdm(entries, desc="planning", unit="step", disable=not args.output):
+            out.write(entry.to_json() + "\n")
+    finally:
+        if args.output:
+            out.close()
+            print(f"wrote {args.output}")
+    return 0
+
+
+def _read(path: str) -> dict[int, LedgerEntry]:
+    try:
+        return {e.step: e for e in read_ledger(path)}
+    except FileNotFoundError:
+        raise ZephonError(f"ledger {path} does not exist") from None
+    except (ValueError, TypeError) as e:
+        raise ZephonError(f"{path} is not a zephon_titan ledger ({e})") from None
+
+
+def cmd_verify(args) -> int:
+    a, b = _read(args.a), _read(args.b)
+    common = sorted(set(a) & set(b))
+    if not common:
+        print(f"no step in common: {args.a} has steps {_span(a)}, {args.b} has {_span(b)}")
+        return 1
+    for step in common:
+        if a[step].sha256 != b[step].sha256:
+            print(f"first difference at step {step}:")
+            for path, entry in ((args.a, a[step]), (args.b, b[step])):
+                print(f"  {path}: sha256 {entry.sha256}  tokens {entry.tokens}  padding {entry.padding}")
+            return 1
+    only = [f"{path} alone has steps {_span({s: 0 for s in set(x) - set(y)})}"
+            for path, x, y in ((args.a, a, b), (args.b, b, a)) if set(x) - set(y)]
+    print(f"identical: all {len(common)} common steps ({common[0]}-{common[-1]}) have the same global batch SHA-256"
+          + (f"; {'; '.join(only)}" if only else ""))
+    return 0
+
+
+def _span(entries: dict) -> str:
+    return f"{min(entries)}-{max(entries)}" if entries else "none"
+
+
+def _pieces(job: Job, row) -> list[dict]:
+    out, at = [], 0
+    for piece in row.pieces:
+        tokens = list(row.inputs) + ([int(row.labels[-1])] if row.padding == 0 else [])
+        ids = tokens[at : at + piece.length]
+        out.append({
+            "source": job.spec.source_names[piece.source], "file": piece.file,
+            job.spec.sources[piece.source].row_unit.replace(" ", "_"): piece.row,
+            "doc_tokens": [piece.doc_offset, piece.doc_offset + piece.length],
+            "row_tokens": [at, at + piece.length], "text": job.spec.tokenizer.decode(ids),
+        })
+        at += piece.length
+    return out
+
+
+def cmd_inspect(args) -> int:
+    job = load_job(args.config)
+    lanes = [args.lane] if args.lane is not None else list(range(job.spec.num_lanes))
+    for lane in lanes:
+        if not 0 <= lane < job.spec.num_lanes:
+            raise ZephonError(f"--lane must be in [0, {job.spec.num_lanes}), got {lane}")
+    if args.step < 1:
+        raise ZephonError(f"--step counts from 1, got {args.step}")
+    r = job.rows_per_lane
+    report = []
+    for lane in tqdm(lanes, desc="simulating lanes", unit="lane", disable=len(lanes) == 1 or args.json):
+        stream = LaneStream(job.spec, lane)
+        stream.take((args.step - 1) * r)  # the lane's rows before this step
+        for i, row in enumerate(stream.take(r)):
+            report.append({"step": args.step, "lane": lane, "lane_row": (args.step - 1) * r + i,
+                           "batch_row": lane * r + i, "padding": row.padding, "pieces": _pieces(job, row)})
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        print()
+        return 0
+    for row in report:
+        print(f"step {row['step']} lane {row['lane']} row {row['lane_row']} (row {row['batch_row']} of the global "
+              f"batch), {row['padding']} padding tokens")
+        for p in row["pieces"]:
+            where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k in ("row", "byte_offset"))
+            start, end = p["row_tokens"]
+            inputs = min(end, job.spec.seq_len) - start  # the row's last token is only a label
+            text = p["text"] if args.full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))
+            print(f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
+                  f"{where}, document tokens {p['doc_tokens'][0]}-{p['doc_tokens'][1]}")
+            print(f"      {text!r}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    job = load_job(args.config)  # parses the config, opens every file (sizes, Parquet footers)
+    spec = job.spec
+    print(f"config: {args.config}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "
+          f"{spec.seq_len} tokens, {job.rows_per_lane} rows per lane per step)")
+    print("fingerprint:")
+    for key, value in fingerprint(spec).items():
+        print(f"  {key:<22} {value}")
+    print("sources:")
+    for source, weight in zip(spec.sources, spec.weights):
+        size = sum(f.size for f in source.files)
+        line = f"  {source.name:<12} weight {weight:.3f}  {len(source.files)} files, {size:,} bytes, {source.num_blocks} blocks"
+        if not args.no_count:
+            docs = tokens = 0
+            for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
+                texts = source.read_block(block).texts  # surfaces bad lines/rows with file and position
+                docs += len(texts)
+                tokens += sum(len(t) for t in spec.tokenizer.encode(texts))
+            line += f", {docs:,} documents, {tokens:,} tokens per epoch"
+        print(line)
+    per_rank = {w: job.global_batch_size // w for w in valid_world_sizes(spec.num_lanes)}
+    usable = [w for w, rows in per_rank.items() if rows % job.local_batch_size == 0]
+    print(f"valid data-parallel sizes (divide {spec.num_lanes} lanes): {valid_world_sizes(spec.num_lanes)}; "
+          f"with local_batch_size {job.local_batch_size}: {usable}")
+    bad = [w for w in args.world_sizes if w not in usable]
+    for w in args.world_sizes:
+        status = "ok" if w in usable else "INVALID"
+        detail = (f"{per_rank[w]} rows per rank per step, {per_rank[w] // job.local_batch_size} microbatches"
+                  if w in usable else "does not divide the lanes" if w not in per_rank else
+                  f"{per_rank[w]} rows per rank is not a multiple of local_batch_size {job.local_batch_size}")
+        print(f"  {w:>5} ranks: {status} ({detail})")
+    return 1 if bad else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zephon-titan", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="write the ledger a run of CONFIG will write")
+    plan.add_argument("config")
+    plan.add_argument("--steps", type=int, required=True, help="last step to plan")
+    plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
+    plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
+    plan.set_defaults(run=cmd_plan)
+    verify = sub.add_parser("verify", help="compare two ledgers; exit 1 at the first differing step")
+    verify.add_argument("a")
+    verify.add_argument("b")
+    verify.set_defaults(run=cmd_verify)
+    inspect = sub.add_parser("inspect", help="decode the rows of a step and trace them to files")
+    inspect.add_argument("config")
+    inspect.add_argument("--step", type=int, required=True)
+    inspect.add_argument("--lane", type=int)
+    inspect.add_argument("--json", action="store_true", help="machine-readable, full text")
+    inspect.add_argument("--full", action="store_true", help="do not shorten texts")
+    inspect.set_defaults(run=cmd_inspect)
+    validate = sub.add_parser("validate", help="check a config and its data, list valid data-parallel sizes")
+    validate.add_argument("config")
+    validate.add_argument("--world-sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
+    validate.add_argument("--no-count", action="store_true", help="skip reading every document")
+    validate.set_defaults(run=cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ZephonError as e:
+        print(f"zephon-titan: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
