@@ -24,9 +24,11 @@ import time
 
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine.ledger import read_ledger
+from zephon_titan.shares_plot import shares_svg
 from zephon_titan.testing import corpus
 
 DEMO_DIR = "demo_out"
+PLOT_STEPS = 200
 CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "debug_cpu.toml")
 
 
@@ -92,7 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     from zephon_titan.plan import plan_ledger
 
     print(f"[2/5] predicting the ledger offline from {os.path.relpath(CONFIG)} (no torchrun)", flush=True)
-    planned = {e.step: e.sha256 for e in plan_ledger(CONFIG, args.steps)}
+    planned_entries = list(plan_ledger(CONFIG, max(args.steps, PLOT_STEPS)))
+    planned = {e.step: e.sha256 for e in planned_entries[: args.steps]}
+    weights = {s.name: s.weight / sum(x.weight for x in build_corpus().sources) for s in build_corpus().sources}
+    with open(os.path.join(DEMO_DIR, "token_shares.svg"), "w") as f:
+        f.write(shares_svg(planned_entries, weights, f"cumulative token share per source, {PLOT_STEPS} planned steps"))
+    print(f"      per-source token shares over {PLOT_STEPS} steps: {DEMO_DIR}/token_shares.svg", flush=True)
     print(f"[3/5] training on 2 ranks, steps 1-{args.steps}, a DCP checkpoint every 2 steps", flush=True)
     runs = {"2 ranks": _train("w2", 2, args.steps, None)}
     print(f"[4/5] resuming the step-{args.save_at} checkpoint on 4 ranks", flush=True)
