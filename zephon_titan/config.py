@@ -100,7 +100,11 @@ class DataConfig:
     """Append the tokenizer's EOS token to each document (if it has one)."""
 
     workers: int = 1
-    """Threads producing lanes in parallel. A performance knob: rows do not depend on it."""
+    """Processes producing this rank's lanes (1: inside the training process). A performance
+    knob: rows do not depend on it."""
+
+    prefetch_steps: int = 2
+    """With workers > 1: steps each worker may produce ahead of the trainer (bounded memory)."""
 
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
@@ -180,7 +184,7 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(
             f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
         )
-    for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers"):
+    for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers", "prefetch_steps"):
         if getattr(config, key) < 1:
             raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from zephon_titan.config import DataConfig, config_from_dict, load_toml
 from zephon_titan.engine import (
-    EngineSpec, LaneGroup, LaneState, batch_digest, build_engine, check_fingerprint, fingerprint, lane_digest,
-    load_tokenizer, rows_per_lane,
+    EngineSpec, LaneState, batch_digest, build_engine, check_fingerprint, fingerprint, lane_digest,
+    load_tokenizer, open_lane_group, rows_per_lane,
 )
 from zephon_titan.engine.ledger import LedgerEntry
 from zephon_titan.errors import ConfigError, ResumeError
@@ -88,7 +88,8 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
     job = load_job(job_path)
     start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
     names = job.spec.source_names
-    with LaneGroup(job.spec, range(job.spec.num_lanes), job.rows_per_lane, job.config.workers, states) as group:
+    with open_lane_group(job.spec, range(job.spec.num_lanes), job.rows_per_lane, job.config.workers,
+                         job.config.prefetch_steps, states) as group:
         for step in range(start + 1, steps + 1):
             lanes = group.next_step()
             tokens = [0] * len(names)

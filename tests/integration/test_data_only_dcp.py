@@ -31,6 +31,18 @@ def test_dcp_resume_8_to_2_and_2_to_8(workdir):
         assert after == reference, f"{saved_on} -> {resumed_on}"
 
 
+def test_worker_processes_change_nothing_even_across_a_resume(workdir):
+    reference = data_run(workdir, 2, "data/ref_w1.jsonl")
+    config = _config_with(workdir, "workers.toml", "seed = 2026", "seed = 2026\nworkers = 2\nprefetch_steps = 3")
+    args = ["--job.config_file", config, "--steps", str(STEPS), "--local-batch-size", "2",
+            "--ledger", "data/workers.jsonl"]
+    check(torchrun(workdir, MODULE, 2, args + ["--save-at", "2", "--checkpoint", "data/ckpt_workers"]))
+    assert ledger(os.path.join(workdir, "data/workers.jsonl")) == reference
+    # Saved with 2 worker processes per rank (prefetching ahead), resumed in-process on 4 ranks.
+    resumed = data_run(workdir, 4, "data/workers.jsonl", "--resume", "data/ckpt_workers/step-2")
+    assert resumed == reference
+
+
 def test_another_seed_differs_at_every_step(workdir):
     # Negative control for the ledger comparison itself.
     reference = data_run(workdir, 2, "data/seed_ref.jsonl")

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import assert_restores_exactly, data_table, make_spec, rows_digest
-from zephon_titan.engine import LaneExhausted, LaneGroup, LaneState, LaneStream
+from zephon_titan.engine import LaneExhausted, LaneState, LaneStream, open_lane_group
 
 
 @pytest.mark.parametrize("packing", ["wrap", "best_fit"])
@@ -64,13 +64,13 @@ def test_restore_in_a_fresh_process(corpus_dir, tokenizer_dir):
     assert out.stdout.strip() == expected
 
 
-@given(workers=st.integers(1, 4), lanes=st.sets(st.integers(0, 7), min_size=1, max_size=8))
-@settings(max_examples=12, deadline=None)
-def test_lane_purity_alone_or_beside_others_with_any_workers(corpus_dir, tokenizer_dir, workers, lanes):
+@given(workers=st.integers(1, 3), prefetch=st.integers(1, 3), lanes=st.sets(st.integers(0, 7), min_size=1, max_size=8))
+@settings(max_examples=8, deadline=None)
+def test_lane_purity_alone_or_beside_others_with_any_workers(corpus_dir, tokenizer_dir, workers, prefetch, lanes):
     spec = make_spec(corpus_dir, tokenizer_dir)
     lane = min(lanes)
     alone = LaneStream(spec, lane).take(12)
-    with LaneGroup(spec, sorted(lanes), rows_per_step=3, workers=workers) as group:
+    with open_lane_group(spec, sorted(lanes), 3, workers=workers, prefetch_steps=prefetch) as group:
         steps = [group.next_step() for _ in range(4)]
     beside = [row for step in steps for row in step[0]]
     assert [r.to_bytes() for r in beside] == [r.to_bytes() for r in alone]

@@ -3,7 +3,7 @@
 from zephon_titan.engine.digest import batch_digest, lane_digest
 from zephon_titan.errors import ConfigError, DataError, LaneExhausted, ResumeError, ZephonError
 from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
-from zephon_titan.engine.lanes import LaneGroup, lanes_of_rank, rows_per_lane, valid_world_sizes
+from zephon_titan.engine.lanes import LaneGroup, lanes_of_rank, open_lane_group, rows_per_lane, valid_world_sizes
 from zephon_titan.engine.packing import IGNORE_INDEX, Row
 from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState, SourceCursor
@@ -14,5 +14,5 @@ __all__ = [
     "ConfigError", "DataError", "DocumentTokenizer", "EngineSpec", "IGNORE_INDEX", "LaneExhausted",
     "LaneGroup", "LaneState", "LaneStream", "ResumeError", "Row", "SourceCursor", "ZephonError",
     "batch_digest", "build_engine", "check_fingerprint", "fingerprint", "lane_digest", "lanes_of_rank",
-    "load_tokenizer", "rows_per_lane", "valid_world_sizes",
+    "load_tokenizer", "open_lane_group", "rows_per_lane", "valid_world_sizes",
 ]

@@ -25,8 +25,10 @@ from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import SourceCursor
 
-# Documents tokenized together in one encode_batch call (a speed knob only).
+# Documents tokenized together in one encode_batch call (a speed knob only). Batches
+# start small and double, so the first row (and a restore) waits for a few documents only.
 TOKENIZE_BATCH = 64
+FIRST_TOKENIZE_BATCH = 2
 # A repeating source whose lane meets no document for this many epochs is empty.
 MAX_EMPTY_EPOCHS = 100
 
@@ -59,6 +61,7 @@ class LaneSourceReader:
         self._perms: dict[int, Permutation] = {}
         self._window: _Window | None = None
         self._tokens: dict[int, np.ndarray] = {}
+        self._batch = FIRST_TOKENIZE_BATCH
 
     def block_at(self, k: int) -> int | None:
         """The lane's k-th block of this source, or None past the end (non-repeating)."""
@@ -122,7 +125,8 @@ class LaneSourceReader:
         window = self.window(cursor.window)
         p = cursor.position
         if p not in self._tokens:
-            stop = min(p + TOKENIZE_BATCH, len(window.texts))
+            stop = min(p + self._batch, len(window.texts))
+            self._batch = min(2 * self._batch, TOKENIZE_BATCH)
             indices = [window.order[i] for i in range(p, stop)]
             encoded = self.spec.tokenizer.encode([window.texts[i] for i in indices])
             self._tokens = dict(zip(range(p, stop), encoded))

@@ -8,8 +8,6 @@ every valid W.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
@@ -44,48 +42,53 @@ def rows_per_lane(global_batch_size: int, num_lanes: int) -> int:
 
 
 class LaneGroup:
-    """The lanes one rank owns, stepped together: R rows per lane per step, in canonical order.
-
-    `workers` threads produce lanes in parallel (tokenization releases the GIL);
-    rows never depend on it.
-    """
+    """The lanes one rank owns, stepped together in this process: R rows per lane per step, in
+    canonical order. `open_lane_group` picks this or the worker-process version."""
 
     def __init__(
         self,
         spec: EngineSpec,
         lane_ids: range | list[int],
         rows_per_step: int,
-        workers: int = 1,
         states: dict[int, LaneState] | None = None,
     ):
         states = states or {}
         self.rows_per_step = rows_per_step
         self.streams = [LaneStream(spec, lane, states.get(lane)) for lane in lane_ids]
-        self._pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 and len(self.streams) > 1 else None
 
     def next_step(self) -> list[list[Row]]:
         """One step's rows: a list per lane, in lane order."""
-        return self._map(lambda stream: stream.take(self.rows_per_step))
+        return [stream.take(self.rows_per_step) for stream in self.streams]
 
     def next_step_with_states(self) -> list[list[tuple[Row, LaneState]]]:
         """Like next_step, each row paired with its lane's state right after it."""
-        return self._map(lambda stream: stream.take_with_states(self.rows_per_step))
-
-    def _map(self, work):
-        if self._pool is None:
-            return [work(stream) for stream in self.streams]
-        return list(self._pool.map(work, self.streams))
+        return [stream.take_with_states(self.rows_per_step) for stream in self.streams]
 
     def state(self) -> dict[int, LaneState]:
         return {stream.lane_id: stream.state() for stream in self.streams}
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        pass
 
     def __enter__(self) -> "LaneGroup":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_lane_group(
+    spec: EngineSpec,
+    lane_ids: range | list[int],
+    rows_per_step: int,
+    workers: int = 1,
+    prefetch_steps: int = 2,
+    states: dict[int, LaneState] | None = None,
+):
+    """LaneGroup in this process (workers <= 1), else lanes produced by `workers` processes
+    with `prefetch_steps` steps of bounded prefetch. Rows never depend on either knob."""
+    if workers <= 1:
+        return LaneGroup(spec, lane_ids, rows_per_step, states)
+    from zephon_titan.engine.workers import ProcessLaneGroup
+
+    return ProcessLaneGroup(spec, list(lane_ids), rows_per_step, workers, prefetch_steps, states)

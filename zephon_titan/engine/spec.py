@@ -6,6 +6,7 @@ It opens the sources (file sizes, Parquet footers) but reads no document.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -74,6 +75,25 @@ def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer 
         tokenizer=tokenizer,
         seq_len=seq_len,
     )
+
+
+def portable(spec: EngineSpec) -> dict:
+    """What a worker process needs to rebuild the same spec (plain data, no open files)."""
+    fields = [f.name for f in dataclasses.fields(DataConfig)]
+    return {
+        "config": {name: getattr(spec.config, name) for name in fields},
+        "seq_len": spec.seq_len,
+        "tokenizer": spec.tokenizer.tokenizer.to_str(),
+        "bos_id": spec.tokenizer.bos_id,
+        "eos_id": spec.tokenizer.eos_id,
+    }
+
+
+def spec_from_portable(data: dict) -> EngineSpec:
+    from tokenizers import Tokenizer
+
+    tokenizer = DocumentTokenizer(Tokenizer.from_str(data["tokenizer"]), data["bos_id"], data["eos_id"])
+    return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer)
 
 
 def _open(source: SourceConfig) -> Source:

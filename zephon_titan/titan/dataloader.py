@@ -21,7 +21,8 @@ from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine import (
-    DocumentTokenizer, LaneGroup, LaneState, Row, build_engine, lane_digest, check_fingerprint, fingerprint, lanes_of_rank,
+    DocumentTokenizer, LaneState, LaneStream, Row, build_engine, check_fingerprint, fingerprint, lane_digest,
+    lanes_of_rank, open_lane_group,
     load_tokenizer, rows_per_lane, valid_world_sizes,
 )
 from zephon_titan.errors import ConfigError, ResumeError
@@ -126,9 +127,10 @@ class ZephonDataLoader(BaseDataLoader):
         self.fingerprint = fingerprint(self.spec)
         self.lane_ids = list(lanes_of_rank(config.num_lanes, dp_world_size, dp_rank))
         num_sources = len(self.spec.sources)
-        self._group = LaneGroup(self.spec, self.lane_ids, self.rows_per_lane, config.workers)
+        # Workers start at the first batch, after a checkpoint (if any) has been loaded.
+        self._group = None
         # What the trainer has consumed, per lane: engine state and tokens per source.
-        self._consumed: dict[int, LaneState] = self._group.state()
+        self._consumed: dict[int, LaneState] = {lane: LaneStream(self.spec, lane).state() for lane in self.lane_ids}
         self._tokens: dict[int, list[int]] = {lane: [0] * num_sources for lane in self.lane_ids}
         self._padding: dict[int, int] = {lane: 0 for lane in self.lane_ids}
         self.last_step: StepRecord | None = None
@@ -137,6 +139,9 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         num_sources = len(self.spec.sources)
+        if self._group is None:
+            self._group = open_lane_group(self.spec, self.lane_ids, self.rows_per_lane, self.config.workers,
+                                          self.config.prefetch_steps, self._consumed)
         while True:
             step = self._group.next_step_with_states()
             record = StepRecord.of(step, num_sources)
@@ -195,15 +200,15 @@ class ZephonDataLoader(BaseDataLoader):
         rows = {entry["state"]["rows"] for entry in entries.values()}
         if len(rows) != 1:
             raise ResumeError(f"lanes of the checkpoint are at different rows ({sorted(rows)}); it is corrupt")
-        self._group.close()
-        states = {lane: LaneState.from_dict(entry["state"]) for lane, entry in entries.items()}
-        self._group = LaneGroup(self.spec, self.lane_ids, self.rows_per_lane, self.config.workers, states)
-        self._consumed = states
+        self.close()  # a group started before the load would continue from the old position
+        self._consumed = {lane: LaneState.from_dict(entry["state"]) for lane, entry in entries.items()}
         self._tokens = {lane: list(entry["tokens"]) for lane, entry in entries.items()}
         self._padding = {lane: int(entry["padding"]) for lane, entry in entries.items()}
 
     def close(self) -> None:
-        self._group.close()
+        if self._group is not None:
+            self._group.close()
+            self._group = None
 
 
 def with_lane_check(load: Callable, num_lanes: int) -> Callable:

@@ -43,6 +43,11 @@ class ZephonTrainer(Trainer):
             self._wrap_metrics_log()
             self._wrap_checkpoint_load()
 
+    def close(self) -> None:
+        super().close()
+        if isinstance(self.dataloader, ZephonDataLoader):
+            self.dataloader.close()  # stop and join the worker processes
+
     @property
     def ledger_path(self) -> str:
         return os.path.join(self.config.dump_folder, self.config.checkpoint.folder, "ledger.jsonl")

@@ -1,0 +1,92 @@
+"""Worker processes: a pure performance knob, consumer-side state, clean shutdown, clear failures."""
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import data_table, make_spec, rows_digest
+from zephon_titan.engine import DataError, LaneStream, open_lane_group
+
+
+def test_state_is_the_consumers_not_the_prefetchers(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    with open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=3) as group:
+        group.next_step()
+        time.sleep(1.0)  # let the workers run ahead
+        states = group.state()
+        assert {s.rows for s in states.values()} == {2}
+        expected = {lane: LaneStream(spec, lane) for lane in range(8)}
+        for lane, stream in expected.items():
+            stream.take(2)
+            assert states[lane] == stream.state()
+
+
+def test_restart_from_consumed_state_continues_exactly(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    with open_lane_group(spec, range(8), 2, workers=1) as reference:
+        steps = [reference.next_step() for _ in range(4)]
+    with open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=2) as first:
+        first.next_step(), first.next_step()
+        saved = first.state()
+    with open_lane_group(spec, range(8), 2, workers=3, states=saved) as second:
+        resumed = [second.next_step() for _ in range(2)]
+    for got, want in zip(resumed, steps[2:]):
+        assert [rows_digest(r) for r in got] == [rows_digest(r) for r in want]
+
+
+def test_close_leaves_no_process(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    group = open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1)
+    group.next_step()  # workers now block on their full queues
+    group.close()
+    assert not mp.active_children()
+
+
+def test_a_killed_worker_is_a_clear_error_not_a_hang(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    with open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1) as group:
+        group.next_step()
+        victim = group._procs[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(timeout=10)
+        with pytest.raises(DataError, match=r"loader worker 1 \(lanes \[1, 3, 5, 7\]\) died with exit code -9"):
+            for _ in range(5):  # steps already queued drain first
+                group.next_step()
+
+
+def test_an_error_inside_a_worker_reaches_the_consumer(tmp_path, corpus_dir, tokenizer_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken}\n')
+    sources = {"bad": {"paths": [str(bad)]}}
+    spec = make_spec(corpus_dir, tokenizer_dir, sources=sources, num_lanes=2)
+    with open_lane_group(spec, range(2), 2, workers=2) as group:
+        with pytest.raises(DataError, match=r"bad.jsonl at byte 17: line is not valid JSON"):
+            group.next_step()
+
+
+_ABANDON = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from zephon_titan.config import config_from_dict
+from zephon_titan.engine import build_engine, open_lane_group
+spec = build_engine(config_from_dict(json.loads({table!r})), seq_len=64)
+group = open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1)
+group.next_step()
+print("stopping early without close()", flush=True)
+"""
+
+
+def test_stopping_early_does_not_hang(corpus_dir, tokenizer_dir):
+    import json
+
+    code = _ABANDON.format(tests=os.path.dirname(os.path.dirname(__file__)),
+                           table=json.dumps(data_table(corpus_dir, tokenizer_dir)))
+    started = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "stopping early" in out.stdout and time.time() - started < 30
