@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,14 +211,35 @@ def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
     return config
 
 
-def load_toml(path: str) -> dict:
+def load_toml(path: str, _seen: tuple[str, ...] = ()) -> dict:
+    """Parse a TOML job file. `[job] extends = "base.toml"` (relative to this file) starts
+    from another file and overrides it table by table, so variants of a job (other GPU
+    counts, other mixtures) state only what differs."""
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            document = tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    base = document.get("job", {}).get("extends")
+    if base is None:
+        return document
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: [job] extends must be a path string, got {base!r}")
+    base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+    if base_path in _seen:
+        raise ConfigError(f"{path}: [job] extends forms a cycle: {' -> '.join(_seen + (base_path,))}")
+    merged = load_toml(base_path, _seen + (os.path.normpath(path),))
+    document["job"].pop("extends")
+    return _merge(merged, document)
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def load_data_config(path: str) -> DataConfig:

@@ -1,7 +1,7 @@
 """zephon_titan recipes for TorchTitan's own registry:
 
     torchrun ... -m torchtitan.train --module zephon_titan.recipes --config job_from_env
-    ZEPHON_JOB_CONFIG=configs/llama3_1b_64lanes.toml   (the TOML job file to load)
+    ZEPHON_JOB_CONFIG=configs/llama3_1b/16gpu.toml   (the TOML job file to load)
 
 `job_from_env` loads the TOML named by ZEPHON_JOB_CONFIG, so stock `torchtitan.train`
 (and its `--section.key value` overrides) runs any zephon_titan job config.

@@ -21,14 +21,28 @@ def test_cpu_debug_config():
     assert config.checkpoint.enable and config.model_spec.flavor == "debugmodel"
 
 
-def test_gpu_config_uses_the_1b_model_and_64_lanes():
-    config = load_job_config(os.path.join(CONFIGS, "llama3_1b_64lanes.toml"))
-    assert config.model_spec.flavor == "1B" and config.model_spec.model.vocab_size == 128256
-    assert config.loss.loss_fn.global_vocab_size == 128256
-    assert config.dataloader.num_lanes == 64 and config.dataloader.global_batch_size == 512
-    for gpus in (8, 16, 32, 64):  # the same file is valid at every size of the resume
-        rows_per_gpu = 512 // gpus
+def test_gpu_configs_differ_only_in_parallelism_and_local_batch():
+    configs = {g: load_job_config(os.path.join(CONFIGS, "llama3_1b", f"{g}gpu.toml")) for g in (8, 16, 32, 64)}
+    base = configs[16]
+    assert base.model_spec.flavor == "1B" and base.model_spec.model.vocab_size == 128256
+    assert base.loss.loss_fn.global_vocab_size == 128256
+    assert base.dataloader.num_lanes == 64 and base.dataloader.global_batch_size == 512
+    for gpus, config in configs.items():
+        assert config.parallelism.data_parallel_shard_degree == gpus
+        assert config.dataloader == base.dataloader and config.training.seq_len == base.training.seq_len
+        assert config.training.global_batch_size == 512 and config.checkpoint == base.checkpoint
+        rows_per_gpu = 512 // gpus  # valid at its own size
         assert 64 % gpus == 0 and rows_per_gpu % config.training.local_batch_size == 0
+
+
+def test_extends_overrides_table_by_table(tmp_path):
+    (tmp_path / "base.toml").write_text(_OK + "[training]\nsteps = 7\nseq_len = 64\n")
+    (tmp_path / "child.toml").write_text('[job]\nextends = "base.toml"\n[training]\nsteps = 9\n')
+    config = load_job_config(str(tmp_path / "child.toml"))
+    assert config.training.steps == 9 and config.training.seq_len == 64
+    (tmp_path / "base.toml").write_text('[job]\nextends = "child.toml"\n')
+    with pytest.raises(ConfigError, match="extends forms a cycle"):
+        load_job_config(str(tmp_path / "child.toml"))
 
 
 def test_command_line_overrides_apply_on_top_of_the_file():

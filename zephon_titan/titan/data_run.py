@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
@@ -104,12 +106,14 @@ def main(argv: list[str] | None = None) -> int:
             if counter.step in args.save_at:
                 path = os.path.join(args.checkpoint, f"step-{counter.step}")
                 dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
-        dist.barrier()
         steps = max(counter.step - first_step, 1)
+        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024] * 2, dtype=torch.float64)
+        dist.all_reduce(rss[:1], op=dist.ReduceOp.MAX)
+        dist.all_reduce(rss[1:], op=dist.ReduceOp.SUM)
         if rank == 0:
             print(f"data_run: {steps} steps on {world} ranks; rank 0 spent {data_seconds / steps * 1e3:.1f} ms "
                   f"per step producing its batches, {ledger_seconds / steps * 1e3:.2f} ms per step on the ledger "
-                  "(gather + write)", flush=True)
+                  f"(gather + write); peak RSS {rss[0]:.0f} MB max per rank, {rss[1]:.0f} MB summed", flush=True)
     except ZephonError as e:
         print(f"zephon_titan (rank {rank}): {e}", file=sys.stderr, flush=True)
         return 2
