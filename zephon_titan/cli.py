@@ -67,8 +67,9 @@ def _span(entries: dict) -> str:
 
 def _pieces(job: Job, row) -> list[dict]:
     out, at = [], 0
+    # The row's tokens: the inputs, plus the last label when it is a real token (not padding).
+    tokens = row.inputs.tolist() + ([int(row.labels[-1])] if row.padding == 0 else [])
     for piece in row.pieces:
-        tokens = list(row.inputs) + ([int(row.labels[-1])] if row.padding == 0 else [])
         ids = tokens[at : at + piece.length]
         out.append({
             "source": job.spec.source_names[piece.source], "file": piece.file,

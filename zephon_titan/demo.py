@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[2/5] predicting the ledger offline from {os.path.relpath(CONFIG)} (no torchrun)", flush=True)
     planned_entries = list(plan_ledger(CONFIG, max(args.steps, PLOT_STEPS)))
     planned = {e.step: e.sha256 for e in planned_entries[: args.steps]}
-    weights = {s.name: s.weight / sum(x.weight for x in build_corpus().sources) for s in build_corpus().sources}
+    sources = build_corpus().sources
+    weights = {s.name: s.weight / sum(x.weight for x in sources) for s in sources}
     with open(os.path.join(DEMO_DIR, "token_shares.svg"), "w") as f:
         f.write(shares_svg(planned_entries, weights, f"cumulative token share per source, {PLOT_STEPS} planned steps"))
     print(f"      per-source token shares over {PLOT_STEPS} steps: {DEMO_DIR}/token_shares.svg", flush=True)

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 next(batches)
             data_seconds += time.perf_counter() - started
             counter.step += 1
-            if not args.builtin:
+            if not args.builtin and loader.config.ledger:
                 started = time.perf_counter()
                 entry = gather_ledger_entry(loader, counter.step, dist.group.WORLD)
                 if ledger is not None and entry is not None:

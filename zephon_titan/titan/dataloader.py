@@ -144,7 +144,7 @@ class ZephonDataLoader(BaseDataLoader):
                                           self.config.prefetch_steps, self._consumed)
         while True:
             step = self._group.next_step_with_states()
-            record = StepRecord.of(step, num_sources)
+            record = StepRecord.of(step, num_sources) if self.config.ledger else None
             flat = [(lane, row, state) for lane, rows in zip(self.lane_ids, step) for row, state in rows]
             for start in range(0, len(flat), self.local_batch_size):
                 chunk = flat[start : start + self.local_batch_size]
