@@ -9,7 +9,6 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from zephon_titan.engine import (
     load_tokenizer, open_lane_group, rows_per_lane,
 )
 from zephon_titan.engine.ledger import LedgerEntry
-from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 
 
 @dataclass(frozen=True)
@@ -64,10 +63,13 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
         keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
     except Exception as e:  # a missing folder or .metadata: an incomplete or wrong path
         raise ResumeError(f"{checkpoint} is not a readable DCP checkpoint ({e})") from None
-    lanes = [k.split(".", 1)[1] for k in keys if k.startswith("dataloader.")]
-    if "header" not in lanes:
+    entries = {k.split(".", 1)[1]: meta for k, meta in keys.items() if k.startswith("dataloader.")}
+    if "header" not in entries:
         raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
-    state = {"dataloader": {k: "" for k in lanes}, "train_state": {"step": 0}}
+    import torch
+
+    state = {"dataloader": {k: torch.zeros(tuple(m.size), dtype=torch.uint8) for k, m in entries.items()},
+             "train_state": {"step": 0}}
     if "train_state.step" not in keys:
         del state["train_state"]
     import warnings
@@ -75,10 +77,11 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
         dcp.load(state, checkpoint_id=checkpoint)
-    header = json.loads(state["dataloader"]["header"])
-    check_fingerprint(header["fingerprint"], fingerprint(job.spec))
-    entries = {int(k.split("_")[1]): json.loads(v) for k, v in state["dataloader"].items() if k.startswith("lane_")}
-    states = {lane: LaneState.from_dict(e["state"]) for lane, e in entries.items()}
+    from zephon_titan.titan.state_codec import decode_entry
+
+    decoded = {k: decode_entry(v, k) for k, v in state["dataloader"].items()}
+    check_fingerprint(decoded["header"]["fingerprint"], fingerprint(job.spec))
+    states = {int(k.split("_")[1]): LaneState.from_dict(e["state"]) for k, e in decoded.items() if k.startswith("lane_")}
     step = int(state["train_state"]["step"]) if "train_state" in state else states[0].rows // job.rows_per_lane
     return step, states
 
@@ -91,7 +94,10 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
     with open_lane_group(job.spec, range(job.spec.num_lanes), job.rows_per_lane, job.config.workers,
                          job.config.prefetch_steps, states) as group:
         for step in range(start + 1, steps + 1):
-            lanes = group.next_step()
+            try:
+                lanes = group.next_step()
+            except LaneExhausted:  # a finite run stops at the first step any lane cannot fill
+                return
             tokens = [0] * len(names)
             padding = 0
             for rows in lanes:

@@ -1,7 +1,5 @@
 """ZephonDataLoader as TorchTitan builds it (no torchrun): batches, validation, per-lane state."""
 
-import json
-
 import pytest
 import torch
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
@@ -10,6 +8,7 @@ from helpers import data_table
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ConfigError, ResumeError
 from zephon_titan.titan.dataloader import HEADER_KEY, ZephonDataLoader, lane_key
+from zephon_titan.titan.state_codec import decode_entry
 
 SEQ = 32
 
@@ -33,6 +32,17 @@ def _steps(loaders, steps, local=2, global_batch=16):
         parts = [next(it) for it in iters for _ in range(per_rank)]
         out.append(torch.cat([torch.stack([p[0]["input"], p[0]["positions"], p[1]]) for p in parts], dim=1))
     return out
+
+
+def _decoded(state):
+    return {k: decode_entry(v, k) for k, v in state.items()}
+
+
+def test_state_entries_are_tensors_not_python_objects(corpus_dir, tokenizer_dir):
+    # DCP unpickles non-tensor values on load; tensors are read as raw bytes.
+    state = _build(_config(corpus_dir, tokenizer_dir), 2, 0).state_dict()
+    assert all(isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for v in state.values())
+    assert _decoded(state)[lane_key(0)]["state"]["lane_id"] == 0
 
 
 def test_microbatches_have_titans_shapes(corpus_dir, tokenizer_dir):
@@ -63,7 +73,7 @@ def test_tp_peers_of_a_dp_rank_have_identical_state(corpus_dir, tokenizer_dir):
     config = _config(corpus_dir, tokenizer_dir)
     peers = [_build(config, 2, 1) for _ in range(2)]
     _steps(peers[:1], 2, global_batch=8), _steps(peers[1:], 2, global_batch=8)
-    assert peers[0].state_dict() == peers[1].state_dict()
+    assert _decoded(peers[0].state_dict()) == _decoded(peers[1].state_dict())
 
 
 def test_state_is_what_was_consumed(corpus_dir, tokenizer_dir):
@@ -71,7 +81,7 @@ def test_state_is_what_was_consumed(corpus_dir, tokenizer_dir):
     loader = _build(config, 1, 0)
     batches = iter(loader)
     next(batches)  # one microbatch of 2 rows: lane 0's rows 0 and 1 (R = 2)
-    entries = {k: json.loads(v) for k, v in loader.state_dict().items() if k != HEADER_KEY}
+    entries = {k: v for k, v in _decoded(loader.state_dict()).items() if k != HEADER_KEY}
     assert entries[lane_key(0)]["state"]["rows"] == 2
     assert all(entries[lane_key(lane)]["state"]["rows"] == 0 for lane in range(1, 8))
 

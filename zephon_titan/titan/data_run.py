@@ -93,8 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         first_step = counter.step
         while counter.step < args.steps:
             started = time.perf_counter()
-            for _ in range(microbatches):
-                next(batches)
+            try:
+                for _ in range(microbatches):
+                    next(batches)
+            except StopIteration:
+                print(f"data_run: rank {rank} stopped after step {counter.step}: data exhausted", flush=True)
+                break
             data_seconds += time.perf_counter() - started
             counter.step += 1
             if not args.builtin and loader.config.ledger:

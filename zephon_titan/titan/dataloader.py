@@ -9,15 +9,16 @@ exactly those entries from TorchTitan's DCP checkpoint.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import tyro
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine import (
@@ -25,7 +26,8 @@ from zephon_titan.engine import (
     lanes_of_rank, open_lane_group,
     load_tokenizer, rows_per_lane, valid_world_sizes,
 )
-from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
+from zephon_titan.titan.state_codec import decode_entry, encode_entry, header_capacity, lane_capacity
 
 HEADER_KEY = "header"
 HEADER_VERSION = 1
@@ -143,7 +145,13 @@ class ZephonDataLoader(BaseDataLoader):
             self._group = open_lane_group(self.spec, self.lane_ids, self.rows_per_lane, self.config.workers,
                                           self.config.prefetch_steps, self._consumed)
         while True:
-            step = self._group.next_step_with_states()
+            step = self._next_step_everywhere()
+            if step is None:
+                logger.warning(
+                    f"zephon_titan: a lane ran out of data under exhaustion = \"{self.config.exhaustion}\" after "
+                    f"{self._consumed[self.lane_ids[0]].rows // self.rows_per_lane} steps; every rank stops here"
+                )
+                return
             record = StepRecord.of(step, num_sources) if self.config.ledger else None
             flat = [(lane, row, state) for lane, rows in zip(self.lane_ids, step) for row, state in rows]
             for start in range(0, len(flat), self.local_batch_size):
@@ -165,6 +173,24 @@ class ZephonDataLoader(BaseDataLoader):
                     self.last_step = record  # the step's last microbatch is consumed with this one
                 yield batch
 
+    def _next_step_everywhere(self):
+        """The next step's rows, or None on every rank once any lane of the run is exhausted.
+
+        Lanes only run out under a non-repeating policy, and they run out at different steps;
+        a rank that stopped alone would leave the others waiting in a collective. So finite runs
+        agree on every step with one tiny all-reduce (MIN of "I have a full step").
+        """
+        try:
+            step = self._group.next_step_with_states()
+        except LaneExhausted:
+            step = None
+        if self.spec.repeat or not dist.is_initialized():
+            return step
+        device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
+        have = torch.tensor([0 if step is None else 1], dtype=torch.int32, device=device)
+        dist.all_reduce(have, op=dist.ReduceOp.MIN)
+        return step if int(have.item()) == 1 else None
+
     # ---- token accounting ------------------------------------------------------------------
 
     def consumed_tokens(self) -> list[int]:
@@ -184,11 +210,12 @@ class ZephonDataLoader(BaseDataLoader):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        state = {HEADER_KEY: json.dumps(self._header(), sort_keys=True)}
+        num_sources = len(self.spec.sources)
+        state = {HEADER_KEY: encode_entry(self._header(), header_capacity(num_sources))}
         for lane in self.lane_ids:
             entry = {"state": self._consumed[lane].to_dict(), "tokens": self._tokens[lane],
                      "padding": self._padding[lane]}
-            state[lane_key(lane)] = json.dumps(entry, sort_keys=True)
+            state[lane_key(lane)] = encode_entry(entry, lane_capacity(num_sources))
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -222,6 +249,12 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
         try:
             return load(*args, **kwargs)
         except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
+            if "dataloader." in str(e) and "Size mismatch" in str(e):
+                raise ResumeError(
+                    f"the checkpoint's dataloader state has another shape ({e}); it was saved with a different "
+                    "number of [dataloader] sources. Restore the old sources, or exclude the dataloader from "
+                    "loading (--checkpoint.exclude_from_loading dataloader) to start the data stream over"
+                ) from None
             if "dataloader.lane_" not in str(e):
                 raise
             raise ResumeError(
@@ -237,10 +270,4 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
 def _parse(state_dict: dict[str, Any], key: str) -> dict:
     if key not in state_dict:
         raise ResumeError(f"the checkpoint's dataloader state has no {key!r}")
-    value = state_dict[key]
-    if isinstance(value, (bytes, bytearray)):
-        value = value.decode("utf-8")
-    try:
-        return json.loads(value)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ResumeError(f"dataloader state {key!r} is not JSON ({e})") from None
+    return decode_entry(state_dict[key], key)
