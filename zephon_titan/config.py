@@ -107,6 +107,14 @@ class DataConfig:
     prefetch_steps: int = 2
     """With workers > 1: steps each worker may produce ahead of the trainer (bounded memory)."""
 
+    max_document_chars: int = 64 << 20
+    """A longer document is an error naming its file and row (tokenizing it at once would need
+    ~10x its size in memory); raise the limit if you mean it."""
+
+    resume_allow: list[str] = field(default_factory=list)
+    """Fingerprint changes a resume accepts. Only "mtimes" (data copied: same files, sizes and
+    bytes, new modification times); everything else changes the rows and is refused."""
+
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
 
@@ -185,9 +193,21 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(
             f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
         )
-    for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers", "prefetch_steps"):
+    for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers", "prefetch_steps", "max_document_chars"):
         if getattr(config, key) < 1:
             raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
+    validate_resume_allow(config.resume_allow)
+
+
+def validate_resume_allow(allow: list[str]) -> None:
+    from zephon_titan.engine.fingerprint import ALLOWED_CHANGES
+
+    for item in allow:
+        if item not in ALLOWED_CHANGES:
+            raise ConfigError(
+                f"[dataloader] resume_allow: {item!r} cannot be allowed (it changes the rows); allowed: "
+                + "; ".join(f"{k} ({why})" for k, why in ALLOWED_CHANGES.items())
+            )
 
 
 def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:

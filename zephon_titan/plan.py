@@ -80,7 +80,7 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     from zephon_titan.titan.state_codec import decode_entry
 
     decoded = {k: decode_entry(v, k) for k, v in state["dataloader"].items()}
-    check_fingerprint(decoded["header"]["fingerprint"], fingerprint(job.spec))
+    check_fingerprint(decoded["header"]["fingerprint"], fingerprint(job.spec), job.config.resume_allow)
     states = {int(k.split("_")[1]): LaneState.from_dict(e["state"]) for k, e in decoded.items() if k.startswith("lane_")}
     step = int(state["train_state"]["step"]) if "train_state" in state else states[0].rows // job.rows_per_lane
     return step, states

@@ -32,7 +32,7 @@ def test_seq_len_and_data_changes_are_named(corpus_dir, tokenizer_dir, tmp_path)
     sources = make_spec(corpus_dir, tokenizer_dir).config.sources
     table = {s.name: {"paths": s.paths, "weight": s.weight, "block_bytes": s.block_bytes} for s in sources}
     table["prose"]["block_bytes"] = 8192
-    with pytest.raises(ResumeError, match="data: "):
+    with pytest.raises(ResumeError, match="layout.prose: "):
         check_fingerprint(saved, fingerprint(make_spec(corpus_dir, tokenizer_dir, seq_len=64, sources=table)))
     table["prose"]["block_bytes"], table["prose"]["weight"] = 16384, 0.9
     with pytest.raises(ResumeError, match="weights: "):

@@ -19,12 +19,32 @@ def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
+# Components a resume may be told to ignore ([dataloader] resume_allow), and why that keeps
+# every lane's rows unchanged.
+ALLOWED_CHANGES = {
+    "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
+}
+
+
+def _source_components(spec: EngineSpec) -> dict[str, str]:
+    out = {}
+    for source in spec.sources:
+        d = source.describe()
+        files = d["files"]  # [path, size, mtime_ns, blocks] per file
+        out[f"files.{source.name}"] = (
+            f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {source.num_blocks} blocks")
+        layout = {k: v for k, v in d.items() if k != "files"}
+        out[f"layout.{source.name}"] = _sha([layout, [[f[0], f[1], f[3]] for f in files]])
+        out[f"mtimes.{source.name}"] = _sha([f[2] for f in files])
+    return out
+
+
 def fingerprint(spec: EngineSpec) -> dict[str, str]:
     c = spec.config
     return {
         "state_version": str(STATE_VERSION),
         "sources": ",".join(spec.source_names),
-        "data": _sha([s.describe() for s in spec.sources]),
+        **_source_components(spec),
         "weights": ",".join(f"{w:.12g}" for w in spec.weights),
         "tokenizer": spec.tokenizer.digest()[:16],
         "seed": str(c.seed),
@@ -40,16 +60,17 @@ def fingerprint_digest(components: dict[str, str]) -> str:
     return _sha(components)
 
 
-def check_fingerprint(saved: dict[str, str], current: dict[str, str]) -> None:
-    """Raise ResumeError listing every component that differs (old -> new)."""
+def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple = ()) -> None:
+    """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`."""
     changed = [
         f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"
         for key in sorted(set(saved) | set(current))
-        if saved.get(key) != current.get(key)
+        if saved.get(key) != current.get(key) and key.split(".")[0] not in allow
     ]
     if changed:
         raise ResumeError(
             "the checkpoint's data stream differs from this run's config, so resuming would change "
             "the data; changed: " + "; ".join(changed)
-            + ". Restore the old settings, or start a new run (without the checkpoint's dataloader state)"
+            + ". Restore the old settings, or start a new run (without the checkpoint's dataloader state). "
+            "If only file modification times changed (data copied), set [dataloader] resume_allow = [\"mtimes\"]"
         )

@@ -66,7 +66,7 @@ def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer 
                 "(or let the TorchTitan trainer pass its own)"
             )
         tokenizer = load_tokenizer(config.tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
-    sources = tuple(_open(s) for s in config.sources)
+    sources = tuple(_open(s, config.max_document_chars) for s in config.sources)
     total = sum(s.weight for s in config.sources)
     return EngineSpec(
         config=config,
@@ -96,8 +96,8 @@ def spec_from_portable(data: dict) -> EngineSpec:
     return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer)
 
 
-def _open(source: SourceConfig) -> Source:
-    opened = open_source(source)
+def _open(source: SourceConfig, max_document_chars: int) -> Source:
+    opened = open_source(source, max_document_chars=max_document_chars)
     if opened.num_blocks == 0:
         files = ", ".join(os.path.basename(f.path) for f in opened.files)
         raise ConfigError(

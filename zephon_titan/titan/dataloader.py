@@ -222,7 +222,7 @@ class ZephonDataLoader(BaseDataLoader):
         header = _parse(state_dict, HEADER_KEY)
         if header.get("version") != HEADER_VERSION:
             raise ResumeError(f"dataloader header version {header.get('version')} is not {HEADER_VERSION}")
-        check_fingerprint(header["fingerprint"], self.fingerprint)
+        check_fingerprint(header["fingerprint"], self.fingerprint, self.config.resume_allow)
         entries = {lane: _parse(state_dict, lane_key(lane)) for lane in self.lane_ids}
         rows = {entry["state"]["rows"] for entry in entries.values()}
         if len(rows) != 1:

@@ -18,7 +18,7 @@ def lane_capacity(num_sources: int) -> int:
 
 
 def header_capacity(num_sources: int) -> int:
-    return 1024 + 128 * num_sources
+    return 1024 + 256 * num_sources
 
 
 def encode_entry(obj: dict, capacity: int) -> torch.Tensor:

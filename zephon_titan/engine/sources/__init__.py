@@ -23,7 +23,7 @@ def _format_of(source: SourceConfig, path: str) -> str:
     )
 
 
-def open_source(source: SourceConfig, base_dir: str | None = None) -> Source:
+def open_source(source: SourceConfig, base_dir: str | None = None, max_document_chars: int = 64 << 20) -> Source:
     files = expand_paths(source.name, source.paths, base_dir)
     formats = {_format_of(source, f) for f in files}
     if len(formats) > 1:
@@ -33,8 +33,8 @@ def open_source(source: SourceConfig, base_dir: str | None = None) -> Source:
         )
     fmt = formats.pop()
     if fmt == "parquet":
-        return ParquetSource(source.name, files, source.text_field)
-    return JsonlSource(source.name, files, source.text_field, source.block_bytes)
+        return ParquetSource(source.name, files, source.text_field, max_document_chars)
+    return JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars)
 
 
 __all__ = ["BlockDocuments", "Source", "open_source", "JsonlSource", "ParquetSource"]

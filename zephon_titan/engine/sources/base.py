@@ -12,7 +12,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from zephon_titan.errors import ConfigError
+from zephon_titan.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +43,10 @@ class Source(ABC):
 
     row_unit: str = "row"
 
-    def __init__(self, name: str, files: list[str], text_field: str):
+    def __init__(self, name: str, files: list[str], text_field: str, max_document_chars: int = 64 << 20):
         self.name = name
         self.text_field = text_field
+        self.max_document_chars = max_document_chars
         self.files: list[FileBlocks] = [self._scan(path) for path in files]
         # first_block[i] is the global number of file i's first block.
         self._first_block: list[int] = []
@@ -75,6 +76,14 @@ class Source(ABC):
             else:
                 hi = mid - 1
         return self._read(lo, block_id - self._first_block[lo])
+
+    def check_size(self, text: str, where: str) -> None:
+        if len(text) > self.max_document_chars:
+            raise DataError(
+                f"{where}: a document of {len(text):,} characters is over [dataloader] max_document_chars = "
+                f"{self.max_document_chars:,} (tokenizing it at once needs ~10x its size in memory); "
+                "raise the limit if you mean it, or split the document"
+            )
 
     def describe(self) -> dict:
         """Everything about the files that the row stream depends on (for the fingerprint)."""

@@ -19,9 +19,9 @@ class JsonlSource(Source):
     row_unit = "byte offset"
     format_name = "jsonl"
 
-    def __init__(self, name: str, files: list[str], text_field: str, block_bytes: int):
+    def __init__(self, name: str, files: list[str], text_field: str, block_bytes: int, max_document_chars: int):
         self.block_bytes = block_bytes
-        super().__init__(name, files, text_field)
+        super().__init__(name, files, text_field, max_document_chars)
 
     def _scan(self, path: str) -> FileBlocks:
         st = os.stat(path)
@@ -72,4 +72,5 @@ class JsonlSource(Source):
         text = record[self.text_field]
         if not isinstance(text, str):
             raise DataError(f"{where}: field {self.text_field!r} is {type(text).__name__}, expected a string")
+        self.check_size(text, where)
         return text

@@ -21,9 +21,9 @@ def _open(path: str, mtime_ns: int) -> pq.ParquetFile:
 class ParquetSource(Source):
     format_name = "parquet"
 
-    def __init__(self, name: str, files: list[str], text_field: str):
+    def __init__(self, name: str, files: list[str], text_field: str, max_document_chars: int):
         self._row_group_starts: dict[str, list[int]] = {}
-        super().__init__(name, files, text_field)
+        super().__init__(name, files, text_field, max_document_chars)
 
     def _scan(self, path: str) -> FileBlocks:
         st = os.stat(path)
@@ -61,4 +61,5 @@ class ParquetSource(Source):
                     f"{f.path} row {first_row + i}: column {self.text_field!r} is null; "
                     "drop null rows from the file"
                 )
+            self.check_size(text, f"{f.path} row {first_row + i}")
         return BlockDocuments(f.path, texts, list(range(first_row, first_row + len(texts))))

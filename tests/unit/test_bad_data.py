@@ -1,0 +1,100 @@
+"""Bad input: each case has one defined behaviour, a clear error naming file and row, never a silent skip."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from helpers import make_spec
+from zephon_titan.engine import ConfigError, DataError, LaneStream, ResumeError, check_fingerprint, fingerprint
+
+
+def _spec_over(tmp_path, corpus_dir, tokenizer_dir, lines, **overrides):
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b"".join(lines))
+    return make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(path)]}}, num_lanes=1, **overrides)
+
+
+def _first_rows(spec, n=3):
+    return LaneStream(spec, 0).take(n)
+
+
+def test_corrupt_parquet_fails_at_startup_naming_the_file(tmp_path, corpus_dir, tokenizer_dir):
+    bad = tmp_path / "broken.parquet"
+    bad.write_bytes(b"PAR1 this is not a parquet file")
+    with pytest.raises(DataError, match=r"broken.parquet: cannot read as Parquet"):
+        make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(bad)]}})
+
+
+def test_invalid_utf8_names_file_and_byte(tmp_path, corpus_dir, tokenizer_dir):
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "fine"}\n', b'{"text": "caf\xe9"}\n'])
+    with pytest.raises(DataError, match=r"web.jsonl at byte 17: line is not valid UTF-8"):
+        _first_rows(spec)
+
+
+def test_truncated_last_line_names_file_and_byte(tmp_path, corpus_dir, tokenizer_dir):
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "fine"}\n', b'{"text": "cut in the mid'])
+    with pytest.raises(DataError, match=r"web.jsonl at byte 17: line is not valid JSON"):
+        _first_rows(spec)
+
+
+def test_non_string_text_is_an_error(tmp_path, corpus_dir, tokenizer_dir):
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": null}\n'])
+    with pytest.raises(DataError, match=r"web.jsonl at byte 0: field 'text' is NoneType, expected a string"):
+        _first_rows(spec)
+
+
+def test_empty_documents_become_bos_eos(tmp_path, corpus_dir, tokenizer_dir):
+    lines = [json.dumps({"text": t}).encode() + b"\n" for t in ["", "hello world", ""]]
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute")
+    bos, eos = spec.tokenizer.bos_id, spec.tokenizer.eos_id
+    rows = LaneStream(spec, 0).take(1)
+    empty = [p for p in rows[0].pieces if p.length == 2]
+    assert len(empty) == 2  # both empty documents are there, as [BOS, EOS]
+    assert [bos, eos] in [rows[0].inputs.tolist()[i : i + 2] for i in range(len(rows[0].inputs) - 1)]
+    bare = _spec_over(tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute", add_bos=False,
+                      add_eos=False)
+    # With neither BOS nor EOS an empty document has no token: nothing to place, nothing lost.
+    assert [p.length for p in LaneStream(bare, 0).take(1)[0].pieces] == [len(spec.tokenizer.encode(["hello world"])[0]) - 2]
+
+
+def test_a_100_mb_document_is_a_clear_error(tmp_path, corpus_dir, tokenizer_dir):
+    huge = json.dumps({"text": "x" * (100 << 20)}).encode() + b"\n"
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "small"}\n', huge])
+    with pytest.raises(DataError, match=r"web.jsonl at byte 18: a document of 104,857,600 characters is over "
+                                         r"\[dataloader\] max_document_chars = 67,108,864"):
+        _first_rows(spec)
+
+
+def _copy_corpus(tmp_path, corpus_dir):
+    copy = tmp_path / "corpus"
+    shutil.copytree(corpus_dir, copy)
+    return str(copy)
+
+
+def test_file_missing_at_resume_is_named(tmp_path, corpus_dir, tokenizer_dir):
+    corpus = _copy_corpus(tmp_path, corpus_dir)
+    saved = fingerprint(make_spec(corpus, tokenizer_dir))
+    os.remove(os.path.join(corpus, "prose", "part-00002.jsonl"))
+    with pytest.raises(ResumeError, match=r"files.prose: 3 files, [\d,]+ bytes, \d+ blocks -> 2 files"):
+        check_fingerprint(saved, fingerprint(make_spec(corpus, tokenizer_dir)))
+
+
+def test_changed_file_is_named_and_a_touch_can_be_allowed(tmp_path, corpus_dir, tokenizer_dir):
+    corpus = _copy_corpus(tmp_path, corpus_dir)
+    saved = fingerprint(make_spec(corpus, tokenizer_dir))
+    target = os.path.join(corpus, "prose", "part-00001.jsonl")
+    os.utime(target, ns=(0, 10**18))  # same bytes, new modification time (a copy)
+    with pytest.raises(ResumeError, match=r"changed: mtimes.prose: .*resume_allow"):
+        check_fingerprint(saved, fingerprint(make_spec(corpus, tokenizer_dir)))
+    check_fingerprint(saved, fingerprint(make_spec(corpus, tokenizer_dir)), allow=["mtimes"])
+    with open(target, "a") as f:
+        f.write(json.dumps({"text": "one more document"}) + "\n")
+    with pytest.raises(ResumeError, match=r"files.prose: .* -> .*layout.prose: "):
+        check_fingerprint(saved, fingerprint(make_spec(corpus, tokenizer_dir)), allow=["mtimes"])
+
+
+def test_only_harmless_changes_can_be_allowed(corpus_dir, tokenizer_dir):
+    with pytest.raises(ConfigError, match=r"resume_allow: 'seed' cannot be allowed \(it changes the rows\); allowed: mtimes"):
+        make_spec(corpus_dir, tokenizer_dir, resume_allow=["seed"])
