@@ -26,8 +26,9 @@ def workdir(tmp_path_factory) -> str:
     return root
 
 
-def torchrun(workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def torchrun(workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = TORCHRUN + ["--nproc_per_node", str(nproc), "-m", module, *args]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
 

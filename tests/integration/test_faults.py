@@ -1,0 +1,37 @@
+"""A rank killed during training, or during a checkpoint save: the restarted job resumes from the last
+complete checkpoint and its ledger equals the uninterrupted run's, step for step."""
+
+import os
+
+import pytest
+
+from conftest import CPU_CONFIG, check, ledger, losses, torchrun
+
+pytestmark = pytest.mark.integration
+STEPS = 6
+
+
+def _train(workdir, run, kill=None):
+    args = ["--job.config_file", CPU_CONFIG, "--dump_folder", run, "--training.steps", str(STEPS),
+            "--metrics.disable_color_printing", "--comm.init_timeout_seconds", "60"]
+    env = {"ZEPHON_TEST_KILL": kill} if kill else None
+    return torchrun(workdir, "zephon_titan.testing.cpu_train", 2, args, env=env)
+
+
+@pytest.fixture(scope="module")
+def reference(workdir):
+    check(_train(workdir, "faults/reference"))
+    return ledger(os.path.join(workdir, "faults/reference/checkpoint/ledger.jsonl"))
+
+
+@pytest.mark.parametrize("kill, resumes_from", [("1:4", 3), ("save:1:4", 3)])
+def test_restart_after_a_killed_rank_matches_the_uninterrupted_run(workdir, reference, kill, resumes_from):
+    run = f"faults/{kill.replace(':', '_')}"
+    crashed = _train(workdir, run, kill)
+    assert crashed.returncode != 0
+    folder = os.path.join(workdir, run, "checkpoint")
+    if kill.startswith("save"):  # the interrupted save left no usable step-4 checkpoint
+        assert not os.path.exists(os.path.join(folder, "step-4", ".metadata"))
+    restarted = check(_train(workdir, run))
+    assert min(losses(restarted.stdout + restarted.stderr)) == resumes_from  # from the step-2 checkpoint
+    assert ledger(os.path.join(folder, "ledger.jsonl")) == reference
