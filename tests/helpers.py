@@ -42,3 +42,43 @@ def assert_restores_exactly(spec_factory, lane_id: int, cut: int, after: int) ->
     got = restored.take(after)
     assert [r.to_bytes() for r in got] == [r.to_bytes() for r in expected], f"lane {lane_id} diverged after cut {cut}"
     assert restored.state() == reference.state()
+
+
+def drain_pieces(spec):
+    """Every (piece, row) of every lane of a finite (redistribute) run, lane by lane to exhaustion."""
+    from zephon_titan.engine import LaneExhausted
+
+    pieces = []
+    for lane in range(spec.num_lanes):
+        stream = LaneStream(spec, lane)
+        try:
+            while True:
+                row = stream.next_row()
+                pieces.extend((p, row) for p in row.pieces)
+        except LaneExhausted:
+            pass
+    return pieces
+
+
+def assert_each_document_once(spec, pieces) -> int:
+    """The pieces tile every document of every source exactly once; returns the document count."""
+    from collections import defaultdict
+
+    by_doc = defaultdict(list)
+    for piece, _ in pieces:
+        by_doc[(piece.file, piece.row)].append((piece.doc_offset, piece.length))
+    expected = {}
+    for source in spec.sources:
+        for b in range(source.num_blocks):
+            block = source.read_block(b)
+            for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
+                if len(tokens):
+                    expected[(block.file, row)] = len(tokens)
+    assert set(by_doc) == set(expected)
+    for key, spans in by_doc.items():
+        at = 0
+        for offset, length in sorted(spans):
+            assert offset == at, (key, spans)
+            at += length
+        assert at == expected[key], key
+    return len(expected)

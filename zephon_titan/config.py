@@ -149,6 +149,12 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
         paths = [paths]
     if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
         raise ConfigError(f"{where} paths must be a non-empty list of strings, got {paths!r}")
+    for path in paths:
+        if "://" in path:
+            raise ConfigError(
+                f"{where} path {path!r}: URIs ({path.split('://')[0]}://) are not supported yet; "
+                "use local or mounted paths"
+            )
     kwargs: dict[str, Any] = {"name": name, "paths": paths}
     defaults = SourceConfig(name=name, paths=paths)
     for key in ("weight", "text_field", "format", "block_bytes"):

@@ -41,6 +41,11 @@ paths = "{corpus_dir}/code/*.parquet"
         ({"sources": {"a": {"paths": ["x"], "weight": -1.5}}}, r"weight must be a finite number > 0"),
         ({"sources": {"a": {"paths": ["x"], "wieght": 1}}}, r"unknown key 'wieght' .*did you mean 'weight'"),
         ({"sources": {"a": {"paths": []}}}, r"paths must be a non-empty list"),
+        ({"sources": {"a": {"paths": ["s3://bucket/x.parquet"]}}}, r"URIs \(s3://\) are not supported yet"),
+        ({"sources": {"a": {"paths": ["x"], "format": "csv"}}}, r"format must be one of auto, jsonl, parquet"),
+        ({"sources": {"a": {"paths": ["x"], "block_bytes": 10}}}, r"block_bytes must be >= 1024, got 10"),
+        ({"workers": 0}, r"workers must be >= 1, got 0"),
+        ({"resume_allow": ["seed"]}, r"resume_allow: 'seed' cannot be allowed"),
     ],
 )
 def test_config_mistakes_are_named(corpus_dir, tokenizer_dir, change, message):

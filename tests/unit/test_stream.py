@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_restores_exactly, data_table, make_spec, rows_digest
+from helpers import assert_each_document_once, assert_restores_exactly, data_table, drain_pieces, make_spec, rows_digest
 from zephon_titan.engine import LaneExhausted, LaneState, LaneStream, open_lane_group
 
 
@@ -85,48 +85,18 @@ def test_lanes_differ_and_seeds_matter(corpus_dir, tokenizer_dir):
     assert rows_digest(LaneStream(other, 0).take(4)) != rows_digest(LaneStream(spec, 0).take(4))
 
 
-def _drain(spec):
-    pieces = []
-    for lane in range(spec.num_lanes):
-        stream = LaneStream(spec, lane)
-        try:
-            while True:
-                row = stream.next_row()
-                pieces.extend((p, row) for p in row.pieces)
-        except LaneExhausted:
-            pass
-    return pieces
-
-
 @pytest.mark.parametrize("packing", ["wrap", "best_fit"])
 def test_one_epoch_appears_exactly_once_across_lanes(corpus_dir, tokenizer_dir, prose_docs, code_docs, packing):
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, exhaustion="redistribute", packing=packing)
-    by_doc = defaultdict(list)
-    for piece, _ in _drain(spec):
-        by_doc[(piece.file, piece.row)].append(piece)
     # Every document of both sources once: tokens of its pieces tile [0, len) with no gap or overlap.
-    expected = {}
-    for source in spec.sources:
-        for b in range(source.num_blocks):
-            block = source.read_block(b)
-            for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
-                expected[(block.file, row)] = len(tokens)
-    assert len(expected) == len(prose_docs) + len(code_docs)
-    assert set(by_doc) == set(expected)
-    for key, pieces in by_doc.items():
-        spans = sorted((p.doc_offset, p.length) for p in pieces)
-        at = 0
-        for offset, length in spans:
-            assert offset == at, (key, spans)
-            at += length
-        assert at == expected[key], key
+    assert assert_each_document_once(spec, drain_pieces(spec)) == len(prose_docs) + len(code_docs)
 
 
 def test_epoch_tokens_are_the_tokenized_documents(corpus_dir, tokenizer_dir):
     # The bytes, not just the bookkeeping: rebuild every document from the rows.
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=100, exhaustion="redistribute")
     rebuilt = defaultdict(dict)
-    for piece, row in _drain(spec):
+    for piece, row in drain_pieces(spec):
         at = sum(p.length for p in row.pieces[: row.pieces.index(piece)])
         tokens = list(row.inputs) + [None]
         full = tokens[:-1] + [row.labels[-1]] if row.padding == 0 else list(row.inputs)
@@ -154,7 +124,7 @@ def test_source_with_fewer_blocks_than_lanes(tmp_path, corpus_dir, tokenizer_dir
         stream.take(400)  # a lane may start inside a 10k-token document
         assert stream.feed.state()[1].tokens > 0
     finite = make_spec(corpus_dir, tokenizer_dir, sources=sources, exhaustion="redistribute")
-    tiny_docs = {(p.file, p.row) for p, _ in _drain(finite) if p.source == 1}
+    tiny_docs = {(p.file, p.row) for p, _ in drain_pieces(finite) if p.source == 1}
     assert len(tiny_docs) == 6
 
 
