@@ -98,3 +98,28 @@ def test_changed_file_is_named_and_a_touch_can_be_allowed(tmp_path, corpus_dir, 
 def test_only_harmless_changes_can_be_allowed(corpus_dir, tokenizer_dir):
     with pytest.raises(ConfigError, match=r"resume_allow: 'seed' cannot be allowed \(it changes the rows\); allowed: mtimes"):
         make_spec(corpus_dir, tokenizer_dir, resume_allow=["seed"])
+
+
+def test_parquet_null_text_names_file_and_row(tmp_path, corpus_dir, tokenizer_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", None]}), path)
+    spec = make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(path)]}}, num_lanes=1)
+    with pytest.raises(DataError, match=r"nulls.parquet row 2: column 'text' is null"):
+        _first_rows(spec)
+
+
+def test_a_source_mixing_formats_is_refused(tmp_path, corpus_dir, tokenizer_dir):
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    shutil.copy(os.path.join(corpus_dir, "code", "part-00000.parquet"), tmp_path / "b.parquet")
+    with pytest.raises(ConfigError, match=r"mixes formats \(jsonl, parquet\); split it into one source per format"):
+        make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(tmp_path / "*")]}})
+
+
+def test_blank_lines_are_not_documents(tmp_path, corpus_dir, tokenizer_dir):
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "one"}\n', b"\n", b"   \n",
+                                                            b'{"text": "two"}\n'], exhaustion="redistribute")
+    block = spec.sources[0].read_block(0)
+    assert block.texts == ["one", "two"] and block.rows == [0, 21]
