@@ -54,6 +54,10 @@ class SourceConfig:
     text_field: str = "text"
     """JSON field or Parquet column holding the document text."""
 
+    token_field: str = ""
+    """Parquet only: a column of token ids (lists of ints, from this run's tokenizer) used instead
+    of tokenizing text_field; BOS/EOS are still added as configured."""
+
     format: str = "auto"
     """`jsonl`, `parquet`, or `auto` (from the file extension)."""
 
@@ -157,7 +161,7 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
             )
     kwargs: dict[str, Any] = {"name": name, "paths": paths}
     defaults = SourceConfig(name=name, paths=paths)
-    for key in ("weight", "text_field", "format", "block_bytes"):
+    for key in ("weight", "text_field", "token_field", "format", "block_bytes"):
         if key in table:
             kwargs[key] = _typed(table[key], type(getattr(defaults, key)), key, where)
     source = SourceConfig(**kwargs)

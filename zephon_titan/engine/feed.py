@@ -128,10 +128,24 @@ class LaneSourceReader:
             stop = min(p + self._batch, len(window.texts))
             self._batch = min(2 * self._batch, TOKENIZE_BATCH)
             indices = [window.order[i] for i in range(p, stop)]
-            encoded = self.spec.tokenizer.encode([window.texts[i] for i in indices])
+            items = [window.texts[i] for i in indices]
+            for i, item in zip(indices, items):
+                if not isinstance(item, str):
+                    self._check_token_ids(item, window.files[i], window.rows[i])
+            encoded = self.spec.tokenizer.encode(items)
             self._tokens = dict(zip(range(p, stop), encoded))
         i = window.order[p]
         return Document(self.source_index, self._tokens[p], window.files[i], window.rows[i])
+
+
+    def _check_token_ids(self, ids: np.ndarray, file: str, row: int) -> None:
+        vocab = self.spec.tokenizer.vocab_size
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise DataError(
+                f"{file} row {row}: token id {bad} is outside the tokenizer's vocabulary of {vocab}; "
+                f"source {self.source.name!r} must be pre-tokenized with this run's tokenizer"
+            )
 
 
 class DocumentFeed:

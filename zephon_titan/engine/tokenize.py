@@ -34,9 +34,22 @@ class DocumentTokenizer:
         self._suffix = [eos_id] if eos_id is not None else []
         self._digest: str | None = None
 
-    def encode(self, texts: list[str]) -> list[np.ndarray]:
-        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False) if texts else []
-        return [np.array(self._prefix + e.ids + self._suffix, dtype=TOKEN_DTYPE) for e in encodings]
+    def encode(self, texts: list) -> list[np.ndarray]:
+        """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized."""
+        strings = [t for t in texts if isinstance(t, str)]
+        encodings = iter(self.tokenizer.encode_batch_fast(strings, add_special_tokens=False) if strings else [])
+        out = []
+        for t in texts:
+            if isinstance(t, str):
+                out.append(np.array(self._prefix + next(encodings).ids + self._suffix, dtype=TOKEN_DTYPE))
+            else:
+                out.append(np.concatenate([np.array(self._prefix, dtype=TOKEN_DTYPE), t,
+                                           np.array(self._suffix, dtype=TOKEN_DTYPE)]))
+        return out
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -8,7 +8,11 @@ from zephon_titan.engine.sources.base import BlockDocuments, Source, expand_path
 from zephon_titan.engine.sources.jsonl import JsonlSource
 from zephon_titan.engine.sources.parquet import ParquetSource
 
-_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+_EXTENSIONS = {
+    **{f"{ext}{z}": "jsonl" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")},
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 
 
 def _format_of(source: SourceConfig, path: str) -> str:
@@ -32,8 +36,13 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
             "split it into one source per format"
         )
     fmt = formats.pop()
+    if source.token_field and fmt != "parquet":
+        raise ConfigError(
+            f"[dataloader.sources.{source.name}] token_field needs Parquet files (a column of token-id lists), "
+            f"its files are {fmt}"
+        )
     if fmt == "parquet":
-        return ParquetSource(source.name, files, source.text_field, max_document_chars)
+        return ParquetSource(source.name, files, source.text_field, max_document_chars, source.token_field)
     return JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars)
 
 

@@ -24,7 +24,8 @@ class BlockDocuments:
     """
 
     file: str
-    texts: list[str]
+    texts: list
+    """Document texts (str), or token-id arrays for a pre-tokenized source."""
     rows: list[int]
 
 

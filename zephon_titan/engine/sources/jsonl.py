@@ -4,12 +4,19 @@ Block b of a file holds the lines that *start* in bytes [b*B, (b+1)*B) (B =
 block_bytes), the rule Hadoop uses for text splits. The block count is known from
 the file size alone, so startup reads no data, and a lane reads only its own
 byte ranges (plus the tail of one line that crosses its end).
+
+Compressed files (.gz, .zst, .zstd; decompressed with pyarrow's codecs) cannot be
+read from the middle, so each is one block; their rows are byte offsets in the
+decompressed text. Keep such files moderately sized: a lane reads a whole one.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+
+import pyarrow as pa
 
 from zephon_titan.errors import DataError
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
@@ -25,7 +32,8 @@ class JsonlSource(Source):
 
     def _scan(self, path: str) -> FileBlocks:
         st = os.stat(path)
-        return FileBlocks(path, st.st_size, st.st_mtime_ns, -(-st.st_size // self.block_bytes))
+        blocks = min(st.st_size, 1) if _compression(path) else -(-st.st_size // self.block_bytes)
+        return FileBlocks(path, st.st_size, st.st_mtime_ns, blocks)
 
     def describe(self) -> dict:
         return {**super().describe(), "block_bytes": self.block_bytes}
@@ -36,7 +44,10 @@ class JsonlSource(Source):
         end = start + self.block_bytes
         texts: list[str] = []
         rows: list[int] = []
-        with open(path, "rb") as f:
+        codec = _compression(path)
+        if codec:
+            start, end = 0, float("inf")
+        with _open_binary(path, codec) as f:
             if start > 0:
                 # The line holding byte start-1 belongs to an earlier block; skip
                 # to the first line that starts at or after `start`.
@@ -74,3 +85,20 @@ class JsonlSource(Source):
             raise DataError(f"{where}: field {self.text_field!r} is {type(text).__name__}, expected a string")
         self.check_size(text, where)
         return text
+
+
+_COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def _compression(path: str) -> str | None:
+    return _COMPRESSION.get(os.path.splitext(path)[1])
+
+
+def _open_binary(path: str, codec: str | None):
+    if codec is None:
+        return open(path, "rb")
+    try:
+        with pa.input_stream(path, compression=codec) as stream:
+            return io.BytesIO(stream.read())  # one block: the whole file, decompressed
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"{path}: cannot decompress as {codec} ({e}); check the file") from None

@@ -1,0 +1,88 @@
+"""Every format yields the same rows as the same documents stored as plain JSONL (where comparable)."""
+
+import gzip
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import make_spec, rows_digest
+from zephon_titan.engine import DataError, LaneStream
+
+
+def _lanes(spec, rows=12):
+    return [rows_digest(LaneStream(spec, lane).take(rows)) for lane in range(spec.num_lanes)]
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, prose_docs):
+    """The prose documents in 3 JSONL files, each one block (as a compressed file is)."""
+    root = tmp_path_factory.mktemp("plain")
+    size = -(-len(prose_docs) // 3)
+    for i in range(3):
+        with open(root / f"part-{i}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in prose_docs[i * size : (i + 1) * size])
+    return root
+
+
+def _source(paths, **extra):
+    return {"web": {"paths": paths, "block_bytes": 1 << 30, **extra}}
+
+
+@pytest.mark.parametrize("codec, suffix", [("gzip", ".gz"), ("zstd", ".zst")])
+def test_compressed_jsonl_equals_plain_jsonl(tmp_path, plain, corpus_dir, tokenizer_dir, codec, suffix):
+    for name in sorted(os.listdir(plain)):
+        with pa.output_stream(str(tmp_path / (name + suffix)), compression=codec) as out:
+            out.write((plain / name).read_bytes())
+    reference = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")]))
+    compressed = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(tmp_path / f"*.jsonl{suffix}")]))
+    assert compressed.sources[0].num_blocks == reference.sources[0].num_blocks == 3
+    assert _lanes(compressed) == _lanes(reference)
+
+
+def test_corrupt_compressed_file_is_named(tmp_path, corpus_dir, tokenizer_dir):
+    (tmp_path / "bad.jsonl.gz").write_bytes(gzip.compress(b'{"text": "x"}\n')[:-8] + b"garbage!")
+    spec = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(tmp_path / "bad.jsonl.gz")]), num_lanes=1)
+    with pytest.raises(DataError, match=r"bad.jsonl.gz: cannot decompress as gzip"):
+        LaneStream(spec, 0).take(1)
+
+
+def test_parquet_text_column_equals_plain_jsonl(tmp_path, plain, corpus_dir, tokenizer_dir):
+    for name in sorted(os.listdir(plain)):
+        docs = [json.loads(line)["text"] for line in (plain / name).read_text(encoding="utf-8").splitlines()]
+        pq.write_table(pa.table({"content": docs}), tmp_path / (name + ".parquet"), row_group_size=10**6)
+    reference = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")]))
+    parquet = make_spec(corpus_dir, tokenizer_dir,
+                        sources={"web": {"paths": [str(tmp_path / "*.parquet")], "text_field": "content"}})
+    assert _lanes(parquet) == _lanes(reference)
+
+
+def test_pretokenized_parquet_equals_tokenizing_the_text(tmp_path, plain, corpus_dir, tokenizer_dir):
+    reference = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")]))
+    bare = reference.tokenizer.tokenizer
+    for name in sorted(os.listdir(plain)):
+        docs = [json.loads(line)["text"] for line in (plain / name).read_text(encoding="utf-8").splitlines()]
+        ids = [e.ids for e in bare.encode_batch(docs, add_special_tokens=False)]
+        pq.write_table(pa.table({"tokens": pa.array(ids, type=pa.list_(pa.int32()))}),
+                       tmp_path / (name + ".parquet"), row_group_size=10**6)
+    pretokenized = make_spec(corpus_dir, tokenizer_dir,
+                             sources={"web": {"paths": [str(tmp_path / "*.parquet")], "token_field": "tokens"}})
+    assert _lanes(pretokenized) == _lanes(reference)
+
+
+def test_out_of_vocabulary_token_ids_are_named(tmp_path, corpus_dir, tokenizer_dir):
+    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 3], [4, 99999]], type=pa.list_(pa.int64()))}),
+                   tmp_path / "ids.parquet")
+    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=1,
+                     sources={"web": {"paths": [str(tmp_path / "ids.parquet")], "token_field": "tokens"}})
+    with pytest.raises(DataError, match=r"ids.parquet row 1: token id 99999 is outside the tokenizer's vocabulary"):
+        LaneStream(spec, 0).take(1)
+
+
+def test_token_field_needs_parquet(plain, corpus_dir, tokenizer_dir):
+    from zephon_titan.engine import ConfigError
+
+    with pytest.raises(ConfigError, match="token_field needs Parquet files"):
+        make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")], token_field="ids"))
