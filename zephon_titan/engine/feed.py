@@ -84,7 +84,7 @@ class LaneSourceReader:
         self._window = None
         if self.block_at(k0) is None:
             return None
-        texts: list[str] = []
+        texts: list = []  # texts, or token-id arrays for a pre-tokenized source
         files: list[str] = []
         rows: list[int] = []
         for k in range(k0, k0 + self.spec.config.shuffle_window_blocks):
@@ -136,7 +136,6 @@ class LaneSourceReader:
             self._tokens = dict(zip(range(p, stop), encoded))
         i = window.order[p]
         return Document(self.source_index, self._tokens[p], window.files[i], window.rows[i])
-
 
     def _check_token_ids(self, ids: np.ndarray, file: str, row: int) -> None:
         vocab = self.spec.tokenizer.vocab_size
