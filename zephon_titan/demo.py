@@ -26,6 +26,7 @@ from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine.ledger import read_ledger
 from zephon_titan.shares_plot import shares_svg
 from zephon_titan.testing import corpus
+from zephon_titan.testing.runs import copy_checkpoint
 
 DEMO_DIR = "demo_out"
 PLOT_STEPS = 200
@@ -58,10 +59,7 @@ def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | Non
     run = os.path.join(DEMO_DIR, "runs", name)
     shutil.rmtree(run, ignore_errors=True)
     if resume_from is not None:
-        src, step = resume_from
-        os.makedirs(os.path.join(run, "checkpoint"))
-        shutil.copytree(os.path.join(src, "checkpoint", f"step-{step}"), os.path.join(run, "checkpoint", f"step-{step}"))
-        shutil.copy(os.path.join(src, "checkpoint", "ledger.jsonl"), os.path.join(run, "checkpoint", "ledger.jsonl"))
+        copy_checkpoint(resume_from[0], resume_from[1], run)
     os.makedirs(run, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
            "-m", "zephon_titan.testing.cpu_train", "--job.config_file", CONFIG, "--dump_folder", run,

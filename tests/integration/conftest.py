@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 
 from zephon_titan import demo
 from zephon_titan.engine.ledger import read_ledger
+from zephon_titan.testing import runs
 from zephon_titan.testing.logs import parse_losses
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,8 +50,4 @@ def ledger(path: str) -> dict[int, str]:
 
 def copy_checkpoint(workdir: str, src_run: str, step: int, dst_run: str) -> None:
     """Start run `dst_run` from `src_run`'s checkpoint at `step` (and its ledger up to there)."""
-    src = os.path.join(workdir, src_run, "checkpoint")
-    dst = os.path.join(workdir, dst_run, "checkpoint")
-    os.makedirs(dst)
-    shutil.copytree(os.path.join(src, f"step-{step}"), os.path.join(dst, f"step-{step}"))
-    shutil.copy(os.path.join(src, "ledger.jsonl"), os.path.join(dst, "ledger.jsonl"))
+    runs.copy_checkpoint(os.path.join(workdir, src_run), step, os.path.join(workdir, dst_run))

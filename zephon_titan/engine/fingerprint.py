@@ -56,10 +56,6 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
     }
 
 
-def fingerprint_digest(components: dict[str, str]) -> str:
-    return _sha(components)
-
-
 def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple = ()) -> None:
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`."""
     changed = [
