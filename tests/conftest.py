@@ -34,3 +34,30 @@ def corpus_dir(tmp_path_factory, prose_docs, code_docs) -> str:
     corpus.write_jsonl(prose_docs, os.path.join(root, "prose"), num_files=3)
     corpus.write_parquet(code_docs, os.path.join(root, "code"), num_files=3, row_group_size=4)
     return root
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3-compatible server (moto, server mode) on loopback, with this process pointed at it
+    through the usual AWS environment variables (as a job on a cluster would be)."""
+    from zephon_titan.engine.sources import storage
+    from zephon_titan.testing.s3server import S3Server
+
+    server = S3Server(str(tmp_path_factory.mktemp("s3")))
+    saved = {k: os.environ.get(k) for k in server.env}
+    os.environ.update(server.env)
+    storage._filesystem.cache_clear()
+    yield server
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    storage._filesystem.cache_clear()
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_corpus(s3, corpus_dir) -> str:
+    """The test corpus (prose JSONL + code Parquet) uploaded to the bucket; its s3:// URI."""
+    return s3.upload(corpus_dir, "corpus")

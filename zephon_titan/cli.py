@@ -4,6 +4,7 @@
     zephon-titan verify A.jsonl B.jsonl
     zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
     zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
+    zephon-titan index CONFIG.toml [--check]
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from tqdm import tqdm
 
+from zephon_titan.config import load_data_config
 from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
+from zephon_titan.engine.sources import open_source
+from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
 from zephon_titan.errors import ZephonError
 from zephon_titan.plan import Job, load_job, plan_ledger, read_checkpoint
@@ -149,6 +154,46 @@ def cmd_validate(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_index(args) -> int:
+    config = load_data_config(args.config)
+    sources = [s for s in config.sources if s.index]
+    if not sources:
+        raise ZephonError(
+            f"no source of {args.config} has an index; add index = \"<path or URI>\" to a "
+            "[dataloader.sources.<name>] table"
+        )
+    options, stale = config.storage_options(), 0
+    for source in sources:
+        start = time.perf_counter()
+        listed = open_source(source, max_document_chars=config.max_document_chars, options=options, use_index=False)
+        seconds = time.perf_counter() - start
+        summary = f"{len(listed.files):,} files, {listed.num_blocks:,} blocks (listed in {seconds:.2f} s)"
+        if not args.check:
+            write_index(source, listed, options)
+            print(f"{source.name}: wrote {source.index}: {summary}")
+            continue
+        indexed = read_index(source, options)
+        problems = _index_differences(indexed[1] if indexed else None, listed.files)
+        stale += bool(problems)
+        print(f"{source.name}: {source.index}: " + ("up to date, " + summary if not problems else
+                                                    "STALE: " + "; ".join(problems)))
+    return 1 if stale else 0
+
+
+def _index_differences(indexed, listed) -> list[str]:
+    if indexed is None:
+        return ["missing (write it with `zephon-titan index CONFIG`)"]
+    old, new = {f.path: f for f in indexed}, {f.path: f for f in listed}
+    problems = [f"{p} is gone" for p in sorted(set(old) - set(new))]
+    problems += [f"{p} is new" for p in sorted(set(new) - set(old))]
+    problems += [f"{p} changed ({old[p].size:,} -> {new[p].size:,} bytes, {old[p].num_blocks} -> "
+                 f"{new[p].num_blocks} blocks)" for p in sorted(set(old) & set(new)) if old[p] != new[p]]
+    if problems:
+        problems.append("rebuild it with `zephon-titan index CONFIG` (a run resumed on the rebuilt index sees "
+                        "the changed files; finish or restart runs that use the old one)")
+    return problems
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zephon-titan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,6 +220,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--world-sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
     validate.add_argument("--no-count", action="store_true", help="skip reading every document")
     validate.set_defaults(run=cmd_validate)
+    index = sub.add_parser("index", help="list the files of every source with an `index` and write the index")
+    index.add_argument("config")
+    index.add_argument("--check", action="store_true", help="compare the indexes with the files; exit 1 if stale")
+    index.set_defaults(run=cmd_index)
     return p
 
 

@@ -64,6 +64,11 @@ class SourceConfig:
     block_bytes: int = 1 << 20
     """JSONL only: size of the byte ranges dealt to lanes."""
 
+    index: str = ""
+    """A manifest of the files and their blocks (JSON; local path or URI). Startup reads it instead
+    of listing the files and reading Parquet footers. Written by `zephon-titan index <job.toml>`, or
+    by the first run that does not find it."""
+
 
 # No slots: the TorchTitan loader's Config inherits from both this and TorchTitan's
 # slotted BaseDataLoader.Config, and two slotted bases cannot be combined.
@@ -115,12 +120,27 @@ class DataConfig:
     """A longer document is an error naming its file and row (tokenizing it at once would need
     ~10x its size in memory); raise the limit if you mean it."""
 
+    s3_endpoint_url: str = ""
+    """S3-compatible endpoint for s3:// paths (default: AWS_ENDPOINT_URL, else AWS). Credentials come
+    from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws, instance roles), never the config."""
+
+    s3_region: str = ""
+    """Region for s3:// paths (default: AWS_REGION / AWS_DEFAULT_REGION)."""
+
+    s3_anonymous: bool = False
+    """Read s3:// paths without credentials (public buckets)."""
+
     resume_allow: list[str] = field(default_factory=list)
     """Fingerprint changes a resume accepts. Only "mtimes" (data copied: same files, sizes and
     bytes, new modification times); everything else changes the rows and is refused."""
 
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
+
+    def storage_options(self):
+        from zephon_titan.engine.sources.storage import StorageOptions
+
+        return StorageOptions(self.s3_endpoint_url, self.s3_region, self.s3_anonymous)
 
 
 def _check_keys(table: dict, allowed: list[str], where: str) -> None:
@@ -153,15 +173,9 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
         paths = [paths]
     if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
         raise ConfigError(f"{where} paths must be a non-empty list of strings, got {paths!r}")
-    for path in paths:
-        if "://" in path:
-            raise ConfigError(
-                f"{where} path {path!r}: URIs ({path.split('://')[0]}://) are not supported yet; "
-                "use local or mounted paths"
-            )
     kwargs: dict[str, Any] = {"name": name, "paths": paths}
     defaults = SourceConfig(name=name, paths=paths)
-    for key in ("weight", "text_field", "token_field", "format", "block_bytes"):
+    for key in ("weight", "text_field", "token_field", "format", "block_bytes", "index"):
         if key in table:
             kwargs[key] = _typed(table[key], type(getattr(defaults, key)), key, where)
     source = SourceConfig(**kwargs)
@@ -206,6 +220,10 @@ def validate(config: DataConfig) -> None:
     for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers", "prefetch_steps", "max_document_chars"):
         if getattr(config, key) < 1:
             raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
+    if config.s3_endpoint_url and not config.s3_endpoint_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"[dataloader] s3_endpoint_url must start with http:// or https://, got {config.s3_endpoint_url!r}"
+        )
     validate_resume_allow(config.resume_allow)
 
 

@@ -41,7 +41,7 @@ paths = "{corpus_dir}/code/*.parquet"
         ({"sources": {"a": {"paths": ["x"], "weight": -1.5}}}, r"weight must be a finite number > 0"),
         ({"sources": {"a": {"paths": ["x"], "wieght": 1}}}, r"unknown key 'wieght' .*did you mean 'weight'"),
         ({"sources": {"a": {"paths": []}}}, r"paths must be a non-empty list"),
-        ({"sources": {"a": {"paths": ["s3://bucket/x.parquet"]}}}, r"URIs \(s3://\) are not supported yet"),
+        ({"s3_endpoint_url": "localhost:9000"}, r"s3_endpoint_url must start with http:// or https://"),
         ({"sources": {"a": {"paths": ["x"], "format": "csv"}}}, r"format must be one of auto, jsonl, parquet"),
         ({"sources": {"a": {"paths": ["x"], "block_bytes": 10}}}, r"block_bytes must be >= 1024, got 10"),
         ({"workers": 0}, r"workers must be >= 1, got 0"),

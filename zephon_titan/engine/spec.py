@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from zephon_titan.config import DataConfig, SourceConfig, validate
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import open_source
-from zephon_titan.engine.sources.base import Source
+from zephon_titan.engine.sources.base import FileBlocks, Source
 from zephon_titan.engine.tokenize import DocumentTokenizer, load_tokenizer
 
 
@@ -54,8 +54,12 @@ class EngineSpec:
         return [s.name for s in self.sources]
 
 
-def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer | None = None) -> EngineSpec:
-    """Validate the config against its files and open every source."""
+def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer | None = None,
+                 listings: dict[str, list] | None = None) -> EngineSpec:
+    """Validate the config against its files and open every source.
+
+    `listings` (source name -> FileBlocks records) skips listing and scanning: worker processes
+    get them from the process that built the spec first."""
     validate(config)
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")
@@ -66,7 +70,11 @@ def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer 
                 "(or let the TorchTitan trainer pass its own)"
             )
         tokenizer = load_tokenizer(config.tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
-    sources = tuple(_open(s, config.max_document_chars) for s in config.sources)
+    listings = listings or {}
+    sources = tuple(
+        _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)
+        for s in config.sources
+    )
     total = sum(s.weight for s in config.sources)
     return EngineSpec(
         config=config,
@@ -86,6 +94,7 @@ def portable(spec: EngineSpec) -> dict:
         "tokenizer": spec.tokenizer.tokenizer.to_str(),
         "bos_id": spec.tokenizer.bos_id,
         "eos_id": spec.tokenizer.eos_id,
+        "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
     }
 
 
@@ -93,11 +102,12 @@ def spec_from_portable(data: dict) -> EngineSpec:
     from tokenizers import Tokenizer
 
     tokenizer = DocumentTokenizer(Tokenizer.from_str(data["tokenizer"]), data["bos_id"], data["eos_id"])
-    return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer)
+    return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
 
 
-def _open(source: SourceConfig, max_document_chars: int) -> Source:
-    opened = open_source(source, max_document_chars=max_document_chars)
+def _open(source: SourceConfig, config: DataConfig, listed: list[FileBlocks] | None) -> Source:
+    opened = open_source(source, max_document_chars=config.max_document_chars, options=config.storage_options(),
+                         listed=listed)
     if opened.num_blocks == 0:
         files = ", ".join(os.path.basename(f.path) for f in opened.files)
         raise ConfigError(

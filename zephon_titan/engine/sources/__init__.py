@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.errors import ConfigError
-from zephon_titan.engine.sources.base import BlockDocuments, Source, expand_paths
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
+from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
 from zephon_titan.engine.sources.jsonl import JsonlSource
 from zephon_titan.engine.sources.parquet import ParquetSource
+from zephon_titan.engine.sources.storage import StorageOptions
 
 _EXTENSIONS = {
     **{f"{ext}{z}": "jsonl" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")},
@@ -27,9 +29,19 @@ def _format_of(source: SourceConfig, path: str) -> str:
     )
 
 
-def open_source(source: SourceConfig, base_dir: str | None = None, max_document_chars: int = 64 << 20) -> Source:
-    files = expand_paths(source.name, source.paths, base_dir)
-    formats = {_format_of(source, f) for f in files}
+def open_source(source: SourceConfig, base_dir: str | None = None, max_document_chars: int = 64 << 20,
+                options: StorageOptions = StorageOptions(), listed: list[FileBlocks] | None = None,
+                use_index: bool = True) -> Source:
+    """Open a source: from `listed` (files already scanned by another process of this job), from
+    its index, or by listing and scanning its files (then writing the index if one is configured)."""
+    write_index = False
+    if listed is None and source.index and use_index:
+        indexed = read_index(source, options)
+        write_index = indexed is None
+        if indexed is not None:
+            listed = indexed[1]
+    files = listed if listed is not None else expand_paths(source.name, source.paths, base_dir, options)
+    formats = {_format_of(source, f.path) for f in files}
     if len(formats) > 1:
         raise ConfigError(
             f"[dataloader.sources.{source.name}] mixes formats ({', '.join(sorted(formats))}); "
@@ -42,8 +54,12 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
             f"its files are {fmt}"
         )
     if fmt == "parquet":
-        return ParquetSource(source.name, files, source.text_field, max_document_chars, source.token_field)
-    return JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars)
+        opened = ParquetSource(source.name, files, source.text_field, max_document_chars, source.token_field, options)
+    else:
+        opened = JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars, options)
+    if write_index:
+        save_index_after_first_use(source, opened, options)
+    return opened
 
 
-__all__ = ["BlockDocuments", "Source", "open_source", "JsonlSource", "ParquetSource"]
+__all__ = ["BlockDocuments", "Source", "open_source", "JsonlSource", "ParquetSource", "StorageOptions"]

@@ -7,12 +7,13 @@ order, so the numbering is a pure function of the files.
 
 from __future__ import annotations
 
-import glob
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.engine.sources import storage
+from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +32,22 @@ class BlockDocuments:
 
 @dataclass(frozen=True, slots=True)
 class FileBlocks:
-    """One file's share of the block numbering."""
+    """One file's share of the block numbering (also one record of an index)."""
 
     path: str
     size: int
     mtime_ns: int
     num_blocks: int
+    block_rows: tuple[int, ...] = ()
+    """Rows per block, for formats whose blocks are row groups (Parquet); empty otherwise."""
+
+    def record(self) -> list:
+        return [self.path, self.size, self.mtime_ns, self.num_blocks, list(self.block_rows)]
+
+    @classmethod
+    def from_record(cls, record: list) -> FileBlocks:
+        path, size, mtime_ns, num_blocks, block_rows = record
+        return cls(path, size, mtime_ns, num_blocks, tuple(block_rows))
 
 
 class Source(ABC):
@@ -44,11 +55,14 @@ class Source(ABC):
 
     row_unit: str = "row"
 
-    def __init__(self, name: str, files: list[str], text_field: str, max_document_chars: int = 64 << 20):
+    def __init__(self, name: str, files: list[FileStat] | list[FileBlocks], text_field: str,
+                 max_document_chars: int = 64 << 20, storage_options: StorageOptions = StorageOptions()):
+        """`files`: the listed files, scanned here, or FileBlocks from an index (trusted as is)."""
         self.name = name
         self.text_field = text_field
         self.max_document_chars = max_document_chars
-        self.files: list[FileBlocks] = [self._scan(path) for path in files]
+        self.storage_options = storage_options
+        self.files: list[FileBlocks] = [f if isinstance(f, FileBlocks) else self._scan(f) for f in files]
         # first_block[i] is the global number of file i's first block.
         self._first_block: list[int] = []
         total = 0
@@ -58,8 +72,8 @@ class Source(ABC):
         self.num_blocks = total
 
     @abstractmethod
-    def _scan(self, path: str) -> FileBlocks:
-        """Read just enough of `path` to know its block count (no document is read)."""
+    def _scan(self, file: FileStat) -> FileBlocks:
+        """Read just enough of the file to know its block count (no document is read)."""
 
     @abstractmethod
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
@@ -95,26 +109,35 @@ class Source(ABC):
             "files": [[f.path, f.size, f.mtime_ns, f.num_blocks] for f in self.files],
         }
 
+    def changed_file(self, f: FileBlocks, what: str) -> DataError:
+        return DataError(
+            f"{f.path}: {what}, but it had {f.size:,} bytes and {f.num_blocks} blocks when the source was listed "
+            "(or its index was written): the file changed during the run. Restore it, or start a new run "
+            "(and rebuild the index with `zephon-titan index`)"
+        )
+
     @property
     @abstractmethod
     def format_name(self) -> str: ...
 
 
-def expand_paths(source_name: str, patterns: list[str], base_dir: str | None) -> list[str]:
-    """Expand globs (relative to base_dir) into a sorted, de-duplicated file list.
+def expand_paths(source_name: str, patterns: list[str], base_dir: str | None = None,
+                 options: StorageOptions = StorageOptions()) -> list[FileStat]:
+    """Expand globs (relative to base_dir; or URIs) into a sorted, de-duplicated file list.
 
-    Sorting makes the block numbering independent of directory listing order.
+    Sorting makes the block numbering independent of listing order.
     """
-    files: set[str] = set()
+    files: dict[str, FileStat] = {}
     for pattern in patterns:
-        full = pattern if os.path.isabs(pattern) or base_dir is None else os.path.join(base_dir, pattern)
-        matches = [m for m in glob.glob(full, recursive=True) if os.path.isfile(m)]
+        relative = not (os.path.isabs(pattern) or storage.is_uri(pattern))
+        full = os.path.join(base_dir, pattern) if relative and base_dir is not None else pattern
+        matches = storage.expand(full, options)
         if not matches:
             raise ConfigError(
                 f"source {source_name!r}: path {pattern!r} matches no file"
-                + (f" (looked in {base_dir})" if base_dir and not os.path.isabs(pattern) else "")
+                + (f" (looked in {base_dir})" if base_dir and relative else "")
                 + "; fix the path or remove it from [dataloader.sources."
                 + f"{source_name}] paths"
             )
-        files.update(os.path.normpath(m) for m in matches)
-    return sorted(files)
+        files.update((m.path, m) for m in matches)
+    return [files[path] for path in sorted(files)]

@@ -12,57 +12,93 @@ decompressed text. Keep such files moderately sized: a lane reads a whole one.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
 import pyarrow as pa
 
 from zephon_titan.errors import DataError
+from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.storage import FileStat
+
+# The line crossing a block's end is completed in reads of this size, so a block costs at
+# most block_bytes + 1 + (its last line's tail rounded up to this) bytes of requests.
+TAIL_READ_BYTES = 64 << 10
 
 
 class JsonlSource(Source):
     row_unit = "byte offset"
     format_name = "jsonl"
 
-    def __init__(self, name: str, files: list[str], text_field: str, block_bytes: int, max_document_chars: int):
+    def __init__(self, name: str, files: list, text_field: str, block_bytes: int, max_document_chars: int,
+                 storage_options=storage.StorageOptions()):
         self.block_bytes = block_bytes
-        super().__init__(name, files, text_field, max_document_chars)
+        super().__init__(name, files, text_field, max_document_chars, storage_options)
 
-    def _scan(self, path: str) -> FileBlocks:
-        st = os.stat(path)
-        blocks = min(st.st_size, 1) if _compression(path) else -(-st.st_size // self.block_bytes)
-        return FileBlocks(path, st.st_size, st.st_mtime_ns, blocks)
+    def _scan(self, file: FileStat) -> FileBlocks:
+        blocks = min(file.size, 1) if _compression(file.path) else -(-file.size // self.block_bytes)
+        return FileBlocks(file.path, file.size, file.mtime_ns, blocks)
 
     def describe(self) -> dict:
         return {**super().describe(), "block_bytes": self.block_bytes}
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
-        path = self.files[file_index].path
-        start = local_block * self.block_bytes
-        end = start + self.block_bytes
+        f = self.files[file_index]
+        codec = _compression(f.path)
+        data, offset = self._decompressed(f, codec) if codec else self._block_lines(f, local_block)
         texts: list[str] = []
         rows: list[int] = []
-        codec = _compression(path)
-        if codec:
-            start, end = 0, float("inf")
-        with _open_binary(path, codec) as f:
-            if start > 0:
-                # The line holding byte start-1 belongs to an earlier block; skip
-                # to the first line that starts at or after `start`.
-                f.seek(start - 1)
-                f.readline()
-            pos = f.tell()
-            while pos < end:
-                line = f.readline()
-                if not line:
-                    break
-                if line.strip():
-                    texts.append(self._text_of(line, path, pos))
-                    rows.append(pos)
-                pos += len(line)
-        return BlockDocuments(path, texts, rows)
+        for line in data.split(b"\n"):
+            if line.strip():  # blank lines are not documents
+                texts.append(self._text_of(line, f.path, offset))
+                rows.append(offset)
+            offset += len(line) + 1
+        return BlockDocuments(f.path, texts, rows)
+
+    def _block_lines(self, f: FileBlocks, block: int) -> tuple[bytes, int]:
+        """The bytes of the lines that start in block `block`, and the offset of the first.
+
+        Reads the block's byte range (plus the byte before it, to know whether a line starts
+        at its first byte) and then the tail of the last line, never the whole file.
+        """
+        start = block * self.block_bytes
+        end = min(start + self.block_bytes, f.size)
+        first = max(start - 1, 0)
+        handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
+        if handle.size() != f.size:
+            raise self.changed_file(f, f"it now has {handle.size():,} bytes")
+        data = self._read_exactly(handle, f, first, end)
+        if start > 0:
+            # The line holding byte start-1 belongs to an earlier block.
+            newline = data.find(b"\n")
+            if newline < 0:
+                return b"", start
+            data, first = data[newline + 1 :], first + newline + 1
+        tail, pos = [], end
+        while data and not (tail[-1] if tail else data).endswith(b"\n") and pos < f.size:
+            more = self._read_exactly(handle, f, pos, min(pos + TAIL_READ_BYTES, f.size))
+            newline = more.find(b"\n")
+            tail.append(more if newline < 0 else more[: newline + 1])
+            pos += len(more)
+        return data + b"".join(tail), first
+
+    def _read_exactly(self, handle, f: FileBlocks, start: int, end: int) -> bytes:
+        try:
+            data = handle.read_at(end - start, start)
+        except OSError as e:
+            raise DataError(f"{f.path}: cannot read bytes {start:,}..{end:,} ({e})") from None
+        if len(data) != end - start:
+            raise self.changed_file(f, f"reading bytes {start:,}..{end:,} returned {len(data):,} bytes")
+        return data
+
+    def _decompressed(self, f: FileBlocks, codec: str) -> tuple[bytes, int]:
+        """A compressed file is one block: all of it, decompressed."""
+        try:
+            with storage.open_input_stream(f.path, self.storage_options, compression=codec) as stream:
+                return stream.read(), 0
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataError(f"{f.path}: cannot decompress as {codec} ({e}); check the file") from None
 
     def _text_of(self, line: bytes, path: str, offset: int) -> str:
         where = f"{path} at byte {offset}"
@@ -92,13 +128,3 @@ _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 def _compression(path: str) -> str | None:
     return _COMPRESSION.get(os.path.splitext(path)[1])
-
-
-def _open_binary(path: str, codec: str | None):
-    if codec is None:
-        return open(path, "rb")
-    try:
-        with pa.input_stream(path, compression=codec) as stream:
-            return io.BytesIO(stream.read())  # one block: the whole file, decompressed
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"{path}: cannot decompress as {codec} ({e}); check the file") from None

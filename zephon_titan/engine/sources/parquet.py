@@ -6,7 +6,6 @@ used as is (no tokenization) with BOS/EOS added as configured.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 import numpy as np
@@ -14,22 +13,32 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon_titan.errors import DataError
+from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 
 @lru_cache(maxsize=32)
-def _open(path: str, mtime_ns: int) -> pq.ParquetFile:
-    # mtime in the cache key: a file rewritten under the same path is re-opened.
-    return pq.ParquetFile(path)
+def _open(path: str, size: int, mtime_ns: int, options: StorageOptions) -> tuple[pq.ParquetFile, tuple[int, ...], list]:
+    """The file, its rows per row group and its top-level column names.
+
+    Size and mtime are in the cache key: a file rewritten under the same path is re-opened.
+    Opening reads the footer (one range request on object storage); row groups are then read
+    one by one with range requests of their column chunks.
+    """
+    opened = pq.ParquetFile(storage.open_input_file(path, (size, mtime_ns), options))
+    meta = opened.metadata
+    rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
+    return opened, rows, meta.schema.to_arrow_schema().names  # names: top-level columns, not list leaves
 
 
 class ParquetSource(Source):
     format_name = "parquet"
 
-    def __init__(self, name: str, files: list[str], text_field: str, max_document_chars: int, token_field: str = ""):
-        self._row_group_starts: dict[str, list[int]] = {}
+    def __init__(self, name: str, files: list, text_field: str, max_document_chars: int, token_field: str = "",
+                 storage_options: StorageOptions = StorageOptions()):
         self.token_field = token_field
-        super().__init__(name, files, text_field, max_document_chars)
+        super().__init__(name, files, text_field, max_document_chars, storage_options)
 
     @property
     def column(self) -> str:
@@ -38,33 +47,41 @@ class ParquetSource(Source):
     def describe(self) -> dict:
         return {**super().describe(), "token_field": self.token_field}
 
-    def _scan(self, path: str) -> FileBlocks:
-        st = os.stat(path)
+    def _scan(self, file: FileStat) -> FileBlocks:
         try:
-            meta = _open(path, st.st_mtime_ns).metadata
+            _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
-            raise DataError(f"{path}: cannot read as Parquet ({e}); check the file or its format") from None
-        names = meta.schema.to_arrow_schema().names  # top-level columns (not list leaves)
+            raise DataError(f"{file.path}: cannot read as Parquet ({e}); check the file or its format") from None
+        self._check_column(file.path, names)
+        return FileBlocks(file.path, file.size, file.mtime_ns, len(rows), rows)
+
+    def _open(self, f: FileBlocks) -> pq.ParquetFile:
+        """Open a listed (or indexed) file, checking that its row groups are still those listed."""
+        try:
+            opened, rows, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise self.changed_file(f, f"it cannot be read as Parquet any more ({e})") from None
+        if rows != f.block_rows:
+            raise self.changed_file(f, f"it now has {len(rows)} row groups ({sum(rows):,} rows)")
+        self._check_column(f.path, names)
+        return opened
+
+    def _check_column(self, path: str, names: list) -> None:
         if self.column not in names:
             which = "token_field" if self.token_field else "text_field"
             raise DataError(
                 f"{path}: no column {self.column!r} (columns: {', '.join(names)}); "
                 f"set {which} for source {self.name!r}"
             )
-        starts, total = [], 0
-        for i in range(meta.num_row_groups):
-            starts.append(total)
-            total += meta.row_group(i).num_rows
-        self._row_group_starts[path] = starts
-        return FileBlocks(path, st.st_size, st.st_mtime_ns, meta.num_row_groups)
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
+        opened = self._open(f)
         try:
-            table = _open(f.path, f.mtime_ns).read_row_group(local_block, columns=[self.column])
+            table = opened.read_row_group(local_block, columns=[self.column])
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot read row group {local_block} ({e})") from None
-        first_row = self._row_group_starts[f.path][local_block]
+        first_row = sum(f.block_rows[:local_block])
         column = table.column(0)
         if column.null_count:
             i = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)

@@ -1,0 +1,87 @@
+"""The index of a source: its file list and block counts, so startup lists and opens nothing.
+
+Without an index every rank lists the source's files and (for Parquet) reads every footer
+before its first batch: with tens of thousands of files in object storage that is tens of
+thousands of requests per rank. With `[dataloader.sources.<name>] index = "<path or URI>"`
+a rank reads one small JSON file instead. The index is written by `zephon-titan index
+job.toml`, or on first use by the first run that does not find it.
+
+The index holds exactly what the block numbering is built from (paths, sizes, mtimes,
+blocks, rows per row group), so the fingerprint, computed from the same records, covers
+it: a run resumed with an index is checked against the same components as one without,
+and adding an index to a running job changes nothing. A file that changed after the index
+was written is caught when it is read (size or row groups differ) and named.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.errors import ConfigError
+from zephon_titan.engine.sources import storage
+from zephon_titan.engine.sources.base import FileBlocks, Source
+from zephon_titan.engine.sources.storage import StorageOptions
+
+INDEX_VERSION = 1
+log = logging.getLogger("zephon_titan")
+
+
+def _key(source: SourceConfig, fmt: str) -> dict:
+    """What the block numbering depends on besides the files themselves."""
+    key = {"paths": list(source.paths), "format": fmt}
+    if fmt == "jsonl":
+        key["block_bytes"] = source.block_bytes
+    return key
+
+
+def index_document(source: SourceConfig, opened: Source) -> dict:
+    return {
+        "zephon_index": INDEX_VERSION,
+        **_key(source, opened.format_name),
+        "num_blocks": opened.num_blocks,
+        "files": [f.record() for f in opened.files],
+    }
+
+
+def write_index(source: SourceConfig, opened: Source, options: StorageOptions) -> None:
+    text = json.dumps(index_document(source, opened), separators=(",", ":")) + "\n"
+    storage.write_bytes(source.index, text.encode("utf-8"), options, tmp_suffix=socket.gethostname())
+
+
+def read_index(source: SourceConfig, options: StorageOptions) -> tuple[str, list[FileBlocks]] | None:
+    """The format and files recorded in the source's index, or None if it does not exist yet."""
+    data = storage.read_bytes(source.index, options)
+    if data is None:
+        return None
+    where = f"[dataloader.sources.{source.name}] index {source.index}"
+    try:
+        document = json.loads(data)
+        version = document.get("zephon_index")
+        fmt = document["format"]
+        files = [FileBlocks.from_record(r) for r in document["files"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{where} is not a zephon index ({e}); delete it or rebuild it with `zephon-titan index`")
+    if version != INDEX_VERSION:
+        raise ConfigError(f"{where} has version {version}, this loader reads {INDEX_VERSION}; rebuild it")
+    expected, recorded = _key(source, fmt), {k: document.get(k) for k in _key(source, fmt)}
+    if recorded != expected:
+        changed = "; ".join(f"{k}: {recorded[k]!r} -> {expected[k]!r}" for k in expected if recorded[k] != expected[k])
+        raise ConfigError(
+            f"{where} was written for other settings ({changed}); rebuild it with `zephon-titan index <job.toml>` "
+            "or point index at another file"
+        )
+    return fmt, files
+
+
+def save_index_after_first_use(source: SourceConfig, opened: Source, options: StorageOptions) -> None:
+    """Write the index a run did not find. Every rank may do this at once: the content is the
+    same and each write replaces the file atomically. A failed write is not fatal."""
+    try:
+        write_index(source, opened, options)
+        log.info("zephon: wrote the index of source %r to %s (%d files)", source.name, source.index, len(opened.files))
+    except OSError as e:
+        log.warning("zephon: could not write the index of source %r to %s (%s); startup lists the files "
+                    "until one is written (`zephon-titan index`)", source.name, source.index, e)

@@ -1,0 +1,228 @@
+"""Where source files live: the local disk or object storage, behind one small interface.
+
+Every file access goes through a `pyarrow.fs.FileSystem`, so readers only ever ask for byte
+ranges (JSONL blocks, Parquet footers and row groups) and never download a whole object to
+read one block. A path with a scheme (`s3://bucket/key`, `gs://...`, `hdfs://...`) is resolved
+by pyarrow; schemes pyarrow does not know go through fsspec when it is installed. Anything
+else is a local path.
+
+S3 settings come from the usual AWS environment (AWS_ENDPOINT_URL, AWS_REGION or
+AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE,
+~/.aws), or from `[dataloader] s3_endpoint_url / s3_region / s3_anonymous`, which win.
+Credentials are never read from the job config: it ends up in logs and checkpoints.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pyarrow import fs as pafs
+
+from zephon_titan.errors import ConfigError, DataError
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+@dataclass(frozen=True)
+class StorageOptions:
+    """Object-storage settings from the config (empty: the environment decides)."""
+
+    s3_endpoint_url: str = ""
+    s3_region: str = ""
+    s3_anonymous: bool = False
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    size: int
+    mtime_ns: int
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def _scheme(path: str) -> str:
+    return path.split("://", 1)[0].lower()
+
+
+@lru_cache(maxsize=None)
+def _filesystem(root: str, options: StorageOptions) -> pafs.FileSystem:
+    """One filesystem (and connection pool) per scheme://bucket and settings, per process."""
+    scheme = _scheme(root)
+    if scheme == "s3":
+        kwargs = {}
+        endpoint = options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+            "AWS_ENDPOINT_URL", "")
+        if endpoint:
+            scheme_part, _, host = endpoint.rpartition("://")
+            kwargs["endpoint_override"] = host or endpoint
+            if scheme_part:
+                kwargs["scheme"] = scheme_part
+        region = options.s3_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        if options.s3_anonymous:
+            kwargs["anonymous"] = True
+        return pafs.S3FileSystem(**kwargs)
+    try:
+        return pafs.FileSystem.from_uri(root)[0]
+    except Exception as pyarrow_error:  # pyarrow does not know the scheme: try fsspec
+        try:
+            import fsspec
+            from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+            return PyFileSystem(FSSpecHandler(fsspec.filesystem(scheme)))
+        except Exception as e:
+            raise ConfigError(
+                f"cannot open {root!r}: {pyarrow_error}; fsspec: {e}. Use a local path or a scheme pyarrow "
+                "supports (s3://, gs://, hdfs://), or install the fsspec backend for this scheme"
+            ) from None
+
+
+def resolve(path: str, options: StorageOptions = StorageOptions()) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding `path` and the path inside it."""
+    if not is_uri(path):
+        return _local(), os.path.abspath(path)
+    scheme, rest = path.split("://", 1)
+    bucket = rest.split("/", 1)[0]
+    return _filesystem(f"{scheme.lower()}://{bucket}", options), rest
+
+
+@lru_cache(maxsize=1)
+def _local() -> pafs.FileSystem:
+    return pafs.LocalFileSystem()
+
+
+def _join(path: str, inner: str) -> str:
+    """The user-facing name of `inner` (a path inside the filesystem of `path`)."""
+    if not is_uri(path):
+        return os.path.normpath(inner)
+    return f"{path.split('://', 1)[0]}://{inner}"
+
+
+def stat(path: str, options: StorageOptions = StorageOptions()) -> FileStat:
+    filesystem, inner = resolve(path, options)
+    if not is_uri(path):
+        st = os.stat(path)
+        return FileStat(path, st.st_size, st.st_mtime_ns)
+    info = filesystem.get_file_info(inner)
+    if info.type != pafs.FileType.File:
+        raise DataError(f"{path}: no such file (it was listed at startup); check the bucket")
+    return FileStat(path, info.size, _mtime_ns(info))
+
+
+def _mtime_ns(info: pafs.FileInfo) -> int:
+    return int(info.mtime_ns) if info.mtime_ns is not None else 0
+
+
+def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[FileStat]:
+    """The files matching `pattern` (`*`, `?`, `[...]`, `**` for any depth), with size and mtime.
+
+    On object storage this is one listing of the longest prefix without wildcards (sizes and
+    mtimes come with the listing: no request per file).
+    """
+    if not is_uri(pattern):
+        out = []
+        for match in glob.glob(pattern, recursive=True):
+            if os.path.isfile(match):
+                st = os.stat(match)
+                out.append(FileStat(os.path.normpath(match), st.st_size, st.st_mtime_ns))
+        return out
+    filesystem, inner = resolve(pattern, options)
+    wildcard = _GLOB_CHARS.search(inner)
+    if wildcard is None:
+        info = filesystem.get_file_info(inner)
+        if info.type == pafs.FileType.File:
+            return [FileStat(pattern, info.size, _mtime_ns(info))]
+        if info.type != pafs.FileType.Directory:
+            return []
+        prefix, regex = inner.rstrip("/"), None  # a "directory": every file under it
+    else:
+        prefix, regex = inner[: wildcard.start()].rpartition("/")[0], _glob_regex(inner)
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    except OSError as e:
+        raise ConfigError(f"cannot list {pattern!r}: {e}; check the bucket, endpoint and credentials") from None
+    return [
+        FileStat(_join(pattern, info.path), info.size, _mtime_ns(info))
+        for info in infos
+        if info.type == pafs.FileType.File and (regex is None or regex.fullmatch(info.path))
+    ]
+
+
+def _glob_regex(pattern: str) -> re.Pattern:
+    """Shell-glob semantics per path segment: `*`/`?` stay within a segment, `**/` spans any depth."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and "]" in pattern[i + 2 :]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1 : end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out))
+
+
+@lru_cache(maxsize=64)
+def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions = StorageOptions()):
+    """A random-access file, kept open (cached) for the blocks that follow. On object storage,
+    opening costs one metadata request; reads are range requests. `listed` (size, mtime_ns as
+    listed) is part of the cache key, so a file rewritten under the same name is opened anew."""
+    filesystem, inner = resolve(path, options)
+    try:
+        return filesystem.open_input_file(inner)
+    except OSError as e:
+        raise DataError(f"{path}: cannot open ({e}); it was listed at startup, check that it still exists") from None
+
+
+def open_input_stream(path: str, options: StorageOptions = StorageOptions(), compression: str | None = None):
+    filesystem, inner = resolve(path, options)
+    return filesystem.open_input_stream(inner, compression=compression)
+
+
+def write_bytes(path: str, data: bytes, options: StorageOptions = StorageOptions(), tmp_suffix: str = "") -> None:
+    """Write a whole file atomically (object stores replace objects atomically; locally a rename)."""
+    if not is_uri(path):
+        tmp = f"{path}.tmp{tmp_suffix}{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return
+    filesystem, inner = resolve(path, options)
+    with filesystem.open_output_stream(inner) as f:
+        f.write(data)
+
+
+def read_bytes(path: str, options: StorageOptions = StorageOptions()) -> bytes | None:
+    """A whole (small) file, or None if it does not exist."""
+    filesystem, inner = resolve(path, options)
+    try:
+        with filesystem.open_input_stream(inner) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if is_uri(path) and filesystem.get_file_info(inner).type == pafs.FileType.NotFound:
+            return None
+        raise ConfigError(f"cannot read {path}: {e}") from None

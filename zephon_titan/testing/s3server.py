@@ -1,0 +1,134 @@
+"""A real S3-compatible server on loopback for tests and benchmarks: moto's server, plus a request log.
+
+Run as a process (`python -m zephon_titan.testing.s3server --port P --log F`); every request is
+appended to F as one JSON line ({"method", "key", "query", "range", "bytes"}: bytes = response body
+sent), so a test can count a reader's requests and bound the bytes it asked for. `S3Server` starts it on a free port, makes a bucket, uploads files and hands out the
+environment (endpoint, region, dummy credentials) a client process needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+BUCKET = "zephon-test"
+
+
+class _RequestLog:
+    """WSGI middleware: counts the body bytes of each response, per request."""
+
+    def __init__(self, app, path: str):
+        self.app = app
+        self.file = open(path, "a", buffering=1)
+        self.lock = threading.Lock()
+
+    def __call__(self, environ, start_response):
+        entry = {"method": environ["REQUEST_METHOD"], "key": environ.get("PATH_INFO", ""),
+                 "query": environ.get("QUERY_STRING", ""), "range": environ.get("HTTP_RANGE")}
+        sent = 0
+        for chunk in self.app(environ, start_response):
+            sent += len(chunk)
+            yield chunk
+        if not entry["key"].startswith("/moto-api"):
+            with self.lock:
+                self.file.write(json.dumps({**entry, "bytes": sent}) + "\n")
+
+
+def main() -> None:
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from werkzeug.serving import make_server
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--log", required=True)
+    args = parser.parse_args()
+    app = _RequestLog(DomainDispatcherApplication(create_backend_app), args.log)
+    server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=MotoRequestHandler)
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """moto in server mode on 127.0.0.1, with one bucket (`BUCKET`)."""
+
+    def __init__(self, workdir: str):
+        self.port = _free_port()
+        self.log_path = os.path.join(workdir, "s3_requests.jsonl")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zephon_titan.testing.s3server", "--port", str(self.port), "--log", self.log_path],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError("the moto S3 server did not start")
+        self._wait_until_serving()
+        self.filesystem(allow_bucket_creation=True).create_dir(BUCKET)
+
+    def _wait_until_serving(self) -> None:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"the moto S3 server at {self.endpoint} does not answer")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client process needs: the usual AWS variables (dummy credentials)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+        }
+
+    def filesystem(self, **options):
+        from pyarrow import fs
+
+        return fs.S3FileSystem(
+            endpoint_override=self.endpoint, region="us-east-1", access_key="testing", secret_key="testing",
+            scheme="http", **options,
+        )
+
+    def upload(self, local_dir: str, prefix: str) -> str:
+        """Copy a local directory tree to s3://BUCKET/prefix; returns that URI."""
+        from pyarrow import fs
+
+        fs.copy_files(local_dir, f"{BUCKET}/{prefix}", source_filesystem=fs.LocalFileSystem(),
+                      destination_filesystem=self.filesystem())
+        return f"s3://{BUCKET}/{prefix}"
+
+    def requests(self) -> list[dict]:
+        """The requests served so far (since the last clear_requests)."""
+        if not os.path.exists(self.log_path):
+            return []
+        with open(self.log_path) as f:
+            return [json.loads(line) for line in f]
+
+    def clear_requests(self) -> None:
+        open(self.log_path, "w").close()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+if __name__ == "__main__":
+    main()
