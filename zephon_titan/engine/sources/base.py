@@ -109,6 +109,17 @@ class Source(ABC):
             "files": [[f.path, f.size, f.mtime_ns, f.num_blocks] for f in self.files],
         }
 
+    def check_unchanged(self, f: FileBlocks, handle) -> None:
+        """Refuse to read a file that is not the one listed (or indexed): its blocks would differ."""
+        try:
+            size, mtime_ns = storage.current_version(f.path, handle)
+        except OSError as e:
+            raise self.changed_file(f, f"it cannot be read any more ({e})") from None
+        if size != f.size:
+            raise self.changed_file(f, f"it now has {size:,} bytes")
+        if mtime_ns is not None and mtime_ns != f.mtime_ns:
+            raise self.changed_file(f, "it was modified")
+
     def changed_file(self, f: FileBlocks, what: str) -> DataError:
         return DataError(
             f"{f.path}: {what}, but it had {f.size:,} bytes and {f.num_blocks} blocks when the source was listed "

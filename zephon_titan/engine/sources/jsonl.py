@@ -65,9 +65,7 @@ class JsonlSource(Source):
         start = block * self.block_bytes
         end = min(start + self.block_bytes, f.size)
         first = max(start - 1, 0)
-        handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
-        if handle.size() != f.size:
-            raise self.changed_file(f, f"it now has {handle.size():,} bytes")
+        handle = self._open_checked(f)
         data = self._read_exactly(handle, f, first, end)
         if start > 0:
             # The line holding byte start-1 belongs to an earlier block.
@@ -94,11 +92,18 @@ class JsonlSource(Source):
 
     def _decompressed(self, f: FileBlocks, codec: str) -> tuple[bytes, int]:
         """A compressed file is one block: all of it, decompressed."""
+        handle = self._open_checked(f)
+        compressed = self._read_exactly(handle, f, 0, f.size)
         try:
-            with storage.open_input_stream(f.path, self.storage_options, compression=codec) as stream:
+            with pa.input_stream(pa.py_buffer(compressed), compression=codec) as stream:
                 return stream.read(), 0
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot decompress as {codec} ({e}); check the file") from None
+
+    def _open_checked(self, f: FileBlocks):
+        handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
+        self.check_unchanged(f, handle)
+        return handle
 
     def _text_of(self, line: bytes, path: str, offset: int) -> str:
         where = f"{path} at byte {offset}"

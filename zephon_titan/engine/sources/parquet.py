@@ -19,17 +19,18 @@ from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 
 @lru_cache(maxsize=32)
-def _open(path: str, size: int, mtime_ns: int, options: StorageOptions) -> tuple[pq.ParquetFile, tuple[int, ...], list]:
-    """The file, its rows per row group and its top-level column names.
+def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
+    """The file handle, the file, its rows per row group and its top-level column names.
 
     Size and mtime are in the cache key: a file rewritten under the same path is re-opened.
     Opening reads the footer (one range request on object storage); row groups are then read
     one by one with range requests of their column chunks.
     """
-    opened = pq.ParquetFile(storage.open_input_file(path, (size, mtime_ns), options))
+    handle = storage.open_input_file(path, (size, mtime_ns), options)
+    opened = pq.ParquetFile(handle)
     meta = opened.metadata
     rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-    return opened, rows, meta.schema.to_arrow_schema().names  # names: top-level columns, not list leaves
+    return handle, opened, rows, meta.schema.to_arrow_schema().names  # names: top-level columns, not list leaves
 
 
 class ParquetSource(Source):
@@ -49,7 +50,7 @@ class ParquetSource(Source):
 
     def _scan(self, file: FileStat) -> FileBlocks:
         try:
-            _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
+            _, _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{file.path}: cannot read as Parquet ({e}); check the file or its format") from None
         self._check_column(file.path, names)
@@ -58,9 +59,10 @@ class ParquetSource(Source):
     def _open(self, f: FileBlocks) -> pq.ParquetFile:
         """Open a listed (or indexed) file, checking that its row groups are still those listed."""
         try:
-            opened, rows, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
+            handle, opened, rows, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise self.changed_file(f, f"it cannot be read as Parquet any more ({e})") from None
+        self.check_unchanged(f, handle)
         if rows != f.block_rows:
             raise self.changed_file(f, f"it now has {len(rows)} row groups ({sum(rows):,} rows)")
         self._check_column(f.path, names)

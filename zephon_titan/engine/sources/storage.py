@@ -196,9 +196,13 @@ def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions 
         raise DataError(f"{path}: cannot open ({e}); it was listed at startup, check that it still exists") from None
 
 
-def open_input_stream(path: str, options: StorageOptions = StorageOptions(), compression: str | None = None):
-    filesystem, inner = resolve(path, options)
-    return filesystem.open_input_stream(inner, compression=compression)
+def current_version(path: str, handle) -> tuple[int, int | None]:
+    """(size, mtime_ns or None) of a file now. Locally one stat (the handle caches its size);
+    on object storage the size the open request saw (objects are replaced whole)."""
+    if not is_uri(path):
+        st = os.stat(path)
+        return st.st_size, st.st_mtime_ns
+    return handle.size(), None
 
 
 def write_bytes(path: str, data: bytes, options: StorageOptions = StorageOptions(), tmp_suffix: str = "") -> None:

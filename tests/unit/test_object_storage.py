@@ -1,0 +1,154 @@
+"""Sources in object storage, against a real S3-compatible server (moto, server mode) on loopback.
+
+The server logs every request with the bytes it sent, so the tests can count a reader's requests
+and bound the bytes it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from helpers import make_spec, rows_digest
+from zephon_titan.config import SourceConfig
+from zephon_titan.engine import LaneStream
+from zephon_titan.engine.fingerprint import fingerprint
+from zephon_titan.engine.sources import open_source, storage
+from zephon_titan.engine.sources.base import expand_paths
+from zephon_titan.engine.sources.jsonl import TAIL_READ_BYTES
+from zephon_titan.engine.sources.parquet import _open as open_parquet
+from zephon_titan.errors import ConfigError
+
+SOURCES = {"prose": ("*.jsonl", {"block_bytes": 16384}), "code": ("*.parquet", {})}
+
+
+def _gets(requests, key_suffix=""):
+    return [r for r in requests if r["method"] == "GET" and r["key"].endswith(key_suffix) and not r["query"]]
+
+
+def _forget_open_files():
+    """What a fresh process starts with: no cached file handle or Parquet footer."""
+    open_parquet.cache_clear()
+    storage.open_input_file.cache_clear()
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_every_block_in_the_bucket_equals_the_same_block_on_disk(s3_corpus, corpus_dir, name):
+    pattern, options = SOURCES[name]
+    local = open_source(SourceConfig(name=name, paths=[f"{corpus_dir}/{name}/{pattern}"], **options))
+    remote = open_source(SourceConfig(name=name, paths=[f"{s3_corpus}/{name}/{pattern}"], **options))
+    assert remote.num_blocks == local.num_blocks > 3
+    assert all(f.path.startswith(f"{s3_corpus}/{name}/") for f in remote.files)
+    assert [(os.path.basename(f.path), f.size, f.num_blocks) for f in remote.files] == \
+        [(os.path.basename(f.path), f.size, f.num_blocks) for f in local.files]
+    for block in range(local.num_blocks):
+        mine, theirs = remote.read_block(block), local.read_block(block)
+        assert (mine.texts, mine.rows) == (theirs.texts, theirs.rows), f"block {block}"
+
+
+def test_lane_rows_from_the_bucket_equal_the_rows_from_disk(s3_corpus, corpus_dir, tokenizer_dir):
+    def sources(root):
+        return {name: {"paths": [f"{root}/{name}/{pattern}"], **options} for name, (pattern, options) in SOURCES.items()}
+
+    local = make_spec(corpus_dir, tokenizer_dir, sources=sources(corpus_dir))
+    remote = make_spec(corpus_dir, tokenizer_dir, sources=sources(s3_corpus))
+    other_seed = make_spec(corpus_dir, tokenizer_dir, sources=sources(s3_corpus), seed=8)
+    for lane in (0, 5):
+        expected = rows_digest(LaneStream(local, lane).take(25))
+        assert rows_digest(LaneStream(remote, lane).take(25)) == expected
+        assert rows_digest(LaneStream(other_seed, lane).take(25)) != expected  # the comparison can fail
+
+
+def test_a_jsonl_block_costs_range_requests_of_about_one_block(s3, tmp_path, prose_docs):
+    data = tmp_path / "big"
+    data.mkdir()
+    lines = [json.dumps({"text": prose_docs[i % len(prose_docs)][:3000]}) + "\n" for i in range(2000)]
+    (data / "big.jsonl").write_text("".join(lines))
+    size = os.path.getsize(data / "big.jsonl")
+    uri = s3.upload(str(data), "big_jsonl")
+    block_bytes = 64 << 10
+    remote = open_source(SourceConfig(name="big", paths=[f"{uri}/*.jsonl"], block_bytes=block_bytes))
+    local = open_source(SourceConfig(name="big", paths=[str(data / "big.jsonl")], block_bytes=block_bytes))
+    assert size > 20 * block_bytes
+    for block in (0, 7, remote.num_blocks - 1):
+        _forget_open_files()
+        s3.clear_requests()
+        assert remote.read_block(block).texts == local.read_block(block).texts
+        gets = _gets(s3.requests(), "big.jsonl")
+        assert gets and all(r["range"] for r in gets), gets
+        assert sum(r["bytes"] for r in gets) <= block_bytes + 1 + TAIL_READ_BYTES
+    # Negative control: the log sees a whole-object read for what it is.
+    s3.clear_requests()
+    storage.read_bytes(f"{uri}/big.jsonl")
+    assert sum(r["bytes"] for r in _gets(s3.requests(), "big.jsonl")) == size
+
+
+def test_a_parquet_row_group_costs_the_footer_and_its_column_chunk(s3, tmp_path, prose_docs):
+    data = tmp_path / "pq"
+    data.mkdir()
+    texts = [prose_docs[i % len(prose_docs)] for i in range(600)]
+    table = pa.table({"text": texts, "other": [t[::-1] for t in texts]})  # a column the reader must not fetch
+    pq.write_table(table, data / "many_groups.parquet", row_group_size=30)
+    size = os.path.getsize(data / "many_groups.parquet")
+    meta = pq.ParquetFile(data / "many_groups.parquet").metadata
+    uri = s3.upload(str(data), "pq")
+    s3.clear_requests()
+    source = open_source(SourceConfig(name="pq", paths=[f"{uri}/*.parquet"]))
+    assert source.num_blocks == meta.num_row_groups == 20
+    footer = sum(r["bytes"] for r in _gets(s3.requests()))
+    assert footer <= max(64 << 10, meta.serialized_size + 8)  # the footer only, not the file
+    for block in (3, 19):
+        _forget_open_files()  # a fresh process: footer + row group
+        s3.clear_requests()
+        expected = texts[block * 30 : (block + 1) * 30]
+        assert source.read_block(block).texts == expected
+        chunk = meta.row_group(block).column(0).total_compressed_size
+        fetched = sum(r["bytes"] for r in _gets(s3.requests(), "many_groups.parquet"))
+        assert fetched <= (64 << 10) + chunk + 1024
+        assert fetched < size / 4, (fetched, size)
+
+
+@pytest.mark.parametrize("pattern", ["*/*.jsonl", "**/*.parquet", "prose/part-0000[01].jsonl",
+                                     "prose/part-?????.jsonl", "**/part-00001.*", "code/*", "*.jsonl"])
+def test_globs_in_the_bucket_match_what_local_globs_match(s3_corpus, corpus_dir, pattern):
+    def names(root):
+        try:
+            return [os.path.relpath(f.path, root) if not storage.is_uri(f.path) else f.path[len(root) + 1 :]
+                    for f in expand_paths("s", [f"{root}/{pattern}"])]
+        except ConfigError:
+            return "no match"
+
+    assert names(s3_corpus) == names(corpus_dir)
+
+
+def test_unknown_locations_are_named(s3, s3_corpus):
+    with pytest.raises(ConfigError, match=r"path 's3://zephon-test/nothing/\*.jsonl' matches no file"):
+        expand_paths("s", ["s3://zephon-test/nothing/*.jsonl"])
+    with pytest.raises(ConfigError, match="cannot open 'nosuchfs://x'"):
+        expand_paths("s", ["nosuchfs://x/y.jsonl"])
+
+
+def test_with_an_index_startup_reads_one_object_per_source(s3, s3_corpus, corpus_dir, tokenizer_dir):
+    sources = {name: {"paths": [f"{s3_corpus}/{name}/{pattern}"], "index": f"s3://zephon-test/indexes/{name}.json",
+                      **options} for name, (pattern, options) in SOURCES.items()}
+    _forget_open_files()
+    s3.clear_requests()
+    listed = make_spec(corpus_dir, tokenizer_dir, sources=sources)  # no index yet: lists, reads footers, writes it
+    first = s3.requests()
+    assert sum(1 for r in first if "list-type" in r["query"]) >= 2
+    assert len(_gets(first, ".parquet")) == 3  # one footer per Parquet file
+    assert {r["key"] for r in first if r["method"] == "PUT"} == {"/zephon-test/indexes/code.json",
+                                                                  "/zephon-test/indexes/prose.json"}
+    _forget_open_files()
+    s3.clear_requests()
+    indexed = make_spec(corpus_dir, tokenizer_dir, sources=sources)
+    # Per source one object: its index (a HEAD for the size and one GET); no listing, no footer.
+    assert sorted((r["method"], r["key"]) for r in s3.requests()) == sorted(
+        (method, f"/zephon-test/indexes/{name}.json") for name in SOURCES for method in ("GET", "HEAD"))
+    assert fingerprint(indexed) == fingerprint(listed)
+    for lane in (0, 3):
+        assert rows_digest(LaneStream(indexed, lane).take(20)) == rows_digest(LaneStream(listed, lane).take(20))
