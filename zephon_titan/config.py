@@ -33,7 +33,7 @@ from zephon_titan.errors import ConfigError
 
 PACKING_MODES = ("wrap", "best_fit")
 EXHAUSTION_POLICIES = ("repeat", "redistribute")
-FORMATS = ("auto", "jsonl", "parquet")
+FORMATS = ("auto", "jsonl", "parquet", "lance")
 # Fields of TorchTitan's BaseDataLoader.Config that mean nothing to this loader.
 _FOREIGN_FIELDS = ("dataset", "dataset_path")
 
@@ -59,10 +59,13 @@ class SourceConfig:
     of tokenizing text_field; BOS/EOS are still added as configured."""
 
     format: str = "auto"
-    """`jsonl`, `parquet`, or `auto` (from the file extension)."""
+    """`jsonl`, `parquet`, `lance`, or `auto` (from the file extension; `.lance` for Lance datasets)."""
 
     block_bytes: int = 1 << 20
     """JSONL only: size of the byte ranges dealt to lanes."""
+
+    block_rows: int = 1024
+    """Lance only: rows per block (each fragment is cut into blocks of this many rows)."""
 
     index: str = ""
     """A manifest of the files and their blocks (JSON; local path or URI). Startup reads it instead
@@ -175,7 +178,7 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
         raise ConfigError(f"{where} paths must be a non-empty list of strings, got {paths!r}")
     kwargs: dict[str, Any] = {"name": name, "paths": paths}
     defaults = SourceConfig(name=name, paths=paths)
-    for key in ("weight", "text_field", "token_field", "format", "block_bytes", "index"):
+    for key in ("weight", "text_field", "token_field", "format", "block_bytes", "block_rows", "index"):
         if key in table:
             kwargs[key] = _typed(table[key], type(getattr(defaults, key)), key, where)
     source = SourceConfig(**kwargs)
@@ -194,6 +197,8 @@ def validate_source(source: SourceConfig) -> None:
         raise ConfigError(f"{where} format must be one of {', '.join(FORMATS)}, got {source.format!r}")
     if source.block_bytes < 1024:
         raise ConfigError(f"{where} block_bytes must be >= 1024, got {source.block_bytes}")
+    if source.block_rows < 1:
+        raise ConfigError(f"{where} block_rows must be >= 1, got {source.block_rows}")
     if not source.text_field:
         raise ConfigError(f"{where} text_field must not be empty")
 

@@ -42,7 +42,7 @@ paths = "{corpus_dir}/code/*.parquet"
         ({"sources": {"a": {"paths": ["x"], "wieght": 1}}}, r"unknown key 'wieght' .*did you mean 'weight'"),
         ({"sources": {"a": {"paths": []}}}, r"paths must be a non-empty list"),
         ({"s3_endpoint_url": "localhost:9000"}, r"s3_endpoint_url must start with http:// or https://"),
-        ({"sources": {"a": {"paths": ["x"], "format": "csv"}}}, r"format must be one of auto, jsonl, parquet"),
+        ({"sources": {"a": {"paths": ["x"], "format": "csv"}}}, r"format must be one of auto, jsonl, parquet, lance"),
         ({"sources": {"a": {"paths": ["x"], "block_bytes": 10}}}, r"block_bytes must be >= 1024, got 10"),
         ({"workers": 0}, r"workers must be >= 1, got 0"),
         ({"resume_allow": ["seed"]}, r"resume_allow: 'seed' cannot be allowed"),

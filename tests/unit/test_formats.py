@@ -86,3 +86,47 @@ def test_token_field_needs_parquet(plain, corpus_dir, tokenizer_dir):
 
     with pytest.raises(ConfigError, match="token_field needs Parquet files"):
         make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")], token_field="ids"))
+
+
+def _write_lance(plain, uri, column="text", mode="create"):
+    """The plain files' documents as one Lance dataset, one fragment per file."""
+    lance = pytest.importorskip("lance")
+    for i, name in enumerate(sorted(os.listdir(plain))):
+        docs = [json.loads(line)["text"] for line in (plain / name).read_text(encoding="utf-8").splitlines()]
+        lance.write_dataset(pa.table({column: docs}), uri, mode=mode if i == 0 else "append")
+    return lance
+
+
+def test_lance_dataset_equals_plain_jsonl(tmp_path, plain, corpus_dir, tokenizer_dir):
+    uri = str(tmp_path / "web.lance")
+    _write_lance(plain, uri, column="content")
+    reference = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")]))
+    sources = {"web": {"paths": [uri], "text_field": "content", "block_rows": 10**6}}
+    lance_spec = make_spec(corpus_dir, tokenizer_dir, sources=sources)
+    assert lance_spec.sources[0].num_blocks == 3  # one block per fragment, as one per plain file
+    assert lance_spec.sources[0].files[0].path == f"{uri}?version=3&fragment=0"
+    assert _lanes(lance_spec) == _lanes(reference)
+    # Smaller blocks: every document still exactly once per epoch, in fragment order within a block.
+    small = make_spec(corpus_dir, tokenizer_dir, sources={"web": {**sources["web"], "block_rows": 7}})
+    texts = [t for b in range(small.sources[0].num_blocks) for t in small.sources[0].read_block(b).texts]
+    plain_texts = [json.loads(line)["text"] for name in sorted(os.listdir(plain))
+                   for line in (plain / name).read_text(encoding="utf-8").splitlines()]
+    assert texts == plain_texts
+
+
+def test_lance_version_is_pinned_and_a_new_version_is_a_named_change(tmp_path, plain, corpus_dir, tokenizer_dir):
+    from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
+    from zephon_titan.errors import ResumeError
+
+    uri = str(tmp_path / "web.lance")
+    lance = _write_lance(plain, uri)
+    sources = {"web": {"paths": [uri], "block_rows": 16, "index": str(tmp_path / "web.index.json")}}
+    before = make_spec(corpus_dir, tokenizer_dir, sources=sources)
+    expected = _lanes(before)
+    lance.write_dataset(pa.table({"text": ["appended later"] * 5}), uri, mode="append")
+    assert _lanes(before) == expected  # a running job keeps reading the version it listed
+    indexed = make_spec(corpus_dir, tokenizer_dir, sources=sources)  # the index pins version 3 too
+    assert _lanes(indexed) == expected
+    relisted = make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [uri], "block_rows": 16}})
+    with pytest.raises(ResumeError, match=r"files\.web: 3 files.* -> 4 files"):
+        check_fingerprint(fingerprint(before), fingerprint(relisted))

@@ -152,3 +152,18 @@ def test_with_an_index_startup_reads_one_object_per_source(s3, s3_corpus, corpus
     assert fingerprint(indexed) == fingerprint(listed)
     for lane in (0, 3):
         assert rows_digest(LaneStream(indexed, lane).take(20)) == rows_digest(LaneStream(listed, lane).take(20))
+
+
+def test_a_lance_dataset_in_the_bucket_equals_the_same_dataset_on_disk(s3, tmp_path, prose_docs):
+    lance = pytest.importorskip("lance")
+    table = pa.table({"text": prose_docs})
+    half = len(prose_docs) // 2
+    local_uri, remote_uri = str(tmp_path / "docs.lance"), "s3://zephon-test/lance/docs.lance"
+    for uri, options in ((local_uri, None), (remote_uri, {"allow_http": "true"})):
+        lance.write_dataset(table.slice(0, half), uri, storage_options=options)
+        lance.write_dataset(table.slice(half), uri, mode="append", storage_options=options)
+    local = open_source(SourceConfig(name="l", paths=[local_uri], block_rows=16))
+    remote = open_source(SourceConfig(name="l", paths=[remote_uri], block_rows=16))
+    assert remote.num_blocks == local.num_blocks == -(-half // 16) + -(-(len(prose_docs) - half) // 16)
+    for block in range(local.num_blocks):
+        assert remote.read_block(block).texts == local.read_block(block).texts

@@ -40,6 +40,27 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
         write_index = indexed is None
         if indexed is not None:
             listed = indexed[1]
+    if _is_lance(source):
+        from zephon_titan.engine.sources.lance import LanceSource, expand_datasets
+
+        datasets = listed if listed is not None else expand_datasets(source.name, source.paths)
+        opened = LanceSource(source.name, datasets, source.text_field, source.block_rows, max_document_chars,
+                             source.token_field, options)
+    else:
+        opened = _open_files(source, listed, base_dir, max_document_chars, options)
+    if write_index:
+        save_index_after_first_use(source, opened, options)
+    return opened
+
+
+def _is_lance(source: SourceConfig) -> bool:
+    if source.format != "auto":
+        return source.format == "lance"
+    return all(p.rstrip("/").endswith(".lance") for p in source.paths)
+
+
+def _open_files(source: SourceConfig, listed: list[FileBlocks] | None, base_dir: str | None, max_document_chars: int,
+                options: StorageOptions) -> Source:
     files = listed if listed is not None else expand_paths(source.name, source.paths, base_dir, options)
     formats = {_format_of(source, f.path) for f in files}
     if len(formats) > 1:
@@ -50,16 +71,13 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
     fmt = formats.pop()
     if source.token_field and fmt != "parquet":
         raise ConfigError(
-            f"[dataloader.sources.{source.name}] token_field needs Parquet files (a column of token-id lists), "
+            f"[dataloader.sources.{source.name}] token_field needs Parquet files or Lance datasets (a column of "
+            "token-id lists), "
             f"its files are {fmt}"
         )
     if fmt == "parquet":
-        opened = ParquetSource(source.name, files, source.text_field, max_document_chars, source.token_field, options)
-    else:
-        opened = JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars, options)
-    if write_index:
-        save_index_after_first_use(source, opened, options)
-    return opened
+        return ParquetSource(source.name, files, source.text_field, max_document_chars, source.token_field, options)
+    return JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars, options)
 
 
 __all__ = ["BlockDocuments", "Source", "open_source", "JsonlSource", "ParquetSource", "StorageOptions"]

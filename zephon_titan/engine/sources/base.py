@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
+
+
+SCAN_THREADS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +66,7 @@ class Source(ABC):
         self.text_field = text_field
         self.max_document_chars = max_document_chars
         self.storage_options = storage_options
-        self.files: list[FileBlocks] = [f if isinstance(f, FileBlocks) else self._scan(f) for f in files]
+        self.files: list[FileBlocks] = self._scan_all(files)
         # first_block[i] is the global number of file i's first block.
         self._first_block: list[int] = []
         total = 0
@@ -70,6 +74,15 @@ class Source(ABC):
             self._first_block.append(total)
             total += f.num_blocks
         self.num_blocks = total
+
+    def _scan_all(self, files: list[FileStat] | list[FileBlocks]) -> list[FileBlocks]:
+        if all(isinstance(f, FileBlocks) for f in files):
+            return list(files)
+        if not any(storage.is_uri(f.path) for f in files):
+            return [self._scan(f) for f in files]  # local reads are quicker than handing them to threads
+        # Footer reads are latency-bound on object storage: overlap them (results keep file order).
+        with ThreadPoolExecutor(max_workers=min(SCAN_THREADS, len(files))) as pool:
+            return list(pool.map(self._scan, files))
 
     @abstractmethod
     def _scan(self, file: FileStat) -> FileBlocks:

@@ -34,6 +34,8 @@ def _key(source: SourceConfig, fmt: str) -> dict:
     key = {"paths": list(source.paths), "format": fmt}
     if fmt == "jsonl":
         key["block_bytes"] = source.block_bytes
+    if fmt == "lance":
+        key["block_rows"] = source.block_rows
     return key
 
 

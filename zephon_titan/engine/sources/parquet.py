@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zephon_titan.errors import DataError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 
@@ -84,30 +84,4 @@ class ParquetSource(Source):
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot read row group {local_block} ({e})") from None
         first_row = sum(f.block_rows[:local_block])
-        column = table.column(0)
-        if column.null_count:
-            i = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
-            raise DataError(
-                f"{f.path} row {first_row + i}: column {self.column!r} is null; drop null rows from the file"
-            )
-        rows = list(range(first_row, first_row + len(column)))
-        if self.token_field:
-            return BlockDocuments(f.path, _token_lists(column, f.path, self.token_field), rows)
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-            raise DataError(f"{f.path}: column {self.text_field!r} has type {column.type}, expected a string")
-        texts = column.to_pylist()
-        for i, text in enumerate(texts):
-            self.check_size(text, f"{f.path} row {first_row + i}")
-        return BlockDocuments(f.path, texts, rows)
-
-
-def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> list[np.ndarray]:
-    """Each row's token ids as an int32 array, sliced from the column's flat values (no Python lists)."""
-    if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or not pa.types.is_integer(
-            column.type.value_type):
-        raise DataError(f"{path}: column {name!r} has type {column.type}, expected lists of integer token ids")
-    array = column.combine_chunks()
-    offsets = array.offsets.to_numpy()
-    values = array.flatten().to_numpy().astype(np.int32, copy=False)
-    base = offsets[0]
-    return [values[a - base : b - base] for a, b in zip(offsets[:-1], offsets[1:])]
+        return column_documents(self, table.column(0), f.path, first_row)

@@ -51,14 +51,18 @@ def _scheme(path: str) -> str:
     return path.split("://", 1)[0].lower()
 
 
+def s3_endpoint(options: StorageOptions) -> str:
+    """The S3 endpoint URL: the config's, else the environment's, else "" (AWS)."""
+    return options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
+
+
 @lru_cache(maxsize=None)
 def _filesystem(root: str, options: StorageOptions) -> pafs.FileSystem:
     """One filesystem (and connection pool) per scheme://bucket and settings, per process."""
     scheme = _scheme(root)
     if scheme == "s3":
         kwargs = {}
-        endpoint = options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
-            "AWS_ENDPOINT_URL", "")
+        endpoint = s3_endpoint(options)
         if endpoint:
             scheme_part, _, host = endpoint.rpartition("://")
             kwargs["endpoint_override"] = host or endpoint

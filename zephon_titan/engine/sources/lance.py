@@ -1,0 +1,141 @@
+"""Lance datasets (optional: `pip install 'zephon-titan[lance]'`, which brings `pylance`).
+
+A dataset is opened at the version it has when the source is listed (or indexed), and that
+version is part of every block's name, so a dataset appended to or rewritten during a run is
+a different stream: a resume names the change instead of reading other rows. Each fragment
+is cut into blocks of `block_rows` rows (fragments are often a million rows: too much for
+one lane's block); a block is read with one projected, offset/limit scan of its fragment.
+
+Blocks are named `<dataset>?version=<v>&fragment=<id>`; rows are row numbers in the fragment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from urllib.parse import parse_qs
+
+from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.columns import column_documents
+from zephon_titan.engine.sources.storage import StorageOptions, is_uri, s3_endpoint
+
+
+def _lance():
+    try:
+        import lance
+    except ImportError:
+        raise ConfigError(
+            "a source uses Lance datasets, which need pylance: pip install 'zephon-titan[lance]'"
+        ) from None
+    return lance
+
+
+def _lance_storage_options(uri: str, options: StorageOptions) -> dict | None:
+    if not uri.startswith("s3://"):
+        return None
+    out = {}
+    endpoint = s3_endpoint(options)
+    if endpoint:
+        out["aws_endpoint"] = endpoint
+        out["allow_http"] = str(endpoint.startswith("http://")).lower()
+    if options.s3_region:
+        out["aws_region"] = options.s3_region
+    if options.s3_anonymous:
+        out["aws_skip_signature"] = "true"
+    return out or None
+
+
+def _open_dataset(uri: str, version: int | None, options: StorageOptions):
+    return _lance().dataset(uri, version=version, storage_options=_lance_storage_options(uri, options))
+
+
+@lru_cache(maxsize=16)
+def _dataset(uri: str, version: int, options: StorageOptions):
+    """A pinned version, opened once per process."""
+    return _open_dataset(uri, version, options)
+
+
+def block_name(uri: str, version: int, fragment: int) -> str:
+    return f"{uri}?version={version}&fragment={fragment}"
+
+
+def _parse(name: str) -> tuple[str, int, int]:
+    uri, _, query = name.rpartition("?")
+    fields = parse_qs(query)
+    return uri, int(fields["version"][0]), int(fields["fragment"][0])
+
+
+class LanceSource(Source):
+    format_name = "lance"
+
+    def __init__(self, name: str, datasets: list, text_field: str, block_rows: int, max_document_chars: int,
+                 token_field: str = "", storage_options: StorageOptions = StorageOptions()):
+        """`datasets`: dataset URIs/paths to list, or FileBlocks (one per fragment) from an index."""
+        self.block_rows = block_rows
+        self.token_field = token_field
+        self.text_field = text_field
+        self.name = name
+        self.storage_options = storage_options
+        if datasets and not isinstance(datasets[0], FileBlocks):
+            datasets = [f for uri in datasets for f in self._fragments(uri)]
+        super().__init__(name, datasets, text_field, max_document_chars, storage_options)
+
+    @property
+    def column(self) -> str:
+        return self.token_field or self.text_field
+
+    def describe(self) -> dict:
+        return {**super().describe(), "block_rows": self.block_rows, "token_field": self.token_field}
+
+    def _fragments(self, uri: str) -> list[FileBlocks]:
+        try:
+            dataset = _open_dataset(uri, None, self.storage_options)  # the latest version, pinned from here on
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"source {self.name!r}: cannot open Lance dataset {uri} ({e}); fix the path") from None
+        names = dataset.schema.names
+        if self.column not in names:
+            which = "token_field" if self.token_field else "text_field"
+            raise DataError(f"{uri}: no column {self.column!r} (columns: {', '.join(names)}); "
+                            f"set {which} for source {self.name!r}")
+        out = []
+        for fragment in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id):
+            rows = fragment.count_rows()  # after deletions, at this version
+            out.append(FileBlocks(block_name(uri, dataset.version, fragment.fragment_id), rows, 0,
+                                  -(-rows // self.block_rows)))
+        return out
+
+    def _scan(self, file) -> FileBlocks:  # fragments are listed by _fragments, never scanned file by file
+        raise AssertionError("unreachable")
+
+    def _read(self, file_index: int, local_block: int) -> BlockDocuments:
+        f = self.files[file_index]
+        uri, version, fragment_id = _parse(f.path)
+        first_row = local_block * self.block_rows
+        try:
+            fragment = _dataset(uri, version, self.storage_options).get_fragment(fragment_id)
+            table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the "
+                            "dataset cleaned up?") from None
+        expected = min(self.block_rows, f.size - first_row)
+        if table.num_rows != expected:
+            raise self.changed_file(f, f"block {local_block} has {table.num_rows} rows instead of {expected}")
+        return column_documents(self, table.column(0), f.path, first_row)
+
+
+def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
+    """Dataset paths (local globs allowed, matching `*.lance` directories) or URIs, sorted."""
+    import glob
+    import os
+
+    out = set()
+    for pattern in patterns:
+        if is_uri(pattern):
+            out.add(pattern.rstrip("/"))
+            continue
+        matches = [m for m in glob.glob(pattern) if os.path.isdir(m)]
+        if not matches:
+            raise ConfigError(f"source {source_name!r}: path {pattern!r} matches no Lance dataset directory; "
+                              f"fix the path or remove it from [dataloader.sources.{source_name}] paths")
+        out.update(os.path.normpath(m) for m in matches)
+    return sorted(out)
