@@ -130,3 +130,17 @@ def test_lance_version_is_pinned_and_a_new_version_is_a_named_change(tmp_path, p
     relisted = make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [uri], "block_rows": 16}})
     with pytest.raises(ResumeError, match=r"files\.web: 3 files.* -> 4 files"):
         check_fingerprint(fingerprint(before), fingerprint(relisted))
+
+
+def test_lance_mistakes_are_named(tmp_path, plain, corpus_dir, tokenizer_dir, monkeypatch):
+    from zephon_titan.engine import ConfigError
+
+    uri = str(tmp_path / "web.lance")
+    _write_lance(plain, uri)
+    with pytest.raises(DataError, match=r"web.lance: no column 'content' \(columns: text\); set text_field"):
+        make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [uri], "text_field": "content"}})
+    with pytest.raises(ConfigError, match=r"path '.*nothing.lance' matches no Lance dataset directory"):
+        make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(tmp_path / "nothing.lance")]}})
+    monkeypatch.setitem(__import__("sys").modules, "lance", None)  # as if pylance were not installed
+    with pytest.raises(ConfigError, match=r"need pylance: pip install 'zephon-titan\[lance\]'"):
+        make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [uri]}})

@@ -12,6 +12,8 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers import make_spec, rows_digest
 from zephon_titan.config import SourceConfig
@@ -167,3 +169,38 @@ def test_a_lance_dataset_in_the_bucket_equals_the_same_dataset_on_disk(s3, tmp_p
     assert remote.num_blocks == local.num_blocks == -(-half // 16) + -(-(len(prose_docs) - half) // 16)
     for block in range(local.num_blocks):
         assert remote.read_block(block).texts == local.read_block(block).texts
+
+
+_TREE = ["a/b/x1.txt", "a/x2.txt", "ab/c/d/y.txt", "b.txt", "a/b/c/z1.txt", "ab/x1.jsonl", "c/a/b/x3.txt"]
+_SEGMENTS = ["a", "b", "ab", "*", "?", "**", "x*", "*.txt", "[ab]", "[!a]*", "a?", "*1*", "c", "x?.txt"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_SEGMENTS), min_size=1, max_size=4))
+def test_object_key_globs_follow_python_glob(tmp_path_factory, segments):
+    """The glob matcher used for object keys (no directories to walk) agrees with glob.glob on disk."""
+    import glob
+
+    root = tmp_path_factory.getbasetemp() / "glob_tree"
+    if not root.exists():
+        for rel in _TREE:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text("x")
+    pattern = "/".join(segments)
+    on_disk = {os.path.relpath(m, root) for m in glob.glob(str(root / pattern), recursive=True) if os.path.isfile(m)}
+    regex = storage._glob_regex(pattern)
+    assert {rel for rel in _TREE if regex.fullmatch(rel)} == on_disk, pattern
+
+
+def test_a_naive_key_matcher_would_fail_the_glob_property():
+    """Negative control: fnmatch lets `*` cross `/`, which the property above catches."""
+    import fnmatch
+
+    assert re_match(fnmatch.translate("a/*.txt"), "a/b/x1.txt") and not storage._glob_regex("a/*.txt").fullmatch(
+        "a/b/x1.txt")
+
+
+def re_match(regex: str, text: str) -> bool:
+    import re
+
+    return re.fullmatch(regex, text) is not None

@@ -22,7 +22,7 @@ BUCKET = "zephon-test"
 
 
 class _RequestLog:
-    """WSGI middleware: counts the body bytes of each response, per request."""
+    """WSGI middleware: one log line per request, with the body bytes of its response."""
 
     def __init__(self, app, path: str):
         self.app = app
@@ -32,13 +32,18 @@ class _RequestLog:
     def __call__(self, environ, start_response):
         entry = {"method": environ["REQUEST_METHOD"], "key": environ.get("PATH_INFO", ""),
                  "query": environ.get("QUERY_STRING", ""), "range": environ.get("HTTP_RANGE")}
-        sent = 0
-        for chunk in self.app(environ, start_response):
-            sent += len(chunk)
-            yield chunk
-        if not entry["key"].startswith("/moto-api"):
-            with self.lock:
-                self.file.write(json.dumps({**entry, "bytes": sent}) + "\n")
+
+        def logging_start_response(status, headers, *args):
+            # Logged from the response's Content-Length before its body is sent, so a client that
+            # has its bytes always finds the request in the log.
+            if not entry["key"].startswith("/moto-api"):
+                length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
+                body = 0 if entry["method"] == "HEAD" else length
+                with self.lock:
+                    self.file.write(json.dumps({**entry, "bytes": body}) + "\n")
+            return start_response(status, headers, *args)
+
+        return self.app(environ, logging_start_response)
 
 
 def main() -> None:

@@ -161,31 +161,37 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
 
 
 def _glob_regex(pattern: str) -> re.Pattern:
-    """Shell-glob semantics per path segment: `*`/`?` stay within a segment, `**/` spans any depth."""
+    """Python's glob semantics (recursive=True) as a regex over object keys: `*`, `?` and `[...]` stay
+    within a path segment; a whole `**` segment spans any number of segments (including none)."""
+    out = []
+    segments = pattern.split("/")
+    for k, segment in enumerate(segments):
+        last = k == len(segments) - 1
+        if segment == "**":
+            out.append(".*" if last else "(?:[^/]+/)*")
+            continue
+        out.append(_segment_regex(segment) + ("" if last else "/"))
+    return re.compile("".join(out))
+
+
+def _segment_regex(segment: str) -> str:
     out, i = [], 0
-    while i < len(pattern):
-        c = pattern[i]
-        if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif c == "*":
+    while i < len(segment):
+        c = segment[i]
+        if c == "*":
             out.append("[^/]*")
-            i += 1
         elif c == "?":
             out.append("[^/]")
-            i += 1
-        elif c == "[" and "]" in pattern[i + 2 :]:
-            end = pattern.index("]", i + 2)
-            body = pattern[i + 1 : end]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
-            i = end + 1
+        elif c == "[" and "]" in segment[i + 2 :]:
+            end = segment.index("]", i + 2)
+            body = segment[i + 1 : end]
+            body = "^" + body[1:] if body.startswith("!") else body
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = end
         else:
             out.append(re.escape(c))
-            i += 1
-    return re.compile("".join(out))
+        i += 1
+    return "".join(out)
 
 
 @lru_cache(maxsize=64)
