@@ -110,17 +110,6 @@ def _join(path: str, inner: str) -> str:
     return f"{path.split('://', 1)[0]}://{inner}"
 
 
-def stat(path: str, options: StorageOptions = StorageOptions()) -> FileStat:
-    filesystem, inner = resolve(path, options)
-    if not is_uri(path):
-        st = os.stat(path)
-        return FileStat(path, st.st_size, st.st_mtime_ns)
-    info = filesystem.get_file_info(inner)
-    if info.type != pafs.FileType.File:
-        raise DataError(f"{path}: no such file (it was listed at startup); check the bucket")
-    return FileStat(path, info.size, _mtime_ns(info))
-
-
 def _mtime_ns(info: pafs.FileInfo) -> int:
     return int(info.mtime_ns) if info.mtime_ns is not None else 0
 
