@@ -134,8 +134,9 @@ class DataConfig:
     """Read s3:// paths without credentials (public buckets)."""
 
     resume_allow: list[str] = field(default_factory=list)
-    """Fingerprint changes a resume accepts. Only "mtimes" (data copied: same files, sizes and
-    bytes, new modification times); everything else changes the rows and is refused."""
+    """Fingerprint changes a resume accepts: "mtimes" (data copied: same files, sizes and bytes, new
+    modification times) and "locations" (the same files read from another directory, bucket or
+    prefix, e.g. moved from local disk to S3); everything else changes the rows and is refused."""
 
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from helpers import make_spec
+from helpers import make_spec, rows_digest
 from zephon_titan.engine import ConfigError, DataError, LaneStream, ResumeError, check_fingerprint, fingerprint
 
 
@@ -123,3 +123,19 @@ def test_blank_lines_are_not_documents(tmp_path, corpus_dir, tokenizer_dir):
                                                             b'{"text": "two"}\n'], exhaustion="redistribute")
     block = spec.sources[0].read_block(0)
     assert block.texts == ["one", "two"] and block.rows == [0, 21]
+
+
+def test_data_moved_elsewhere_is_named_and_can_be_allowed(tmp_path, corpus_dir, tokenizer_dir):
+    corpus = _copy_corpus(tmp_path, corpus_dir)
+    before = make_spec(corpus, tokenizer_dir)
+    saved = fingerprint(before)
+    moved = str(tmp_path / "moved" / "elsewhere")
+    shutil.copytree(corpus, moved)  # copy2: same names, sizes, bytes and mtimes
+    after = make_spec(moved, tokenizer_dir)
+    with pytest.raises(ResumeError, match=r"changed: locations.code: .*locations.prose: [0-9a-f]+ -> [0-9a-f]+\. "):
+        check_fingerprint(saved, fingerprint(after))
+    check_fingerprint(saved, fingerprint(after), allow=["locations"])
+    assert rows_digest(LaneStream(after, 3).take(20)) == rows_digest(LaneStream(before, 3).take(20))
+    os.rename(os.path.join(moved, "prose", "part-00002.jsonl"), os.path.join(moved, "prose", "part-00009.jsonl"))
+    with pytest.raises(ResumeError, match=r"layout.prose: "):  # a renamed file is not a move
+        check_fingerprint(saved, fingerprint(make_spec(moved, tokenizer_dir)), allow=["locations", "mtimes"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 
 from zephon_titan.errors import ResumeError
 from zephon_titan.engine.spec import EngineSpec
@@ -23,6 +24,8 @@ def _sha(obj) -> str:
 # every lane's rows unchanged.
 ALLOWED_CHANGES = {
     "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
+    "locations": "data moved or copied to another directory, bucket or prefix: the same file names, in the "
+                 "same order, with the same sizes and blocks",
 }
 
 
@@ -34,7 +37,11 @@ def _source_components(spec: EngineSpec) -> dict[str, str]:
         out[f"files.{source.name}"] = (
             f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {source.num_blocks} blocks")
         layout = {k: v for k, v in d.items() if k != "files"}
-        out[f"layout.{source.name}"] = _sha([layout, [[f[0], f[1], f[3]] for f in files]])
+        # A file's name (and its order, size, blocks) is layout; the directory or bucket it is read
+        # from is its location, so data moved elsewhere can be allowed without allowing other changes.
+        where = [posixpath.split(f[0]) for f in files]
+        out[f"layout.{source.name}"] = _sha([layout, [[name, f[1], f[3]] for (_, name), f in zip(where, files)]])
+        out[f"locations.{source.name}"] = _sha([directory for directory, _ in where])
         out[f"mtimes.{source.name}"] = _sha([f[2] for f in files])
     return out
 
@@ -68,5 +75,6 @@ def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: lis
             "the checkpoint's data stream differs from this run's config, so resuming would change "
             "the data; changed: " + "; ".join(changed)
             + ". Restore the old settings, or start a new run (without the checkpoint's dataloader state). "
-            "If only file modification times changed (data copied), set [dataloader] resume_allow = [\"mtimes\"]"
+            "If the same data was only copied or moved, set [dataloader] resume_allow to the kinds that changed: "
+            "\"mtimes\" (new modification times), \"locations\" (another directory, bucket or prefix)"
         )
