@@ -208,3 +208,22 @@ def re_match(regex: str, text: str) -> bool:
     import re
 
     return re.fullmatch(regex, text) is not None
+
+
+def test_a_bad_line_read_ahead_in_the_background_is_raised_where_it_is_needed(s3, tmp_path, corpus_dir,
+                                                                              tokenizer_dir, prose_docs):
+    from zephon_titan.engine import DataError
+
+    data = tmp_path / "bad"
+    data.mkdir()
+    lines = [json.dumps({"text": t}) + "\n" for t in prose_docs[:40]]
+    lines.insert(30, '{"text": "unterminated\n')
+    (data / "bad.jsonl").write_text("".join(lines))
+    bad_offset = sum(len(line.encode()) for line in lines[:30])
+    uri = s3.upload(str(data), "bad_jsonl")
+    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=1, shuffle_window_blocks=1,
+                     sources={"web": {"paths": [f"{uri}/bad.jsonl"], "block_bytes": 4096}})
+    assert spec.sources[0].remote and spec.sources[0].num_blocks > 4
+    stream = LaneStream(spec, 0)
+    with pytest.raises(DataError, match=rf"{uri}/bad.jsonl at byte {bad_offset}: line is not valid JSON"):
+        stream.take(10_000)

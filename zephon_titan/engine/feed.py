@@ -15,6 +15,7 @@ Everything is a pure function of (seed, source, epoch or lane and window, index)
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,19 @@ TOKENIZE_BATCH = 64
 FIRST_TOKENIZE_BATCH = 2
 # A repeating source whose lane meets no document for this many epochs is empty.
 MAX_EMPTY_EPOCHS = 100
+# Sources in object storage: while a lane tokenizes window w, the blocks of window w+1 are
+# fetched by background threads (all of a window's blocks at once), hiding request latency.
+# Rows are unchanged (blocks are pure functions of the files); memory grows by one window.
+READ_AHEAD_REMOTE = True
+READ_THREADS = 8
+_read_pool: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _read_pool
+    if _read_pool is None:
+        _read_pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="zephon-read")
+    return _read_pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,8 @@ class LaneSourceReader:
         self._window: _Window | None = None
         self._tokens: dict[int, np.ndarray] = {}
         self._batch = FIRST_TOKENIZE_BATCH
+        self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
+        self._ahead: tuple[int, list[Future]] | None = None
 
     def block_at(self, k: int) -> int | None:
         """The lane's k-th block of this source, or None past the end (non-repeating)."""
@@ -79,25 +95,53 @@ class LaneSourceReader:
         """Window w of this lane (None if it has no block: the source is exhausted)."""
         if self._window is not None and self._window.index == w:
             return self._window
-        k0 = w * self.spec.config.shuffle_window_blocks
         self._tokens = {}
         self._window = None
-        if self.block_at(k0) is None:
+        blocks = self._read_window_blocks(w)
+        if blocks is None:
             return None
         texts: list = []  # texts, or token-id arrays for a pre-tokenized source
         files: list[str] = []
         rows: list[int] = []
-        for k in range(k0, k0 + self.spec.config.shuffle_window_blocks):
-            block = self.block_at(k)
-            if block is None:
-                break
-            docs = self.source.read_block(block)
+        for docs in blocks:
             texts.extend(docs.texts)
             files.extend([docs.file] * len(docs.texts))
             rows.extend(docs.rows)
         key = derive_key(self.spec.seed, "docs", self.source.name, self.lane_id, w)
         self._window = _Window(w, texts, files, rows, Permutation(len(texts), key))
+        if self._read_ahead:
+            self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
+
+    def prefetch(self, w: int) -> None:
+        """Start fetching window w in the background (remote sources), unless something is ahead."""
+        if self._read_ahead and self._ahead is None:
+            self._ahead = (w, self._fetch(w))
+
+    def _window_block_ids(self, w: int) -> list[int]:
+        k0 = w * self.spec.config.shuffle_window_blocks
+        ids = []
+        for k in range(k0, k0 + self.spec.config.shuffle_window_blocks):
+            block = self.block_at(k)
+            if block is None:
+                break
+            ids.append(block)
+        return ids
+
+    def _fetch(self, w: int) -> list[Future]:
+        """Start reading window w's blocks in the background."""
+        return [_pool().submit(self.source.read_block, b) for b in self._window_block_ids(w)]
+
+    def _read_window_blocks(self, w: int) -> list | None:
+        """The documents of each block of window w (None if it has none), read ahead or now."""
+        if self._ahead is not None and self._ahead[0] == w:
+            futures, self._ahead = self._ahead[1], None
+            blocks = [f.result() for f in futures]  # a read error surfaces here, where the data is needed
+        elif self._read_ahead:
+            blocks = [f.result() for f in self._fetch(w)]  # all of the window's requests at once
+        else:
+            blocks = [self.source.read_block(b) for b in self._window_block_ids(w)]
+        return blocks or None
 
     def normalize(self, cursor: SourceCursor) -> tuple[SourceCursor, bool]:
         """The cursor moved past finished windows, and whether a document is there
@@ -157,6 +201,8 @@ class DocumentFeed:
         if cursors is None:
             cursors = tuple(SourceCursor(window=0, position=0, tokens=0) for _ in spec.sources)
         self.cursors = list(cursors)
+        for reader, cursor in zip(self.readers, self.cursors):
+            reader.prefetch(cursor.window)  # lanes created together fetch their first windows together
 
     def state(self) -> tuple[SourceCursor, ...]:
         return tuple(self.cursors)

@@ -24,12 +24,15 @@ BUCKET = "zephon-test"
 class _RequestLog:
     """WSGI middleware: one log line per request, with the body bytes of its response."""
 
-    def __init__(self, app, path: str):
+    def __init__(self, app, path: str, latency_ms: float = 0.0):
         self.app = app
         self.file = open(path, "a", buffering=1)
         self.lock = threading.Lock()
+        self.latency = latency_ms / 1000
 
     def __call__(self, environ, start_response):
+        if self.latency:
+            time.sleep(self.latency)  # an object store's time to first byte (benchmarks)
         entry = {"method": environ["REQUEST_METHOD"], "key": environ.get("PATH_INFO", ""),
                  "query": environ.get("QUERY_STRING", ""), "range": environ.get("HTTP_RANGE")}
 
@@ -54,8 +57,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log", required=True)
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="added before every response")
     args = parser.parse_args()
-    app = _RequestLog(DomainDispatcherApplication(create_backend_app), args.log)
+    app = _RequestLog(DomainDispatcherApplication(create_backend_app), args.log, args.latency_ms)
     server = make_server("127.0.0.1", args.port, app, threaded=True, request_handler=MotoRequestHandler)
     print("ready", flush=True)
     server.serve_forever()
@@ -70,12 +74,13 @@ def _free_port() -> int:
 class S3Server:
     """moto in server mode on 127.0.0.1, with one bucket (`BUCKET`)."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, latency_ms: float = 0.0):
         self.port = _free_port()
-        self.log_path = os.path.join(workdir, "s3_requests.jsonl")
+        self.log_path = os.path.join(workdir, f"s3_requests_{self.port}.jsonl")
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "zephon_titan.testing.s3server", "--port", str(self.port), "--log", self.log_path],
+            [sys.executable, "-m", "zephon_titan.testing.s3server", "--port", str(self.port), "--log", self.log_path,
+             "--latency-ms", str(latency_ms)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         if self.proc.stdout.readline().strip() != "ready":

@@ -92,6 +92,11 @@ class Source(ABC):
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         """Read the documents of block `local_block` of file `file_index`."""
 
+    @property
+    def remote(self) -> bool:
+        """Read over the network (object storage): worth reading ahead."""
+        return any(storage.is_uri(f.path) for f in self.files[:1])
+
     def read_block(self, block_id: int) -> BlockDocuments:
         if not 0 <= block_id < self.num_blocks:
             raise IndexError(f"source {self.name!r} has {self.num_blocks} blocks, asked for {block_id}")

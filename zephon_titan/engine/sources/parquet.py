@@ -6,6 +6,7 @@ used as is (no tokenization) with BOS/EOS added as configured.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 
 import pyarrow as pa
@@ -20,7 +21,8 @@ from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 @lru_cache(maxsize=32)
 def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
-    """The file handle, the file, its rows per row group and its top-level column names.
+    """The file handle, the file, a lock for reading it, its rows per row group and its top-level
+    column names. The lock: lanes of a process may read row groups of one file from several threads.
 
     Size and mtime are in the cache key: a file rewritten under the same path is re-opened.
     Opening reads the footer (one range request on object storage); row groups are then read
@@ -30,7 +32,8 @@ def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
     opened = pq.ParquetFile(handle)
     meta = opened.metadata
     rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
-    return handle, opened, rows, meta.schema.to_arrow_schema().names  # names: top-level columns, not list leaves
+    names = meta.schema.to_arrow_schema().names  # top-level columns, not list leaves
+    return handle, opened, threading.Lock(), rows, names
 
 
 class ParquetSource(Source):
@@ -50,23 +53,23 @@ class ParquetSource(Source):
 
     def _scan(self, file: FileStat) -> FileBlocks:
         try:
-            _, _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
+            _, _, _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{file.path}: cannot read as Parquet ({e}); check the file or its format") from None
         self._check_column(file.path, names)
         return FileBlocks(file.path, file.size, file.mtime_ns, len(rows), rows)
 
-    def _open(self, f: FileBlocks) -> pq.ParquetFile:
+    def _open(self, f: FileBlocks) -> tuple[pq.ParquetFile, threading.Lock]:
         """Open a listed (or indexed) file, checking that its row groups are still those listed."""
         try:
-            handle, opened, rows, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
+            handle, opened, lock, rows, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise self.changed_file(f, f"it cannot be read as Parquet any more ({e})") from None
         self.check_unchanged(f, handle)
         if rows != f.block_rows:
             raise self.changed_file(f, f"it now has {len(rows)} row groups ({sum(rows):,} rows)")
         self._check_column(f.path, names)
-        return opened
+        return opened, lock
 
     def _check_column(self, path: str, names: list) -> None:
         if self.column not in names:
@@ -78,9 +81,10 @@ class ParquetSource(Source):
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
-        opened = self._open(f)
+        opened, lock = self._open(f)
         try:
-            table = opened.read_row_group(local_block, columns=[self.column])
+            with lock:
+                table = opened.read_row_group(local_block, columns=[self.column])
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot read row group {local_block} ({e})") from None
         first_row = sum(f.block_rows[:local_block])
