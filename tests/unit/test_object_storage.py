@@ -136,6 +136,10 @@ def test_unknown_locations_are_named(s3, s3_corpus):
         expand_paths("s", ["s3://zephon-test/nothing/*.jsonl"])
     with pytest.raises(ConfigError, match="cannot open 'nosuchfs://x'"):
         expand_paths("s", ["nosuchfs://x/y.jsonl"])
+    with pytest.raises(ConfigError, match=r"cannot list 's3://no-such-bucket/x/\*.jsonl': bucket 'no-such-bucket' does not "
+                                          r"exist; check the bucket name, "
+                                          rf"the endpoint \({s3.endpoint}\) and the credentials"):
+        expand_paths("s", ["s3://no-such-bucket/x/*.jsonl"])
 
 
 def test_with_an_index_startup_reads_one_object_per_source(s3, s3_corpus, corpus_dir, tokenizer_dir):

@@ -128,6 +128,17 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
                 out.append(FileStat(os.path.normpath(match), st.st_size, st.st_mtime_ns))
         return out
     filesystem, inner = resolve(pattern, options)
+    try:
+        return _expand_remote(pattern, filesystem, inner)
+    except OSError as e:
+        endpoint = s3_endpoint(options) if _scheme(pattern) == "s3" else ""
+        raise ConfigError(
+            f"cannot list {pattern!r}: {e}; check the bucket name, the endpoint"
+            + (f" ({endpoint})" if endpoint else "") + " and the credentials (AWS_* environment variables)"
+        ) from None
+
+
+def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> list[FileStat]:
     wildcard = _GLOB_CHARS.search(inner)
     if wildcard is None:
         info = filesystem.get_file_info(inner)
@@ -138,10 +149,9 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
         prefix, regex = inner.rstrip("/"), None  # a "directory": every file under it
     else:
         prefix, regex = inner[: wildcard.start()].rpartition("/")[0], _glob_regex(inner)
-    try:
-        infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
-    except OSError as e:
-        raise ConfigError(f"cannot list {pattern!r}: {e}; check the bucket, endpoint and credentials") from None
+    infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
+    if not infos and filesystem.get_file_info(inner.split("/", 1)[0]).type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"bucket {inner.split('/', 1)[0]!r} does not exist")
     return [
         FileStat(_join(pattern, info.path), info.size, _mtime_ns(info))
         for info in infos
