@@ -120,6 +120,10 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+# Sources with this many files (and no index) get a hint to add one.
+INDEX_HINT_FILES = 1000
+
+
 def cmd_validate(args) -> int:
     job = load_job(args.config)  # parses the config, opens every file (sizes, Parquet footers)
     spec = job.spec
@@ -140,6 +144,12 @@ def cmd_validate(args) -> int:
                 tokens += sum(len(t) for t in spec.tokenizer.encode(texts))
             line += f", {docs:,} documents, {tokens:,} tokens per epoch"
         print(line)
+        config = next(c for c in job.config.sources if c.name == source.name)
+        if config.index:
+            print(f"  {'':<12} index {config.index}")
+        elif len(source.files) >= INDEX_HINT_FILES:
+            print(f"  {'':<12} hint: every rank lists these {len(source.files):,} files at startup; set "
+                  f"index = \"<path or URI>\" in [dataloader.sources.{source.name}] to read one manifest instead")
     per_rank = {w: job.global_batch_size // w for w in valid_world_sizes(spec.num_lanes)}
     usable = [w for w, rows in per_rank.items() if rows % job.local_batch_size == 0]
     print(f"valid data-parallel sizes (divide {spec.num_lanes} lanes): {valid_world_sizes(spec.num_lanes)}; "

@@ -110,6 +110,23 @@ def test_validate_reports_counts_and_world_sizes(tmp_path, corpus_dir, tokenizer
     assert "3 ranks: INVALID (does not divide the lanes)" in out
 
 
+def test_validate_suggests_an_index_for_many_files(tmp_path, corpus_dir, tokenizer_dir, capsys, monkeypatch):
+    import zephon_titan.cli as cli
+
+    monkeypatch.setattr(cli, "INDEX_HINT_FILES", 3)  # the test corpus has 3 files per source
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["validate", job, "--no-count"]) == 0
+    out = capsys.readouterr().out
+    assert "hint: every rank lists these 3 files at startup; set index" in out and "[dataloader.sources.prose]" in out
+    with open(job) as f:
+        text = f.read().replace("weight = 0.6", f'weight = 0.6\nindex = "{tmp_path}/prose.index.json"')
+    with open(job, "w") as f:
+        f.write(text)
+    assert main(["validate", job, "--no-count"]) == 0
+    out = capsys.readouterr().out
+    assert f"index {tmp_path}/prose.index.json" in out and "[dataloader.sources.prose]" not in out
+
+
 def test_user_mistakes_are_one_line_errors(tmp_path, capsys):
     assert main(["validate", str(tmp_path / "missing.toml")]) == 2
     err = capsys.readouterr().err
