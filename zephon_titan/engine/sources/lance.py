@@ -73,11 +73,6 @@ class LanceSource(Source):
         """`datasets`: dataset URIs/paths to list, or FileBlocks (one per fragment) from an index."""
         self.block_rows = block_rows
         self.token_field = token_field
-        self.text_field = text_field
-        self.name = name
-        self.storage_options = storage_options
-        if datasets and not isinstance(datasets[0], FileBlocks):
-            datasets = [f for uri in datasets for f in self._fragments(uri)]
         super().__init__(name, datasets, text_field, max_document_chars, storage_options)
 
     @property
@@ -104,8 +99,13 @@ class LanceSource(Source):
                                   -(-rows // self.block_rows)))
         return out
 
-    def _scan(self, file) -> FileBlocks:  # fragments are listed by _fragments, never scanned file by file
-        raise AssertionError("unreachable")
+    def _scan_all(self, datasets: list) -> list[FileBlocks]:
+        if all(isinstance(d, FileBlocks) for d in datasets):
+            return list(datasets)
+        return [f for uri in datasets for f in self._fragments(uri)]
+
+    def _scan(self, file) -> FileBlocks:
+        raise NotImplementedError("a Lance source lists the fragments of each dataset (_scan_all)")
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
