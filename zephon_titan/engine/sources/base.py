@@ -110,6 +110,22 @@ class Source(ABC):
                 hi = mid - 1
         return self._read(lo, block_id - self._first_block[lo])
 
+    token_field: str = ""
+    """Columnar formats: a column of token-id lists used instead of text_field."""
+
+    @property
+    def column(self) -> str:
+        """The column holding each document (columnar formats)."""
+        return self.token_field or self.text_field
+
+    def check_column(self, path: str, names: list[str]) -> None:
+        if self.column not in names:
+            which = "token_field" if self.token_field else "text_field"
+            raise DataError(
+                f"{path}: no column {self.column!r} (columns: {', '.join(names)}); "
+                f"set {which} for source {self.name!r}"
+            )
+
     def check_size(self, text: str, where: str) -> None:
         if len(text) > self.max_document_chars:
             raise DataError(

@@ -75,10 +75,6 @@ class LanceSource(Source):
         self.token_field = token_field
         super().__init__(name, datasets, text_field, max_document_chars, storage_options)
 
-    @property
-    def column(self) -> str:
-        return self.token_field or self.text_field
-
     def describe(self) -> dict:
         return {**super().describe(), "block_rows": self.block_rows, "token_field": self.token_field}
 
@@ -87,11 +83,7 @@ class LanceSource(Source):
             dataset = _open_dataset(uri, None, self.storage_options)  # the latest version, pinned from here on
         except (OSError, ValueError) as e:
             raise ConfigError(f"source {self.name!r}: cannot open Lance dataset {uri} ({e}); fix the path") from None
-        names = dataset.schema.names
-        if self.column not in names:
-            which = "token_field" if self.token_field else "text_field"
-            raise DataError(f"{uri}: no column {self.column!r} (columns: {', '.join(names)}); "
-                            f"set {which} for source {self.name!r}")
+        self.check_column(uri, dataset.schema.names)
         out = []
         for fragment in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id):
             rows = fragment.count_rows()  # after deletions, at this version

@@ -44,10 +44,6 @@ class ParquetSource(Source):
         self.token_field = token_field
         super().__init__(name, files, text_field, max_document_chars, storage_options)
 
-    @property
-    def column(self) -> str:
-        return self.token_field or self.text_field
-
     def describe(self) -> dict:
         return {**super().describe(), "token_field": self.token_field}
 
@@ -56,7 +52,7 @@ class ParquetSource(Source):
             _, _, _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{file.path}: cannot read as Parquet ({e}); check the file or its format") from None
-        self._check_column(file.path, names)
+        self.check_column(file.path, names)
         return FileBlocks(file.path, file.size, file.mtime_ns, len(rows), rows)
 
     def _open(self, f: FileBlocks) -> tuple[pq.ParquetFile, threading.Lock]:
@@ -68,16 +64,8 @@ class ParquetSource(Source):
         self.check_unchanged(f, handle)
         if rows != f.block_rows:
             raise self.changed_file(f, f"it now has {len(rows)} row groups ({sum(rows):,} rows)")
-        self._check_column(f.path, names)
+        self.check_column(f.path, names)
         return opened, lock
-
-    def _check_column(self, path: str, names: list) -> None:
-        if self.column not in names:
-            which = "token_field" if self.token_field else "text_field"
-            raise DataError(
-                f"{path}: no column {self.column!r} (columns: {', '.join(names)}); "
-                f"set {which} for source {self.name!r}"
-            )
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
