@@ -22,7 +22,7 @@ from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
 from zephon_titan.errors import ZephonError
-from zephon_titan.plan import Job, load_job, plan_ledger, read_checkpoint
+from zephon_titan.plan import Job, load_job, plan_ledger
 
 
 def cmd_plan(args) -> int:

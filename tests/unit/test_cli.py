@@ -5,7 +5,6 @@ import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from zephon_titan.cli import main
 from zephon_titan.engine import LaneStream
