@@ -133,7 +133,7 @@ def cmd_validate(args) -> int:
     for key, value in fingerprint(spec).items():
         print(f"  {key:<22} {value}")
     print("sources:")
-    for source, weight in zip(spec.sources, spec.weights):
+    for source, weight, config in zip(spec.sources, spec.weights, job.config.sources):
         size = sum(f.size for f in source.files)
         line = f"  {source.name:<12} weight {weight:.3f}  {len(source.files)} files, {size:,} bytes, {source.num_blocks} blocks"
         if not args.no_count:
@@ -144,7 +144,6 @@ def cmd_validate(args) -> int:
                 tokens += sum(len(t) for t in spec.tokenizer.encode(texts))
             line += f", {docs:,} documents, {tokens:,} tokens per epoch"
         print(line)
-        config = next(c for c in job.config.sources if c.name == source.name)
         if config.index:
             print(f"  {'':<12} index {config.index}")
         elif len(source.files) >= INDEX_HINT_FILES:

@@ -58,6 +58,8 @@ class Source(ABC):
     """A named collection of files, cut into blocks."""
 
     row_unit: str = "row"
+    token_field: str = ""
+    """Columnar formats: a column of token-id lists used instead of text_field."""
 
     def __init__(self, name: str, files: list[FileStat] | list[FileBlocks], text_field: str,
                  max_document_chars: int = 64 << 20, storage_options: StorageOptions = StorageOptions()):
@@ -95,7 +97,7 @@ class Source(ABC):
     @property
     def remote(self) -> bool:
         """Read over the network (object storage): worth reading ahead."""
-        return any(storage.is_uri(f.path) for f in self.files[:1])
+        return bool(self.files) and storage.is_uri(self.files[0].path)
 
     def read_block(self, block_id: int) -> BlockDocuments:
         if not 0 <= block_id < self.num_blocks:
@@ -109,9 +111,6 @@ class Source(ABC):
             else:
                 hi = mid - 1
         return self._read(lo, block_id - self._first_block[lo])
-
-    token_field: str = ""
-    """Columnar formats: a column of token-id lists used instead of text_field."""
 
     @property
     def column(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from functools import lru_cache
+from itertools import accumulate
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,8 +22,9 @@ from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 @lru_cache(maxsize=32)
 def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
-    """The file handle, the file, a lock for reading it, its rows per row group and its top-level
-    column names. The lock: lanes of a process may read row groups of one file from several threads.
+    """The file handle, the file, a lock for reading it, its rows per row group, the first row of each
+    row group and its top-level column names. The lock: lanes of a process may read row groups of one
+    file from several threads.
 
     Size and mtime are in the cache key: a file rewritten under the same path is re-opened.
     Opening reads the footer (one range request on object storage); row groups are then read
@@ -33,7 +35,8 @@ def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
     meta = opened.metadata
     rows = tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))
     names = meta.schema.to_arrow_schema().names  # top-level columns, not list leaves
-    return handle, opened, threading.Lock(), rows, names
+    starts = tuple(accumulate(rows[:-1], initial=0))
+    return handle, opened, threading.Lock(), rows, starts, names
 
 
 class ParquetSource(Source):
@@ -49,31 +52,31 @@ class ParquetSource(Source):
 
     def _scan(self, file: FileStat) -> FileBlocks:
         try:
-            _, _, _, rows, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
+            _, _, _, rows, _, names = _open(file.path, file.size, file.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{file.path}: cannot read as Parquet ({e}); check the file or its format") from None
         self.check_column(file.path, names)
         return FileBlocks(file.path, file.size, file.mtime_ns, len(rows), rows)
 
-    def _open(self, f: FileBlocks) -> tuple[pq.ParquetFile, threading.Lock]:
-        """Open a listed (or indexed) file, checking that its row groups are still those listed."""
+    def _open(self, f: FileBlocks) -> tuple[pq.ParquetFile, threading.Lock, tuple[int, ...]]:
+        """Open a listed (or indexed) file, checking that its row groups are still those listed;
+        returns the file, its read lock and the first row of each row group."""
         try:
-            handle, opened, lock, rows, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
+            handle, opened, lock, rows, starts, names = _open(f.path, f.size, f.mtime_ns, self.storage_options)
         except (pa.ArrowInvalid, OSError) as e:
             raise self.changed_file(f, f"it cannot be read as Parquet any more ({e})") from None
         self.check_unchanged(f, handle)
         if rows != f.block_rows:
             raise self.changed_file(f, f"it now has {len(rows)} row groups ({sum(rows):,} rows)")
         self.check_column(f.path, names)
-        return opened, lock
+        return opened, lock, starts
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
-        opened, lock = self._open(f)
+        opened, lock, starts = self._open(f)
         try:
             with lock:
                 table = opened.read_row_group(local_block, columns=[self.column])
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot read row group {local_block} ({e})") from None
-        first_row = sum(f.block_rows[:local_block])
-        return column_documents(self, table.column(0), f.path, first_row)
+        return column_documents(self, table.column(0), f.path, starts[local_block])

@@ -103,11 +103,9 @@ def _local() -> pafs.FileSystem:
     return pafs.LocalFileSystem()
 
 
-def _join(path: str, inner: str) -> str:
-    """The user-facing name of `inner` (a path inside the filesystem of `path`)."""
-    if not is_uri(path):
-        return os.path.normpath(inner)
-    return f"{path.split('://', 1)[0]}://{inner}"
+def _uri(like: str, inner: str) -> str:
+    """The URI of `inner` (a path inside the filesystem of the URI `like`)."""
+    return f"{like.split('://', 1)[0]}://{inner}"
 
 
 def _mtime_ns(info: pafs.FileInfo) -> int:
@@ -153,7 +151,7 @@ def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> lis
     if not infos and filesystem.get_file_info(inner.split("/", 1)[0]).type == pafs.FileType.NotFound:
         raise FileNotFoundError(f"bucket {inner.split('/', 1)[0]!r} does not exist")
     return [
-        FileStat(_join(pattern, info.path), info.size, _mtime_ns(info))
+        FileStat(_uri(pattern, info.path), info.size, _mtime_ns(info))
         for info in infos
         if info.type == pafs.FileType.File and (regex is None or regex.fullmatch(info.path))
     ]
