@@ -57,11 +57,12 @@ def run_raw(args) -> dict:
 def _zephon_titan_spec(args, sources=None, lanes=None):
     from zephon_titan.config import DataConfig, SourceConfig
     from zephon_titan.engine import build_engine
+    from zephon_titan.titan.tokenizer import load_tokenizer
 
     sources = sources or [SourceConfig(name=n, paths=[p], weight=w, block_bytes=1 << 20) for n, p, w in args.sources]
     config = DataConfig(sources=sorted(sources, key=lambda s: s.name), num_lanes=lanes or args.lanes,
                         tokenizer_path=args.tokenizer, add_bos=False)  # EOS only, like the peers' GPT-2 setup
-    return build_engine(config, seq_len=args.seq_len)
+    return build_engine(config, args.seq_len, load_tokenizer(args.tokenizer, add_bos=False))
 
 
 def run_zephon_titan(args, workers: int) -> dict:

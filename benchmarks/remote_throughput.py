@@ -27,7 +27,7 @@ def child(args) -> None:
     from zephon_titan.config import DataConfig, SourceConfig
     from zephon_titan.engine import build_engine, feed
     from zephon_titan.engine.lanes import LaneGroup
-    from zephon_titan.engine.tokenize import load_tokenizer
+    from zephon_titan.titan.tokenizer import load_tokenizer
 
     feed.READ_AHEAD_REMOTE = args.read_ahead
     sources = [SourceConfig(name=name, paths=[f"{args.root}/{name}/*.jsonl"], block_bytes=128 << 10, weight=w)

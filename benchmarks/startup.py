@@ -41,7 +41,7 @@ def child(args) -> None:
     """One case in a fresh process: startup + the first batch of lane 0."""
     from zephon_titan.config import DataConfig, SourceConfig
     from zephon_titan.engine import LaneStream, build_engine
-    from zephon_titan.engine.tokenize import load_tokenizer
+    from zephon_titan.titan.tokenizer import load_tokenizer
 
     ext = "jsonl" if args.format == "jsonl" else "parquet"
     source = SourceConfig(name="docs", paths=[f"{args.root}/{args.format}/*.{ext}"],

@@ -7,6 +7,7 @@ import os
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneState, LaneStream, build_engine
+from zephon_titan.titan.tokenizer import load_tokenizer
 
 
 def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
@@ -20,8 +21,14 @@ def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
     return table
 
 
+def spec_of(config, seq_len: int):
+    """The engine spec of a DataConfig whose tokenizer_path is set (the tokenizer loaded as every entry
+    point loads it)."""
+    return build_engine(config, seq_len, load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos))
+
+
 def make_spec(corpus_dir: str, tokenizer_dir: str, seq_len: int = 64, **overrides):
-    return build_engine(config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides)), seq_len=seq_len)
+    return spec_of(config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides)), seq_len)
 
 
 def rows_digest(rows) -> str:

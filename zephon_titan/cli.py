@@ -11,30 +11,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 from tqdm import tqdm
 
-from zephon_titan.config import load_data_config
 from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
-from zephon_titan.errors import ZephonError
-from zephon_titan.plan import Job, load_job, plan_ledger
+from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
+from zephon_titan.plan import plan_ledger
+from zephon_titan.titan.job import Job, load_job
 
 
 def cmd_plan(args) -> int:
     entries = plan_ledger(args.config, args.steps, args.from_checkpoint)
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    if not args.output:
+        for entry in entries:
+            print(entry.to_json())
+        return 0
+    # Written beside the target and renamed at the end: a plan that fails leaves no file behind.
+    partial = f"{args.output}.partial"
     try:
-        for entry in tqdm(entries, desc="planning", unit="step", disable=not args.output):
-            out.write(entry.to_json() + "\n")
+        with open(partial, "w", encoding="utf-8") as out:
+            for entry in tqdm(entries, desc="planning", unit="step", total=args.steps):
+                out.write(entry.to_json() + "\n")
+        os.replace(partial, args.output)
     finally:
-        if args.output:
-            out.close()
-            print(f"wrote {args.output}")
+        if os.path.exists(partial):
+            os.remove(partial)
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -48,21 +56,29 @@ def _read(path: str) -> dict[int, LedgerEntry]:
 
 
 def cmd_verify(args) -> int:
+    """Every step of either ledger must be in both, with every field equal (--prefix: B may stop early)."""
     a, b = _read(args.a), _read(args.b)
-    common = sorted(set(a) & set(b))
-    if not common:
-        print(f"no step in common: {args.a} has steps {_span(a)}, {args.b} has {_span(b)}")
+    if not a or not b:
+        print(f"nothing to compare: {args.a} has steps {_span(a)}, {args.b} has {_span(b)}")
         return 1
-    for step in common:
-        if a[step].sha256 != b[step].sha256:
-            print(f"first difference at step {step}:")
-            for path, entry in ((args.a, a[step]), (args.b, b[step])):
-                print(f"  {path}: sha256 {entry.sha256}  tokens {entry.tokens}  padding {entry.padding}")
+    for step in sorted(set(a) | set(b)):
+        if step not in b and args.prefix and step > max(b):
+            continue  # B is a run still in progress
+        if step not in a or step not in b:
+            have, lack = (args.a, args.b) if step in a else (args.b, args.a)
+            print(f"first difference at step {step}: {have} has it, {lack} does not "
+                  f"({args.a}: steps {_span(a)}, {args.b}: steps {_span(b)})")
             return 1
-    only = [f"{path} alone has steps {_span({s: 0 for s in set(x) - set(y)})}"
-            for path, x, y in ((args.a, a, b), (args.b, b, a)) if set(x) - set(y)]
-    print(f"identical: all {len(common)} common steps ({common[0]}-{common[-1]}) have the same global batch SHA-256"
-          + (f"; {'; '.join(only)}" if only else ""))
+        if a[step] != b[step]:
+            fields = [f for f in ("sha256", "rows", "tokens", "padding") if getattr(a[step], f) != getattr(b[step], f)]
+            print(f"first difference at step {step} ({', '.join(fields)}):")
+            for path, entry in ((args.a, a[step]), (args.b, b[step])):
+                print(f"  {path}: sha256 {entry.sha256}  rows {entry.rows}  tokens {entry.tokens}  padding {entry.padding}")
+            return 1
+    steps = sorted(b) if args.prefix else sorted(a)
+    extra = f" ({args.a} goes on to step {max(a)})" if args.prefix and max(a) > max(b) else ""
+    print(f"identical: all {len(steps)} steps ({steps[0]}-{steps[-1]}) have the same global batch SHA-256, rows "
+          f"and tokens{extra}")
     return 0
 
 
@@ -94,7 +110,7 @@ def cmd_inspect(args) -> int:
             raise ZephonError(f"--lane must be in [0, {job.spec.num_lanes}), got {lane}")
     if args.step < 1:
         raise ZephonError(f"--step counts from 1, got {args.step}")
-    r = job.rows_per_lane
+    r = job.check_layout(1)
     report = []
     for lane in tqdm(lanes, desc="simulating lanes", unit="lane", disable=len(lanes) == 1 or args.json):
         stream = LaneStream(job.spec, lane)
@@ -125,15 +141,27 @@ INDEX_HINT_FILES = 1000
 
 
 def cmd_validate(args) -> int:
-    job = load_job(args.config)  # parses the config, opens every file (sizes, Parquet footers)
+    # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
+    # (hf_assets_path), the model's vocabulary, the batch layout; then opens every file.
+    job = load_job(args.config)
+    rows_per_lane = job.check_layout(1)
+    key, path = job.tokenizer_setting
+    tokenizer = job.tokenizer
+    job.check_model_vocab()
     spec = job.spec
-    print(f"config: {args.config}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "
-          f"{spec.seq_len} tokens, {job.rows_per_lane} rows per lane per step)")
+    print(f"config: {job.path}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "
+          f"{spec.seq_len} tokens, {rows_per_lane} rows per lane per step)")
+    print(f"tokenizer: {key} = {os.path.abspath(path)}  ({tokenizer.vocab_size:,} ids; model vocabulary "
+          f"{job.model_vocab_size if job.model_vocab_size is not None else 'unknown'})")
+    for name, choice in (("bos", tokenizer.bos), ("eos", tokenizer.eos)):
+        token = tokenizer.tokenizer.id_to_token(choice.token_id) if choice.token_id is not None else None
+        print(f"  add_{name} = {'true' if token else 'false'}" + (f" ({token!r}, id {choice.token_id})" if token else "")
+              + f": {choice.reason}")
     print("fingerprint:")
-    for key, value in fingerprint(spec).items():
-        print(f"  {key:<22} {value}")
+    for name, value in fingerprint(spec).items():
+        print(f"  {name:<22} {value}")
     print("sources:")
-    for source, weight, config in zip(spec.sources, spec.weights, job.config.sources):
+    for source, weight, config in zip(spec.sources, spec.weights, job.data.sources):
         size = sum(f.size for f in source.files)
         line = f"  {source.name:<12} weight {weight:.3f}  {len(source.files)} files, {size:,} bytes, {source.num_blocks} blocks"
         if not args.no_count:
@@ -149,22 +177,28 @@ def cmd_validate(args) -> int:
         elif len(source.files) >= INDEX_HINT_FILES:
             print(f"  {'':<12} hint: every rank lists these {len(source.files):,} files at startup; set "
                   f"index = \"<path or URI>\" in [dataloader.sources.{source.name}] to read one manifest instead")
-    per_rank = {w: job.global_batch_size // w for w in valid_world_sizes(spec.num_lanes)}
-    usable = [w for w, rows in per_rank.items() if rows % job.local_batch_size == 0]
-    print(f"valid data-parallel sizes (divide {spec.num_lanes} lanes): {valid_world_sizes(spec.num_lanes)}; "
-          f"with local_batch_size {job.local_batch_size}: {usable}")
-    bad = [w for w in args.world_sizes if w not in usable]
+    usable = []
+    for w in valid_world_sizes(spec.num_lanes):
+        try:
+            job.check_layout(w)
+            usable.append(w)
+        except ZephonError:
+            pass
+    print(f"valid data-parallel sizes (divide {spec.num_lanes} lanes, local_batch_size {job.local_batch_size} "
+          f"divides the rows per rank): {usable}")
+    bad = 0
     for w in args.world_sizes:
-        status = "ok" if w in usable else "INVALID"
-        detail = (f"{per_rank[w]} rows per rank per step, {per_rank[w] // job.local_batch_size} microbatches"
-                  if w in usable else "does not divide the lanes" if w not in per_rank else
-                  f"{per_rank[w]} rows per rank is not a multiple of local_batch_size {job.local_batch_size}")
-        print(f"  {w:>5} ranks: {status} ({detail})")
+        rows = job.global_batch_size // w
+        detail = (f"{rows} rows per rank per step, {rows // job.local_batch_size} microbatches" if w in usable else
+                  f"does not divide the {spec.num_lanes} lanes" if spec.num_lanes % w else
+                  f"{rows} rows per rank is not a multiple of local_batch_size {job.local_batch_size}")
+        bad += w not in usable
+        print(f"  {w:>5} ranks: {'ok' if w in usable else 'INVALID'} ({detail})")
     return 1 if bad else 0
 
 
 def cmd_index(args) -> int:
-    config = load_data_config(args.config)
+    config = load_job(args.config).data
     sources = [s for s in config.sources if s.index]
     if not sources:
         raise ZephonError(
@@ -214,8 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
     plan.set_defaults(run=cmd_plan)
     verify = sub.add_parser("verify", help="compare two ledgers; exit 1 at the first differing step")
-    verify.add_argument("a")
-    verify.add_argument("b")
+    verify.add_argument("a", help="a ledger (e.g. the plan, or a finished run)")
+    verify.add_argument("b", help="another ledger")
+    verify.add_argument("--prefix", action="store_true",
+                        help="B may end before A (a run still in progress); every step B has must match")
     verify.set_defaults(run=cmd_verify)
     inspect = sub.add_parser("inspect", help="decode the rows of a step and trace them to files")
     inspect.add_argument("config")
@@ -242,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ZephonError as e:
         print(f"zephon-titan: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
 

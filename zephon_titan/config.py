@@ -34,6 +34,11 @@ from zephon_titan.errors import ConfigError
 PACKING_MODES = ("wrap", "best_fit")
 EXHAUSTION_POLICIES = ("repeat", "redistribute")
 FORMATS = ("auto", "jsonl", "parquet", "lance")
+# Bounds that keep the loader's checkpoint header within its fixed slot (titan/state_codec.py).
+MAX_SOURCES = 200
+MAX_SOURCE_NAME = 64
+# Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
+_OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
 # Fields of TorchTitan's BaseDataLoader.Config that mean nothing to this loader.
 _FOREIGN_FIELDS = ("dataset", "dataset_path")
 
@@ -106,11 +111,13 @@ class DataConfig:
     tokenizer_path: str = ""
     """Directory holding tokenizer.json (or the file itself); empty: the trainer's tokenizer."""
 
-    add_bos: bool = True
-    """Prepend the tokenizer's BOS token to each document (if it has one)."""
+    add_bos: bool | None = None
+    """Prepend the tokenizer's BOS token to each document. Unset: as the tokenizer says (its
+    post-processor, else `add_bos_token` in tokenizer_config.json, else yes); see README."""
 
-    add_eos: bool = True
-    """Append the tokenizer's EOS token to each document (if it has one)."""
+    add_eos: bool | None = None
+    """Append the tokenizer's EOS token to each document. Unset: as the tokenizer says (its
+    post-processor, else `add_eos_token` in tokenizer_config.json, else yes); see README."""
 
     workers: int = 1
     """Processes producing this rank's lanes (1: inside the training process). A performance
@@ -189,6 +196,9 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
 
 def validate_source(source: SourceConfig) -> None:
     where = f"[dataloader.sources.{source.name}]"
+    if not source.name or len(source.name) > MAX_SOURCE_NAME:
+        raise ConfigError(f"{where}: a source name must have 1 to {MAX_SOURCE_NAME} characters, got "
+                          f"{len(source.name)}; use a shorter name (it is only a label)")
     if not (math.isfinite(source.weight) and source.weight > 0):
         raise ConfigError(
             f"{where} weight must be a finite number > 0, got {source.weight}; "
@@ -209,6 +219,9 @@ def validate(config: DataConfig) -> None:
     if not config.sources:
         raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
     names = config.source_names()
+    if len(names) > MAX_SOURCES:
+        raise ConfigError(f"[dataloader] has {len(names)} sources, at most {MAX_SOURCES} are supported; "
+                          "merge sources that share a weight (a source may list many paths)")
     if len(set(names)) != len(names):
         raise ConfigError(f"[dataloader] source names must be unique, got {names}")
     if names != sorted(names):
@@ -259,7 +272,8 @@ def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
     kwargs: dict[str, Any] = {"sources": sources}
     for name in allowed:
         if name != "sources" and name in table:
-            kwargs[name] = _typed(table[name], type(getattr(defaults, name)), name, "[dataloader]")
+            kind = _OPTIONAL_TYPES.get(name) or type(getattr(defaults, name))
+            kwargs[name] = _typed(table[name], kind, name, "[dataloader]")
     config = cls(**kwargs)
     validate(config)
     return config
@@ -310,7 +324,7 @@ def load_data_config(path: str) -> DataConfig:
 def config_to_dict(config: DataConfig) -> dict:
     """The inverse of config_from_dict (JSON/TOML friendly)."""
     names = [f.name for f in dataclasses.fields(config) if f.name not in _FOREIGN_FIELDS + ("sources",)]
-    table = {name: getattr(config, name) for name in names}
+    table = {name: getattr(config, name) for name in names if getattr(config, name) is not None}  # TOML has no null
     table["sources"] = {
         s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}
         for s in config.sources

@@ -1,5 +1,8 @@
 """Errors for humans: each says what is wrong, where, and how to fix it."""
 
+import os
+import sys
+
 
 class ZephonError(Exception):
     """Base class of every error zephon_titan raises on purpose."""
@@ -23,3 +26,33 @@ class LaneExhausted(Exception):
     Not a ZephonError: it is the normal end of a finite stream, like StopIteration
     (which cannot be raised through generators, PEP 479).
     """
+
+
+# Exit status of a process stopped by a ZephonError (a crash exits 1).
+EXIT_USER_ERROR = 2
+
+
+def report_once(error: BaseException, prefix: str = "zephon_titan: error: ") -> None:
+    """Print a user error as one line on stderr, once per job under torchrun.
+
+    Every rank usually hits the same mistake; printing it 8 or 64 times buries it. The
+    first rank of this host to report a given message prints it (a marker file per message,
+    created atomically in a folder named after torchrun's run id); a rank with a message of
+    its own (its data file is bad) still prints it. Outside torchrun it always prints.
+    """
+    import hashlib
+    import tempfile
+
+    message = prefix + " ".join(str(error).split("\n"))
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        folder = os.path.join(tempfile.gettempdir(), f"zephon_titan-errors-{os.getuid()}-{run_id}"[:200])
+        marker = os.path.join(folder, hashlib.sha256(message.encode()).hexdigest()[:32])
+        try:
+            os.makedirs(folder, exist_ok=True)
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # no usable temp folder: printing twice beats not printing
+    print(message, file=sys.stderr, flush=True)

@@ -1,8 +1,7 @@
 """Predict a job's batch ledger offline: every lane simulated in one process, no GPU, no torchrun.
 
-Reads the job TOML's `[training]` (seq_len, global_batch_size), `hf_assets_path`
-(the trainer's tokenizer, unless `[dataloader] tokenizer_path` is set) and
-`[dataloader]`. Lane streams do not depend on the number of ranks, so one process
+Reads the job exactly as the trainer does (titan/job.py: the same TorchTitan config,
+tokenizer and batch layout). Lane streams do not depend on the number of ranks, so one process
 computes exactly what a run on any number of GPUs will write. From a checkpoint,
 the lanes start from the states saved in its DCP `dataloader` entries.
 """
@@ -10,48 +9,13 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from zephon_titan.config import DataConfig, config_from_dict, load_toml
-from zephon_titan.engine import (
-    EngineSpec, LaneState, batch_digest, build_engine, check_fingerprint, fingerprint, lane_digest,
-    load_tokenizer, open_lane_group, rows_per_lane,
-)
+from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group
 from zephon_titan.engine.ledger import LedgerEntry
-from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-
-
-@dataclass(frozen=True)
-class Job:
-    """The parts of a job TOML the data path depends on."""
-
-    path: str
-    config: DataConfig
-    spec: EngineSpec
-    global_batch_size: int
-    local_batch_size: int
-
-    @property
-    def rows_per_lane(self) -> int:
-        return rows_per_lane(self.global_batch_size, self.spec.num_lanes)
-
-
-def load_job(job_path: str) -> Job:
-    job = load_toml(job_path)
-    training = job.get("training", {})
-    for key in ("seq_len", "global_batch_size"):
-        if key not in training:
-            raise ConfigError(f"{job_path}: [training] {key} is needed")
-    try:
-        config = config_from_dict(job.get("dataloader", {}))
-    except ConfigError as e:
-        raise ConfigError(f"{job_path}: {e}") from None
-    tokenizer_path = config.tokenizer_path or job.get("hf_assets_path")
-    if not tokenizer_path:
-        raise ConfigError(f"{job_path}: set hf_assets_path or [dataloader] tokenizer_path")
-    tokenizer = load_tokenizer(tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
-    spec = build_engine(config, training["seq_len"], tokenizer)
-    return Job(job_path, config, spec, training["global_batch_size"], training.get("local_batch_size", 1))
+from zephon_titan.errors import LaneExhausted, ResumeError
+from zephon_titan.titan.dataloader import check_header
+from zephon_titan.titan.job import Job, load_job
+from zephon_titan.titan.state_codec import HEADER_KEY, decode_entry
 
 
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
@@ -64,7 +28,7 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     except Exception as e:  # a missing folder or .metadata: an incomplete or wrong path
         raise ResumeError(f"{checkpoint} is not a readable DCP checkpoint ({e})") from None
     entries = {k.split(".", 1)[1]: meta for k, meta in keys.items() if k.startswith("dataloader.")}
-    if "header" not in entries:
+    if HEADER_KEY not in entries:
         raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
     import torch
 
@@ -77,22 +41,24 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
         dcp.load(state, checkpoint_id=checkpoint)
-    from zephon_titan.titan.state_codec import decode_entry
+    from zephon_titan.engine import fingerprint
 
     decoded = {k: decode_entry(v, k) for k, v in state["dataloader"].items()}
-    check_fingerprint(decoded["header"]["fingerprint"], fingerprint(job.spec), job.config.resume_allow)
+    check_header(decoded[HEADER_KEY], fingerprint(job.spec), job.global_batch_size, job.data.resume_allow)
     states = {int(k.split("_")[1]): LaneState.from_dict(e["state"]) for k, e in decoded.items() if k.startswith("lane_")}
-    step = int(state["train_state"]["step"]) if "train_state" in state else states[0].rows // job.rows_per_lane
+    step = int(state["train_state"]["step"]) if "train_state" in state else states[0].rows // job.check_layout(1)
     return step, states
 
 
 def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Iterator[LedgerEntry]:
     """Ledger entries up to step `steps` (from the checkpoint's step + 1 if given)."""
     job = load_job(job_path)
+    rows_per_lane = job.check_layout(1)
+    job.check_model_vocab()
     start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
     names = job.spec.source_names
-    with open_lane_group(job.spec, range(job.spec.num_lanes), job.rows_per_lane, job.config.workers,
-                         job.config.prefetch_steps, states) as group:
+    with open_lane_group(job.spec, range(job.spec.num_lanes), rows_per_lane, job.data.workers,
+                         job.data.prefetch_steps, states) as group:
         for step in range(start + 1, steps + 1):
             try:
                 lanes = group.next_step()

@@ -13,23 +13,33 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 
 from torchtitan.models.llama3.config_registry import llama3_debugmodel as _titan_debugmodel
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.errors import ConfigError
+
+from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.job_config import load_job_config
+from zephon_titan.titan.job import load_job
 from zephon_titan.titan.trainer import ZephonTrainer
 
 JOB_CONFIG_ENV = "ZEPHON_JOB_CONFIG"
 
 
 def job_from_env() -> ZephonTrainer.Config:
-    path = os.environ.get(JOB_CONFIG_ENV)
-    if not path:
-        raise ConfigError(f"set {JOB_CONFIG_ENV} to a zephon_titan TOML job file, e.g. configs/debug_cpu.toml")
-    return load_job_config(path)
+    """The job named by ZEPHON_JOB_CONFIG, checked for this world size before TorchTitan builds anything
+    (TorchTitan's later `--section.key` overrides are checked again when the loader is built)."""
+    try:
+        path = os.environ.get(JOB_CONFIG_ENV)
+        if not path:
+            raise ConfigError(f"set {JOB_CONFIG_ENV} to a zephon_titan TOML job file, e.g. configs/debug_cpu.toml")
+        job = load_job(path)
+        job.preflight(int(os.environ.get("WORLD_SIZE", "1")))
+        return job.config
+    except ZephonError as e:  # TorchTitan would print it with a traceback per rank
+        report_once(e)
+        sys.exit(EXIT_USER_ERROR)
 
 
 def llama3_debugmodel() -> ZephonTrainer.Config:

@@ -1,9 +1,11 @@
 """Train with TorchTitan from a TOML job config:
 
-    torchrun --nproc_per_node 8 -m zephon_titan.train --job.config_file configs/llama3_1b.toml \
+    torchrun --nproc_per_node 8 -m zephon_titan.train --job.config_file configs/llama3_1b/16gpu.toml \
         [--training.steps 100 ...]
 
 Command-line overrides (`--section.key value`) apply on top of the file, as in TorchTitan.
+The whole job is checked before the trainer is built (batch layout at this world size,
+tokenizer, model vocabulary), so a mistake is one line, printed once, before step 1.
 """
 
 from __future__ import annotations
@@ -13,20 +15,15 @@ import sys
 from collections.abc import Callable
 
 import torch
-import tyro
-from torchtitan.config import ConfigManager
-from torchtitan.config.manager import custom_registry
-from torchtitan.tools.logging import init_logger, logger
 
-from zephon_titan.errors import ZephonError
-from zephon_titan.titan.job_config import load_job_config
-from zephon_titan.titan.trainer import ZephonTrainer
+from zephon_titan.errors import EXIT_USER_ERROR, ZephonError, report_once
+from zephon_titan.titan.job import Job, load_job
 
 CONFIG_FLAG = "--job.config_file"
 
 
-def parse_args(args: list[str], prepare: Callable | None = None) -> ZephonTrainer.Config:
-    """TOML file, then an optional hook (the CPU test shims), then command-line overrides."""
+def parse_args(args: list[str], prepare: Callable | None = None) -> Job:
+    """TOML file, then an optional hook (the CPU shims), then command-line overrides."""
     path, rest = None, []
     it = iter(range(len(args)))
     for i in it:
@@ -40,20 +37,17 @@ def parse_args(args: list[str], prepare: Callable | None = None) -> ZephonTraine
             rest.append(arg)
     if path is None:
         raise ZephonError(f"{CONFIG_FLAG} is required, e.g. {CONFIG_FLAG} configs/debug_cpu.toml")
-    config = load_job_config(path)
-    if prepare is not None:
-        config = prepare(config)
-    ConfigManager.register_tyro_rules(custom_registry)
-    return tyro.cli(type(config), args=rest, default=config, registry=custom_registry)
+    return load_job(path, rest, prepare)
 
 
-def run(config: ZephonTrainer.Config) -> None:
-    """TorchTitan's training lifecycle (torchtitan.train.main) for an already parsed config."""
+def run(job: Job) -> None:
+    """TorchTitan's training lifecycle (torchtitan.train.main) for a resolved job."""
+    job.preflight(int(os.environ.get("WORLD_SIZE", "1")))
     trainer = None
     try:
-        trainer = config.build()
+        trainer = job.config.build()
         trainer.train()
-    except Exception:
+    except BaseException:
         if trainer is not None:
             trainer.close()
         raise
@@ -63,13 +57,15 @@ def run(config: ZephonTrainer.Config) -> None:
 
 
 def main(argv: list[str] | None = None, prepare: Callable | None = None) -> None:
+    from torchtitan.tools.logging import init_logger
+
     init_logger()
     try:
         run(parse_args(sys.argv[1:] if argv is None else argv, prepare))
     except ZephonError as e:
-        # A user mistake: one clear line per rank, no traceback.
-        logger.error(f"zephon_titan (rank {os.environ.get('RANK', '0')}): {e}")
-        sys.exit(2)
+        # A user mistake: one line, once per job (not once per rank), no traceback.
+        report_once(e)
+        sys.exit(EXIT_USER_ERROR)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,16 @@ import pyarrow.parquet as pq
 
 from zephon_titan.cli import main
 from zephon_titan.engine import LaneStream
-from zephon_titan.plan import load_job
+from zephon_titan.titan.job import load_job
 
 
 def _job(tmp_path, corpus_dir, tokenizer_dir, name="job.toml"):
     path = tmp_path / name
     path.write_text(f"""
 hf_assets_path = "{tokenizer_dir}"
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
 [training]
 seq_len = 64
 global_batch_size = 16
@@ -38,13 +41,18 @@ def test_plan_then_verify_identical(tmp_path, corpus_dir, tokenizer_dir, capsys)
     job = _job(tmp_path, corpus_dir, tokenizer_dir)
     assert main(["plan", job, "--steps", "4", "-o", str(tmp_path / "a.jsonl")]) == 0
     assert main(["plan", job, "--steps", "6", "-o", str(tmp_path / "b.jsonl")]) == 0
-    assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 0
-    assert "identical: all 4 common steps (1-4)" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "a.jsonl")]) == 0
+    assert "identical: all 4 steps (1-4)" in capsys.readouterr().out
+    # A run that stopped early is a difference, unless it is declared a run in progress (--prefix).
+    assert main(["verify", str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl")]) == 1
+    assert "first difference at step 5" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl"), "--prefix"]) == 0
+    assert "identical: all 4 steps (1-4)" in capsys.readouterr().out
 
 
 def _first_step_with(job_path, file, row, steps=12):
     job = load_job(job_path)
-    r = job.rows_per_lane
+    r = job.check_layout(1)
     first = None
     for lane in range(job.spec.num_lanes):
         for i, produced in enumerate(LaneStream(job.spec, lane).take(steps * r)):
@@ -71,7 +79,7 @@ def test_verify_names_the_first_step_after_a_one_token_change(tmp_path, corpus_d
     assert main(["plan", job, "--steps", "12", "-o", str(tmp_path / "after.jsonl")]) == 0
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "before.jsonl"), str(tmp_path / "after.jsonl")]) == 1
-    assert f"first difference at step {step}:" in capsys.readouterr().out
+    assert f"first difference at step {step} (sha256):" in capsys.readouterr().out
 
 
 def _source_text(piece):
@@ -106,7 +114,7 @@ def test_validate_reports_counts_and_world_sizes(tmp_path, corpus_dir, tokenizer
     assert "seed                   7" in out
     assert main(["validate", job, "--no-count", "--world-sizes", "3,16"]) == 1
     out = capsys.readouterr().out
-    assert "3 ranks: INVALID (does not divide the lanes)" in out
+    assert "3 ranks: INVALID (does not divide the 8 lanes)" in out
 
 
 def test_validate_suggests_an_index_for_many_files(tmp_path, corpus_dir, tokenizer_dir, capsys, monkeypatch):

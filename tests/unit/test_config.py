@@ -1,8 +1,7 @@
 import pytest
 
-from helpers import data_table
+from helpers import data_table, spec_of
 from zephon_titan.config import config_from_dict, config_to_dict, load_data_config
-from zephon_titan.engine import build_engine
 from zephon_titan.errors import ConfigError
 
 
@@ -57,18 +56,18 @@ def test_missing_files_fail_when_the_engine_is_built(corpus_dir, tokenizer_dir):
     table = data_table(corpus_dir, tokenizer_dir)
     table["sources"]["prose"]["paths"] = ["/no/such/dir/*.jsonl"]
     with pytest.raises(ConfigError, match="source 'prose': path '/no/such/dir/\\*.jsonl' matches no file"):
-        build_engine(config_from_dict(table), seq_len=64)
+        spec_of(config_from_dict(table), 64)
 
 
 @pytest.mark.parametrize("seq_len", [0, -3, 2.5])
 def test_bad_seq_len(corpus_dir, tokenizer_dir, seq_len):
     with pytest.raises(ConfigError, match="seq_len must be an integer >= 1"):
-        build_engine(config_from_dict(data_table(corpus_dir, tokenizer_dir)), seq_len=seq_len)
+        spec_of(config_from_dict(data_table(corpus_dir, tokenizer_dir)), seq_len)
 
 
 def test_missing_tokenizer_file(corpus_dir, tmp_path):
-    with pytest.raises(ConfigError, match="tokenizer.json does not exist"):
-        build_engine(config_from_dict(data_table(corpus_dir, str(tmp_path))), seq_len=64)
+    with pytest.raises(ConfigError, match="holds no tokenizer.json"):
+        spec_of(config_from_dict(data_table(corpus_dir, str(tmp_path))), 64)
 
 
 def test_missing_toml_table(tmp_path):

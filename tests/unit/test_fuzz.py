@@ -8,9 +8,9 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_each_document_once, drain_pieces
+from helpers import assert_each_document_once, drain_pieces, spec_of
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine import ConfigError, DataError, build_engine
+from zephon_titan.engine import ConfigError, DataError
 
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
 source = st.lists(st.lists(texts, min_size=0, max_size=12), min_size=1, max_size=3)  # files of documents
@@ -42,7 +42,7 @@ def test_random_corpora_and_configs(tokenizer_dir, sources, weights, lanes, seq_
                   "exhaustion": "redistribute", "shuffle_window_blocks": window, "add_bos": bos,
                   "best_fit_window_docs": 4, "sources": table}
         try:
-            spec = build_engine(config_from_dict(config), seq_len=seq_len)
+            spec = spec_of(config_from_dict(config), seq_len)
         except (ConfigError, DataError) as e:
             # The only expected refusal: a source whose files are all empty.
             assert "has no data" in str(e), e

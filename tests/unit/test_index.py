@@ -97,6 +97,9 @@ def test_an_index_for_other_settings_or_not_an_index_is_refused(corpus, tokenize
 def test_the_index_command_writes_and_checks(tmp_path, corpus, tokenizer_dir, capsys):
     job = tmp_path / "job.toml"
     job.write_text(f"""
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
 [dataloader]
 tokenizer_path = "{tokenizer_dir}"
 [dataloader.sources.code]

@@ -7,7 +7,7 @@ from torchtitan.config import ConfigManager
 
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.job_config import load_job_config
+from zephon_titan.titan.job import read_job_config as load_job_config
 from zephon_titan.train import parse_args
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
@@ -47,7 +47,7 @@ def test_extends_overrides_table_by_table(tmp_path):
 
 def test_command_line_overrides_apply_on_top_of_the_file():
     config = parse_args(["--job.config_file", os.path.join(CONFIGS, "debug_cpu.toml"), "--training.steps", "3",
-                         "--training.global_batch_size", "32", "--dataloader.seed", "9"])
+                         "--training.global_batch_size", "32", "--dataloader.seed", "9"]).config
     assert config.training.steps == 3 and config.dataloader.seed == 9
     assert config.dataloader.global_batch_size == 32  # follows training.global_batch_size
 

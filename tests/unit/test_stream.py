@@ -45,8 +45,8 @@ import json, sys
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneState, LaneStream, build_engine
 sys.path.insert(0, {tests!r})
-from helpers import rows_digest
-spec = build_engine(config_from_dict(json.loads({table!r})), seq_len=48)
+from helpers import rows_digest, spec_of
+spec = spec_of(config_from_dict(json.loads({table!r})), 48)
 stream = LaneStream(spec, {lane}, LaneState.from_dict(json.loads({state!r})))
 print(rows_digest(stream.take(6)))
 """

@@ -73,8 +73,9 @@ _ABANDON = """
 import json, sys
 sys.path.insert(0, {tests!r})
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine import build_engine, open_lane_group
-spec = build_engine(config_from_dict(json.loads({table!r})), seq_len=64)
+from zephon_titan.engine import open_lane_group
+from helpers import spec_of
+spec = spec_of(config_from_dict(json.loads({table!r})), 64)
 group = open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1)
 group.next_step()
 print("stopping early without close()", flush=True)

@@ -8,11 +8,11 @@ from zephon_titan.engine.packing import IGNORE_INDEX, Row
 from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState, SourceCursor
 from zephon_titan.engine.stream import LaneStream
-from zephon_titan.engine.tokenize import DocumentTokenizer, load_tokenizer
+from zephon_titan.engine.tokenize import DocumentTokenizer, SpecialTokenChoice
 
 __all__ = [
     "ConfigError", "DataError", "DocumentTokenizer", "EngineSpec", "IGNORE_INDEX", "LaneExhausted",
     "LaneGroup", "LaneState", "LaneStream", "ResumeError", "Row", "SourceCursor", "ZephonError",
     "batch_digest", "build_engine", "check_fingerprint", "fingerprint", "lane_digest", "lanes_of_rank",
-    "load_tokenizer", "open_lane_group", "rows_per_lane", "valid_world_sizes",
+    "SpecialTokenChoice", "open_lane_group", "rows_per_lane", "valid_world_sizes",
 ]

@@ -14,7 +14,7 @@ from zephon_titan.config import DataConfig, SourceConfig, validate
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, Source
-from zephon_titan.engine.tokenize import DocumentTokenizer, load_tokenizer
+from zephon_titan.engine.tokenize import DocumentTokenizer
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -54,7 +54,7 @@ class EngineSpec:
         return [s.name for s in self.sources]
 
 
-def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer | None = None,
+def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer,
                  listings: dict[str, list] | None = None) -> EngineSpec:
     """Validate the config against its files and open every source.
 
@@ -63,13 +63,6 @@ def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer 
     validate(config)
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")
-    if tokenizer is None:
-        if not config.tokenizer_path:
-            raise ConfigError(
-                "no tokenizer: set [dataloader] tokenizer_path to a directory holding tokenizer.json "
-                "(or let the TorchTitan trainer pass its own)"
-            )
-        tokenizer = load_tokenizer(config.tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
     listings = listings or {}
     sources = tuple(
         _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)
@@ -92,8 +85,8 @@ def portable(spec: EngineSpec) -> dict:
         "config": {name: getattr(spec.config, name) for name in fields},
         "seq_len": spec.seq_len,
         "tokenizer": spec.tokenizer.tokenizer.to_str(),
-        "bos_id": spec.tokenizer.bos_id,
-        "eos_id": spec.tokenizer.eos_id,
+        "bos": [spec.tokenizer.bos.token_id, spec.tokenizer.bos.reason],
+        "eos": [spec.tokenizer.eos.token_id, spec.tokenizer.eos.reason],
         "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
     }
 
@@ -101,7 +94,10 @@ def portable(spec: EngineSpec) -> dict:
 def spec_from_portable(data: dict) -> EngineSpec:
     from tokenizers import Tokenizer
 
-    tokenizer = DocumentTokenizer(Tokenizer.from_str(data["tokenizer"]), data["bos_id"], data["eos_id"])
+    from zephon_titan.engine.tokenize import SpecialTokenChoice
+
+    tokenizer = DocumentTokenizer(Tokenizer.from_str(data["tokenizer"]), SpecialTokenChoice(*data["bos"]),
+                                  SpecialTokenChoice(*data["eos"]))
     return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
 
 

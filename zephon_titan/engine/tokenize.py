@@ -1,15 +1,16 @@
 """Documents to token ids with a Hugging Face `tokenizers` tokenizer, BOS/EOS added here.
 
-Special tokens are added by this module, never by the tokenizer's post-processor
+BOS/EOS are added by this module, never by the tokenizer's post-processor
 (`add_special_tokens=False`), so the ids of a document depend only on the vocabulary
-and these two explicit settings.
+(special tokens included) and these two explicit choices. Which tokenizer and which
+choices a job uses is decided in one place, zephon_titan/titan/tokenizer.py.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -19,11 +20,24 @@ from zephon_titan.errors import ConfigError
 TOKEN_DTYPE = np.int32
 
 
+@dataclass(frozen=True, slots=True)
+class SpecialTokenChoice:
+    """Whether each document gets a BOS (or EOS) token, and why (shown by `validate`)."""
+
+    token_id: int | None
+    """The id added to every document, or None."""
+    reason: str
+
+
 class DocumentTokenizer:
     """Turns texts into int32 token arrays: [BOS] + encode(text) + [EOS]."""
 
-    def __init__(self, tokenizer: Tokenizer, bos_id: int | None = None, eos_id: int | None = None):
+    def __init__(self, tokenizer: Tokenizer, bos: SpecialTokenChoice | int | None = None,
+                 eos: SpecialTokenChoice | int | None = None):
         self.tokenizer = tokenizer
+        self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
+        self.eos = eos if isinstance(eos, SpecialTokenChoice) else SpecialTokenChoice(eos, "given")
+        bos_id, eos_id = self.bos.token_id, self.eos.token_id
         self.bos_id = bos_id
         self.eos_id = eos_id
         vocab = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -61,35 +75,3 @@ class DocumentTokenizer:
             h.update(json.dumps([self.bos_id, self.eos_id]).encode())
             self._digest = h.hexdigest()
         return self._digest
-
-
-def _special_token_id(tokenizer: Tokenizer, token, path: str, label: str) -> int | None:
-    if token is None:
-        return None
-    if isinstance(token, dict):  # {"content": "<s>", ...} as transformers writes it
-        token = token.get("content")
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
-        raise ConfigError(f"{path}: {label} token {token!r} is not in the tokenizer's vocabulary")
-    return token_id
-
-
-def load_tokenizer(path: str, add_bos: bool = True, add_eos: bool = True) -> DocumentTokenizer:
-    """Load `tokenizer.json` (a file, or a directory holding it).
-
-    BOS/EOS tokens come from a `tokenizer_config.json` beside it (`bos_token`,
-    `eos_token`), the convention of Hugging Face model repositories and TorchTitan.
-    """
-    directory, file = (path, os.path.join(path, "tokenizer.json")) if os.path.isdir(path) else (
-        os.path.dirname(path), path)
-    if not os.path.isfile(file):
-        raise ConfigError(f"tokenizer {file} does not exist; point [dataloader] tokenizer_path at a tokenizer.json")
-    tokenizer = Tokenizer.from_file(file)
-    special: dict = {}
-    config_file = os.path.join(directory, "tokenizer_config.json")
-    if os.path.isfile(config_file):
-        with open(config_file, encoding="utf-8") as f:
-            special = json.load(f)
-    bos = _special_token_id(tokenizer, special.get("bos_token"), config_file, "bos") if add_bos else None
-    eos = _special_token_id(tokenizer, special.get("eos_token"), config_file, "eos") if add_eos else None
-    return DocumentTokenizer(tokenizer, bos, eos)

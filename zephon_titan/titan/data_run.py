@@ -3,7 +3,7 @@
     torchrun --nproc_per_node 16 -m zephon_titan.titan.data_run --job.config_file configs/X.toml \
         --steps 12 --save-at 4 --checkpoint ckpt/ --ledger run16.jsonl
     torchrun --nproc_per_node 8 -m zephon_titan.titan.data_run --job.config_file configs/X.toml \
-        --steps 12 --resume ckpt/ --ledger run8.jsonl
+        --steps 12 --resume ckpt/step-4 --ledger run8.jsonl
 
 Every rank builds the loader exactly as the trainer does (`dataloader.build(dp_world_size=,
 dp_rank=, tokenizer=, seq_len=, local_batch_size=)`), consumes each step's microbatches,
@@ -24,12 +24,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
-from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from zephon_titan.config import config_from_dict, load_toml
 from zephon_titan.engine.ledger import LedgerWriter
-from zephon_titan.errors import ZephonError
-from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
+from zephon_titan.errors import EXIT_USER_ERROR, ZephonError, report_once
+from zephon_titan.titan.dataloader import with_lane_check
+from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.ledger import gather_ledger_entry
 
 
@@ -44,14 +43,13 @@ class StepCounter(Stateful):
         self.step = int(state_dict["step"])
 
 
-def _builtin_loader(job: dict, world: int, rank: int, tokenizer, training: dict):
+def _builtin_loader(job: Job, world: int, rank: int, tokenizer):
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    source = sorted(job["dataloader"]["sources"].items())[-1][1]
-    directory = os.path.dirname(source["paths"][0])
+    directory = os.path.dirname(job.data.sources[-1].paths[0])
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=directory, infinite=True)
-    return config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=training["seq_len"],
-                        local_batch_size=training["local_batch_size"])
+    return config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=job.seq_len,
+                        local_batch_size=job.local_batch_size)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,20 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     world, rank = dist.get_world_size(), dist.get_rank()
     try:
-        job = load_toml(args.config)
-        training = job.get("training", {})
-        if args.local_batch_size:
-            training["local_batch_size"] = args.local_batch_size
-        tokenizer = HuggingFaceTokenizer(HuggingFaceTokenizer.Config(), tokenizer_path=job["hf_assets_path"])
+        overrides = ["--training.local_batch_size", str(args.local_batch_size)] if args.local_batch_size else []
+        job = load_job(args.config, overrides)
+        job.check_layout(world)  # every rank is a data-parallel rank here
+        tokenizer = job.trainer_tokenizer()
+        microbatches = job.global_batch_size // (job.local_batch_size * world)
         if args.builtin:
-            loader = _builtin_loader(job, world, rank, tokenizer, training)
-            microbatches = training["global_batch_size"] // (training["local_batch_size"] * world)
+            loader = _builtin_loader(job, world, rank, tokenizer)
         else:
-            config = config_from_dict(job["dataloader"], cls=ZephonDataLoader.Config)
-            config.global_batch_size = training.get("global_batch_size", -1)
-            loader = config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer,
-                                  seq_len=training["seq_len"], local_batch_size=training["local_batch_size"])
-            microbatches = config.global_batch_size // (training["local_batch_size"] * world)
+            loader = job.data.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=job.seq_len,
+                                    local_batch_size=job.local_batch_size)
         counter = StepCounter()
         if args.resume:
             load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.num_lanes)
@@ -119,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"per step producing its batches, {ledger_seconds / steps * 1e3:.2f} ms per step on the ledger "
                   f"(gather + write); peak RSS {rss[0]:.0f} MB max per rank, {rss[1]:.0f} MB summed", flush=True)
     except ZephonError as e:
-        print(f"zephon_titan (rank {rank}): {e}", file=sys.stderr, flush=True)
-        return 2
+        report_once(e)
+        return EXIT_USER_ERROR
     finally:
         dist.destroy_process_group()
     return 0

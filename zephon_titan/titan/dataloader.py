@@ -23,18 +23,13 @@ from torchtitan.tools.logging import logger
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine import (
     DocumentTokenizer, LaneState, LaneStream, Row, build_engine, check_fingerprint, fingerprint, lane_digest,
-    lanes_of_rank, open_lane_group,
-    load_tokenizer, rows_per_lane, valid_world_sizes,
+    lanes_of_rank, open_lane_group, rows_per_lane, valid_world_sizes,
 )
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-from zephon_titan.titan.state_codec import decode_entry, encode_entry, header_capacity, lane_capacity
-
-HEADER_KEY = "header"
-HEADER_VERSION = 1
-
-
-def lane_key(lane_id: int) -> str:
-    return f"lane_{lane_id:05d}"
+from zephon_titan.titan.state_codec import (
+    HEADER_CAPACITY, HEADER_KEY, HEADER_VERSION, decode_entry, encode_entry, lane_capacity, lane_key,
+)
+from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
 
 def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size: int, local_batch_size: int) -> int:
@@ -53,8 +48,8 @@ def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size:
         )
     rows = rows_per_lane(global_batch_size, num_lanes)
     rows_per_rank = global_batch_size // dp_world_size
-    if rows_per_rank % local_batch_size:
-        fits = [b for b in range(1, rows_per_rank + 1) if rows_per_rank % b == 0]
+    if local_batch_size < 1 or rows_per_rank % local_batch_size:
+        fits = divisors(rows_per_rank)
         raise ConfigError(
             f"each of the {dp_world_size} data-parallel ranks takes global_batch_size / {dp_world_size} = "
             f"{rows_per_rank} rows per step, which is not a multiple of training.local_batch_size = "
@@ -63,19 +58,24 @@ def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size:
     return rows
 
 
+def divisors(n: int, limit: int = 16) -> list[int]:
+    """The first `limit` divisors of n, in O(sqrt n) (n may be huge in a mistaken config)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n and len(small) < limit:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return sorted(small + large)[:limit] if len(small) < limit else small
+
+
 def _engine_tokenizer(config: "ZephonDataLoader.Config", trainer_tokenizer: Any) -> DocumentTokenizer:
-    """The [dataloader] tokenizer if set, else the trainer's HuggingFaceTokenizer."""
+    """The [dataloader] tokenizer if set, else the trainer's own (both through titan/tokenizer.py)."""
     if config.tokenizer_path:
-        return load_tokenizer(config.tokenizer_path, add_bos=config.add_bos, add_eos=config.add_eos)
-    inner = getattr(trainer_tokenizer, "tokenizer", None)
-    if inner is None or not hasattr(inner, "encode_batch_fast"):
-        raise ConfigError(
-            f"the trainer's tokenizer ({type(trainer_tokenizer).__name__}) is not a Hugging Face `tokenizers` "
-            "tokenizer; set [dataloader] tokenizer_path to a directory holding tokenizer.json"
-        )
-    bos = getattr(trainer_tokenizer, "bos_id", None) if config.add_bos else None
-    eos = getattr(trainer_tokenizer, "eos_id", None) if config.add_eos else None
-    return DocumentTokenizer(inner, bos, eos)
+        return load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos)
+    return document_tokenizer(trainer_tokenizer, config.add_bos, config.add_eos)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +103,9 @@ class ZephonDataLoader(BaseDataLoader):
         # Sources are set in the TOML file; tyro cannot express a list of tables on a command line.
         sources: Annotated[list[SourceConfig], tyro.conf.Suppress] = field(default_factory=list)
 
-        global_batch_size: int = -1
-        """Rows per optimizer step; ZephonTrainer copies training.global_batch_size here."""
+        # Not a user setting: ZephonTrainer copies training.global_batch_size here (one truth).
+        global_batch_size: Annotated[int, tyro.conf.Suppress] = -1
+        """Rows per optimizer step, copied from training.global_batch_size."""
 
         ledger: bool = True
         """Write each step's global-batch SHA-256 to ledger.jsonl beside the checkpoints."""
@@ -127,6 +128,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.local_batch_size = local_batch_size
         self.spec = build_engine(config, seq_len, _engine_tokenizer(config, tokenizer))
         self.fingerprint = fingerprint(self.spec)
+        encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
         self.lane_ids = list(lanes_of_rank(config.num_lanes, dp_world_size, dp_rank))
         num_sources = len(self.spec.sources)
         # Workers start at the first batch, after a checkpoint (if any) has been loaded.
@@ -201,17 +203,13 @@ class ZephonDataLoader(BaseDataLoader):
     # ---- checkpoint state ------------------------------------------------------------------
 
     def _header(self) -> dict:
-        return {
-            "version": HEADER_VERSION,
-            "num_lanes": self.config.num_lanes,
-            "global_batch_size": self.config.global_batch_size,
-            "seq_len": self.spec.seq_len,
-            "fingerprint": self.fingerprint,
-        }
+        # num_lanes and seq_len are fingerprint components; G is checked on its own (load_state_dict).
+        return {"version": HEADER_VERSION, "global_batch_size": self.config.global_batch_size,
+                "fingerprint": self.fingerprint}
 
     def state_dict(self) -> dict[str, Any]:
         num_sources = len(self.spec.sources)
-        state = {HEADER_KEY: encode_entry(self._header(), header_capacity(num_sources))}
+        state = {HEADER_KEY: encode_entry(self._header(), HEADER_CAPACITY)}
         for lane in self.lane_ids:
             entry = {"state": self._consumed[lane].to_dict(), "tokens": self._tokens[lane],
                      "padding": self._padding[lane]}
@@ -220,9 +218,7 @@ class ZephonDataLoader(BaseDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         header = _parse(state_dict, HEADER_KEY)
-        if header.get("version") != HEADER_VERSION:
-            raise ResumeError(f"dataloader header version {header.get('version')} is not {HEADER_VERSION}")
-        check_fingerprint(header["fingerprint"], self.fingerprint, self.config.resume_allow)
+        check_header(header, self.fingerprint, self.config.global_batch_size, self.config.resume_allow)
         entries = {lane: _parse(state_dict, lane_key(lane)) for lane in self.lane_ids}
         rows = {entry["state"]["rows"] for entry in entries.values()}
         if len(rows) != 1:
@@ -238,6 +234,24 @@ class ZephonDataLoader(BaseDataLoader):
             self._group = None
 
 
+def check_header(header: dict, current_fingerprint: dict, global_batch_size: int, allow) -> None:
+    """Refuse a checkpoint whose data stream or batch layout differs from this run's, naming what changed."""
+    if header.get("version") != HEADER_VERSION:
+        raise ResumeError(
+            f"the checkpoint's dataloader state has format version {header.get('version')!r}, this zephon_titan "
+            f"reads version {HEADER_VERSION}; resume with the zephon_titan that wrote it, or start the data stream "
+            "over (--checkpoint.exclude_from_loading dataloader)"
+        )
+    check_fingerprint(header["fingerprint"], current_fingerprint, allow)
+    saved = header.get("global_batch_size")
+    if saved != global_batch_size:
+        raise ResumeError(
+            f"the checkpoint was trained with another global batch: global_batch_size: {saved} -> {global_batch_size}; "
+            "every step's rows depend on it, so set [training] global_batch_size back to "
+            f"{saved} (changing it at a resume is not supported yet)"
+        )
+
+
 def with_lane_check(load: Callable, num_lanes: int) -> Callable:
     """Wrap a DCP load so that a checkpoint lacking some of this run's lanes says why.
 
@@ -251,9 +265,18 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
         except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
             if "dataloader." in str(e) and "Size mismatch" in str(e):
                 raise ResumeError(
-                    f"the checkpoint's dataloader state has another shape ({e}); it was saved with a different "
-                    "number of [dataloader] sources. Restore the old sources, or exclude the dataloader from "
-                    "loading (--checkpoint.exclude_from_loading dataloader) to start the data stream over"
+                    f"the checkpoint's dataloader entries have other sizes than this run's ({_first_line(e)}): it was "
+                    "saved with another number of [dataloader] sources, by another zephon_titan version, or it is "
+                    "damaged. `zephon-titan plan JOB --from-checkpoint DIR --steps 0` names what changed; restore the "
+                    "old sources, or start the data stream over (--checkpoint.exclude_from_loading dataloader)"
+                ) from None
+            if "dataloader.header" in str(e):
+                raise ResumeError(
+                    "the checkpoint holds no dataloader state (it was saved model-only: TorchTitan's "
+                    "last_save_model_only = true, the default, writes the final checkpoint without it). Resume from an "
+                    "earlier step-N checkpoint, or load the model only and start the data stream over with "
+                    "--checkpoint.exclude_from_loading dataloader; set [checkpoint] last_save_model_only = false "
+                    "to keep the loader state in future final checkpoints"
                 ) from None
             if "dataloader.lane_" not in str(e):
                 raise
@@ -265,6 +288,11 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
             ) from None
 
     return load_with_lane_check
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if "dataloader." in line]
+    return (lines[0] if lines else str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
 
 
 def _parse(state_dict: dict[str, Any], key: str) -> dict:

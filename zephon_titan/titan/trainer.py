@@ -33,7 +33,7 @@ class ZephonTrainer(Trainer):
             Trainer.Config.__post_init__(self)
             # training.global_batch_size is the single source of truth; the loader
             # refuses to start if it is left at TorchTitan's W-dependent default.
-            if isinstance(self.dataloader, ZephonDataLoader.Config) and self.training.global_batch_size > 0:
+            if isinstance(self.dataloader, ZephonDataLoader.Config):
                 self.dataloader.global_batch_size = self.training.global_batch_size
 
     def __init__(self, config: Config):

@@ -1,0 +1,275 @@
+"""A job, resolved once: every entry point reads its TOML through `load_job`.
+
+The trainer (`zephon_titan.train`, `zephon_titan.recipes`), the data-only runner,
+`plan`, `inspect`, `validate` and `index` all get the same `Job`: the same TorchTitan
+config (recipe defaults + TOML + command-line overrides), the same tokenizer (built as
+the trainer builds it, special tokens included), the same batch layout. There is no
+second reader, so `plan` cannot disagree with the run.
+
+TorchTitan 0.3 configures runs with Python functions only; a job TOML mirrors its config tree.
+
+The file mirrors TorchTitan's config tree. `[model]` picks the recipe: `module` is
+what TorchTitan's `--module` takes, `config` a function of its config_registry whose
+settings are the defaults, `flavor` optionally swaps in another model size. Every
+other table overrides the field of the same name (`[training] steps = 10` is
+`--training.steps 10`); `[dataloader]` configures this loader.
+
+    [model]
+    module = "llama3"
+    config = "llama3_debugmodel"
+    flavor = "debugmodel"
+    vocab_size = 50304        # optional: resize the model's vocabulary (e.g. for a real tokenizer)
+
+    [training]
+    seq_len = 128
+    local_batch_size = 4
+    global_batch_size = 16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from torchtitan.trainer import Trainer
+
+from zephon_titan.config import config_from_dict, load_toml
+from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine
+from zephon_titan.errors import ConfigError
+from zephon_titan.titan.dataloader import ZephonDataLoader, validate_batch_layout
+from zephon_titan.titan.tokenizer import document_tokenizer, load_hf_tokenizer, load_tokenizer
+from zephon_titan.titan.trainer import ZephonTrainer
+
+_MODEL_KEYS = ("module", "config", "flavor", "vocab_size")
+# [dataloader] keys that belong elsewhere in the job, and where.
+_MISPLACED = {
+    "global_batch_size": "set [training] global_batch_size instead (the loader takes it from there)",
+    "dataset": "zephon_titan reads [dataloader.sources.<name>] tables, not a dataset name",
+    "dataset_path": "zephon_titan reads [dataloader.sources.<name>] paths, not dataset_path",
+}
+
+
+@dataclass(eq=False)
+class Job:
+    """A job file resolved into TorchTitan's config, plus what every entry point derives from it."""
+
+    path: str
+    config: ZephonTrainer.Config
+
+    @property
+    def data(self) -> ZephonDataLoader.Config:
+        return self.config.dataloader
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.training.seq_len
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.config.training.global_batch_size
+
+    @property
+    def local_batch_size(self) -> int:
+        """Rows per microbatch as the trainer passes it to the loader (the PP microbatch size under PP)."""
+        parallelism = self.config.parallelism
+        if parallelism.pipeline_parallel_degree > 1:
+            return parallelism.pipeline_parallel_microbatch_size
+        return self.config.training.local_batch_size
+
+    @property
+    def tokenizer_setting(self) -> tuple[str, str]:
+        """(key, path) of the tokenizer directory: [dataloader] tokenizer_path, else hf_assets_path."""
+        if self.data.tokenizer_path:
+            return "[dataloader] tokenizer_path", self.data.tokenizer_path
+        return "hf_assets_path", self.config.hf_assets_path
+
+    def trainer_tokenizer(self) -> Any:
+        """The tokenizer object TorchTitan's trainer builds (`[tokenizer]` config, from hf_assets_path)."""
+        return load_hf_tokenizer(self.config.hf_assets_path, "hf_assets_path", self.config.tokenizer)
+
+    @cached_property
+    def tokenizer(self) -> DocumentTokenizer:
+        """The loader's tokenizer, as ZephonDataLoader builds it from the trainer's (titan/tokenizer.py)."""
+        if self.data.tokenizer_path:
+            return load_tokenizer(self.data.tokenizer_path, self.data.add_bos, self.data.add_eos)
+        return document_tokenizer(self.trainer_tokenizer(), self.data.add_bos, self.data.add_eos)
+
+    @cached_property
+    def spec(self) -> EngineSpec:
+        """The engine spec (opens every source: file sizes, Parquet footers; reads no document)."""
+        return build_engine(self.data, self.seq_len, self.tokenizer)
+
+    @property
+    def model_vocab_size(self) -> int | None:
+        return getattr(self.config.model_spec.model, "vocab_size", None) if self.config.model_spec else None
+
+    def dp_world_size(self, world_size: int) -> int:
+        """Data-parallel size (dp_replicate x dp_shard) of a run on `world_size` processes, as TorchTitan
+        computes it; a ConfigError naming the degrees when they do not multiply to world_size."""
+        p = self.config.parallelism
+        others = p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
+        replicate, shard = p.data_parallel_replicate_degree, p.data_parallel_shard_degree
+        if shard < 0:
+            shard = world_size // max(1, replicate * others)
+        if min(replicate, shard, others) < 1 or replicate * shard * others != world_size:
+            raise ConfigError(
+                f"{self.path}: [parallelism] degrees do not fit {world_size} processes: data_parallel_replicate_degree "
+                f"{replicate} x data_parallel_shard_degree {p.data_parallel_shard_degree} x context {p.context_parallel_degree} "
+                f"x tensor {p.tensor_parallel_degree} x pipeline {p.pipeline_parallel_degree} must equal {world_size}"
+            )
+        return replicate * shard
+
+    def check_layout(self, dp_world_size: int) -> int:
+        """The batch layout at this data-parallel size; returns rows per lane per step."""
+        try:
+            return validate_batch_layout(self.data.num_lanes, self.global_batch_size, dp_world_size,
+                                         self.local_batch_size)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
+
+    def check_model_vocab(self) -> None:
+        """A model with fewer embeddings than the tokenizer has ids fails at step 1 with an IndexError."""
+        model, ids = self.model_vocab_size, self.tokenizer.vocab_size
+        if model is not None and model < ids:
+            key, path = self.tokenizer_setting
+            raise ConfigError(
+                f"{self.path}: the model's vocabulary ({model} embeddings) is smaller than the tokenizer's ({ids} ids, "
+                f"{key} = {path!r}); set [model] vocab_size = {_round_up(ids, 64)} or use the model's own tokenizer"
+            )
+
+    def preflight(self, world_size: int) -> None:
+        """Every check that can fail before training, in the order a user would fix them."""
+        self.check_layout(self.dp_world_size(world_size))
+        if self.data.tokenizer_path:
+            self.trainer_tokenizer()  # TorchTitan builds it from hf_assets_path in any case
+        self.check_model_vocab()  # loads the loader's tokenizer: a wrong path is named here
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _import_recipe_module(name: str, path: str):
+    from torchtitan.models import _supported_models
+
+    candidates = [f"torchtitan.models.{name}"] if name in _supported_models else []
+    candidates.append(name)
+    for candidate in candidates:
+        try:
+            return importlib.import_module(candidate)
+        except ImportError:
+            continue
+    raise ConfigError(
+        f"{path} [model] module = {name!r} cannot be imported; use one of {sorted(_supported_models)} "
+        "or an importable module path"
+    )
+
+
+def base_config(model: dict, path: str) -> Trainer.Config:
+    """The recipe named by `[model]`, with its model swapped for `flavor` if given."""
+    for key in model:
+        if key not in _MODEL_KEYS:
+            raise ConfigError(f"{path}: unknown key {key!r} in [model]; valid keys: {', '.join(_MODEL_KEYS)}")
+    if "module" not in model or "config" not in model:
+        raise ConfigError(f"{path}: [model] needs `module` (e.g. \"llama3\") and `config` (e.g. \"llama3_debugmodel\")")
+    package = _import_recipe_module(model["module"], path)
+    registry = importlib.import_module(f"{package.__name__}.config_registry") if hasattr(
+        package, "__path__") else package
+    recipe = getattr(registry, model["config"], None)
+    if not callable(recipe):
+        choices = [n for n in dir(registry) if not n.startswith("_") and n[0].islower() and callable(getattr(registry, n))]
+        raise ConfigError(f"{path}: [model] config = {model['config']!r} is not in {registry.__name__}; choices: {choices}")
+    config = recipe()
+    if "flavor" in model and model["flavor"] != config.model_spec.flavor:
+        config.model_spec = package.model_registry(model["flavor"])
+        _set_vocab_size(config, config.model_spec.model.vocab_size, path)
+    if "vocab_size" in model:
+        vocab = model["vocab_size"]
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= 1 << 24:
+            raise ConfigError(f"{path}: [model] vocab_size must be an integer in [1, 16777216], got {vocab!r}")
+        _set_vocab_size(config, vocab, path)
+    return config
+
+
+def _set_vocab_size(config: Trainer.Config, vocab: int, path: str) -> None:
+    """Resize the model's embeddings, output layer and loss to `vocab` ids."""
+    model = config.model_spec.model
+    if not hasattr(model, "vocab_size"):
+        raise ConfigError(f"{path}: [model] vocab_size: this model's config has no vocab_size to set")
+    model.vocab_size = vocab
+    for part, attr in (("tok_embeddings", "num_embeddings"), ("lm_head", "out_features")):
+        if hasattr(getattr(model, part, None), attr):
+            setattr(getattr(model, part), attr, vocab)
+    for _, loss, _, _ in config.loss.traverse(object, recurse=True):
+        if hasattr(loss, "global_vocab_size"):
+            loss.global_vocab_size = vocab
+
+
+def _apply(target: Any, table: dict, where: str, path: str) -> None:
+    """Set `table`'s values on the dataclass `target`, recursing into nested configs."""
+    names = [f.name for f in dataclasses.fields(target) if not f.name.startswith("_")]
+    for key, value in table.items():
+        if key not in names or key == "model_spec":
+            close = difflib.get_close_matches(key, names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "see TorchTitan's Trainer.Config for the valid keys"
+            raise ConfigError(f"{path}: unknown key {key!r} in {where}; {hint}")
+        current = getattr(target, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, dict):
+            _apply(current, value, f"[{where.strip('[]')}.{key}]" if where != "the top level" else f"[{key}]", path)
+            continue
+        if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        ok_types = (type(current),) if current is not None else (object,)
+        if isinstance(current, bool) != isinstance(value, bool) or not isinstance(value, ok_types):
+            raise ConfigError(
+                f"{path}: {where} {key} must be {type(current).__name__} (like {current!r}), got {value!r}"
+            )
+        setattr(target, key, value)
+
+
+def load_job(path: str, overrides: Sequence[str] = (), prepare: Callable | None = None) -> Job:
+    """Read the job TOML (+ `extends`), then `prepare` (the CPU shims), then command-line overrides
+    (`--section.key value`, as TorchTitan takes them)."""
+    config = read_job_config(path)
+    if prepare is not None:
+        config = prepare(config)
+    if overrides:
+        import tyro
+        from torchtitan.config import ConfigManager
+        from torchtitan.config.manager import custom_registry
+
+        ConfigManager.register_tyro_rules(custom_registry)
+        config = tyro.cli(type(config), args=list(overrides), default=config, registry=custom_registry)
+    return Job(os.path.abspath(path), config)
+
+
+def read_job_config(path: str) -> ZephonTrainer.Config:
+    """The TorchTitan config of a job TOML (no command-line overrides)."""
+    document = load_toml(path)
+    document.pop("job", None)  # free-form description of the run
+    if "model" not in document:
+        raise ConfigError(f"{path} has no [model] table (module, config, optional flavor)")
+    if "dataloader" not in document:
+        raise ConfigError(f"{path} has no [dataloader] table")
+    base = base_config(document.pop("model"), path)
+    table = document.pop("dataloader")
+    for key, fix in _MISPLACED.items():
+        if isinstance(table, dict) and key in table:
+            raise ConfigError(f"{path}: [dataloader] {key} is not a loader setting; {fix}")
+    try:
+        loader = config_from_dict(table, cls=ZephonDataLoader.Config)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    _apply(base, document, "the top level", path)
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
+    values["dataloader"] = loader
+    try:
+        return ZephonTrainer.Config(**values)
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,86 @@
+"""The one way to get the ids of a job: TorchTitan's own tokenizer, wrapped for the engine.
+
+TorchTitan's `HuggingFaceTokenizer` does more than load `tokenizer.json`: it adds every
+special token its `tokenizer_config.json` lists (`bos_token`, ..., `added_tokens_decoder`)
+to the vocabulary, so a document containing `<|image|>` gets that token's id, and it reads
+the BOS/EOS choice from `add_bos_token`/`add_eos_token`. Every entry point (the trainer,
+`data_run`, `plan`, `inspect`, `validate`) therefore builds its tokenizer here, from the
+same class the trainer uses; the trainer's own tokenizer object goes through the same
+`document_tokenizer()`. There is no second way to load one.
+
+BOS/EOS, per document (`[dataloader] add_bos` / `add_eos` override both rules):
+  1. the tokenizer's post-processor adds the token to every encoding: added (as TorchTitan does);
+  2. else `add_bos_token` / `add_eos_token` in tokenizer_config.json, when present;
+  3. else added (TorchTitan's pretraining dataset encodes with add_bos=True, add_eos=True).
+A token the tokenizer does not define is never added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from zephon_titan.engine.tokenize import DocumentTokenizer, SpecialTokenChoice
+from zephon_titan.errors import ConfigError
+
+
+def load_tokenizer(path: str, add_bos: bool | None = None, add_eos: bool | None = None,
+                   key: str = "[dataloader] tokenizer_path") -> DocumentTokenizer:
+    """Load the tokenizer directory `path` exactly as TorchTitan's trainer does (`key` names the
+    setting it came from, for errors)."""
+    return document_tokenizer(load_hf_tokenizer(path, key), add_bos, add_eos)
+
+
+def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None) -> Any:
+    """The tokenizer the trainer builds for the directory `path` (`config.build(tokenizer_path=path)`,
+    TorchTitan's HuggingFaceTokenizer by default); a ConfigError naming `key` otherwise."""
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    config = config if config is not None else HuggingFaceTokenizer.Config()
+
+    where = f"{key} = {path!r}" + (f" ({os.path.abspath(path)})" if path and not os.path.isabs(path) else "")
+    if not path or not os.path.isdir(path):
+        hint = ("is a file: point it at the directory holding tokenizer.json" if path and os.path.isfile(path)
+                else "does not exist")
+        raise ConfigError(f"{where} {hint}; it must name a directory holding tokenizer.json and "
+                          "tokenizer_config.json (relative paths start from the current directory)")
+    try:
+        return config.build(tokenizer_path=path)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{where} holds no tokenizer.json ({e})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: tokenizer_config.json is not valid JSON ({e}); restore it") from None
+    except Exception as e:  # the tokenizers library reports a corrupt tokenizer.json as a plain Exception
+        first = str(e).splitlines()[0] if str(e) else repr(e)
+        raise ConfigError(f"{where}: cannot load the tokenizer ({type(e).__name__}: {first}); "
+                          "restore tokenizer.json and tokenizer_config.json") from None
+
+
+def document_tokenizer(hf: Any, add_bos: bool | None = None, add_eos: bool | None = None) -> DocumentTokenizer:
+    """Wrap a TorchTitan HuggingFaceTokenizer (the trainer's, or one from load_hf_tokenizer)."""
+    inner = getattr(hf, "tokenizer", None)
+    if inner is None or not hasattr(inner, "encode_batch_fast"):
+        raise ConfigError(
+            f"the trainer's tokenizer ({type(hf).__name__}) is not TorchTitan's HuggingFaceTokenizer; "
+            "zephon_titan needs a Hugging Face `tokenizers` tokenizer (set [tokenizer] back to the default)"
+        )
+    settings = getattr(hf, "_hf_config", None) or {}
+    bos = _choose("bos", getattr(hf, "bos_id", None), getattr(hf, "hf_adds_bos", False), settings, add_bos)
+    eos = _choose("eos", getattr(hf, "eos_id", None), getattr(hf, "hf_adds_eos", False), settings, add_eos)
+    return DocumentTokenizer(inner, bos, eos)
+
+
+def _choose(name: str, token_id: int | None, post_processor_adds: bool, settings: dict,
+            override: bool | None) -> SpecialTokenChoice:
+    if token_id is None:
+        return SpecialTokenChoice(None, f"the tokenizer defines no {name.upper()} token")
+    if override is not None:
+        return SpecialTokenChoice(token_id if override else None, f"[dataloader] add_{name} = {str(override).lower()}")
+    if post_processor_adds:
+        return SpecialTokenChoice(token_id, "the tokenizer's post-processor adds it")
+    setting = settings.get(f"add_{name}_token")
+    if setting is not None:
+        return SpecialTokenChoice(token_id if setting else None,
+                                  f"tokenizer_config.json add_{name}_token = {str(bool(setting)).lower()}")
+    return SpecialTokenChoice(token_id, f"default (tokenizer_config.json has no add_{name}_token)")
