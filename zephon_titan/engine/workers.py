@@ -2,30 +2,49 @@
 
 Each worker process rebuilds the spec, owns every N-th lane of the rank, and
 produces R rows per lane per step, each row with the lane state right after it,
-into its own bounded queue (`prefetch_steps` steps ahead). The consumer takes the
-lanes in canonical order, so rows never depend on the number of workers or the
-prefetch depth, and the state it reports is that of the rows it handed out, never
-the prefetcher's. Workers are started with `spawn` (safe beside CUDA and threads),
-a dead worker or an error in one is raised in the consumer, and `close()` (also
-run at garbage collection and interpreter exit) stops and joins them.
+into its own pipe, at most `prefetch_steps` steps ahead (a semaphore of credits). The
+consumer takes the lanes in canonical order, so rows never depend on the number of
+workers or the prefetch depth, and the state it reports is that of the rows it handed
+out, never the prefetcher's. Workers are started with `spawn` (safe beside CUDA and
+threads) and `close()` (also run at garbage collection and interpreter exit) stops and
+joins them.
+
+Failures are bounded in time and said in one line:
+- a worker that dies, even halfway through writing a message of any size, is a DataError
+  within about a second (engine/channel.py reads without ever blocking on a dead writer);
+- a worker's ZephonError arrives as its own one-line message and class, with the lane named;
+  anything else (a bug) keeps its traceback;
+- workers exit when their parent dies, however it dies (SIGKILL from the OOM killer
+  included): a parent-death signal where Linux has one, and a watcher of the parent pid.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
-import queue
+import os
+import signal
+import sys
+import threading
+import time
 import traceback
 import weakref
 
+from zephon_titan import errors
+from zephon_titan.engine import channel
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec, portable, spec_from_portable
 from zephon_titan.engine.state import LaneState
-from zephon_titan.errors import DataError, LaneExhausted
+from zephon_titan.errors import DataError, LaneExhausted, ZephonError
 
 _POLL_SECONDS = 1.0
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _worker_main(spec_data: dict, lanes: list[int], states: dict, rows_per_step: int, out, stop) -> None:
+def _worker_main(spec_data: dict, lanes: list[int], states: dict, rows_per_step: int, writer, credits, stop,
+                 parent_pid: int, arm_pdeathsig: bool) -> None:
+    _exit_with_parent(parent_pid, arm_pdeathsig)
+    fd, lane = writer.fileno(), None
     try:
         from zephon_titan.engine.stream import LaneStream
 
@@ -33,20 +52,49 @@ def _worker_main(spec_data: dict, lanes: list[int], states: dict, rows_per_step:
         streams = [LaneStream(spec, lane, states.get(lane)) for lane in lanes]
         while not stop.is_set():
             for stream in streams:
+                lane = stream.lane_id
                 try:
-                    message = ("rows", stream.lane_id, stream.take_with_states(rows_per_step))
+                    message = ("rows", lane, stream.take_with_states(rows_per_step))
                 except LaneExhausted:
-                    message = ("exhausted", stream.lane_id, None)
-                while not stop.is_set():
-                    try:
-                        out.put(message, timeout=_POLL_SECONDS)
-                        break
-                    except queue.Full:
-                        continue
+                    message = ("exhausted", lane, None)
+                while not credits.acquire(timeout=_POLL_SECONDS):  # prefetch_steps ahead at most
+                    if stop.is_set():
+                        return
+                channel.send(fd, message)
                 if message[0] == "exhausted":
                     return
-    except BaseException:  # report everything, including errors while building the spec
-        out.put(("error", None, traceback.format_exc()))
+    except BrokenPipeError:  # the consumer closed its end: it is shutting down
+        return
+    except ZephonError as e:  # a bad file or setting: its one line is the whole story
+        _report(fd, ("error", lane, (type(e).__name__, str(e))))
+    except BaseException:  # a bug (or an error while building the spec): keep the traceback
+        _report(fd, ("bug", lane, traceback.format_exc()))
+
+
+def _report(fd: int, message) -> None:
+    try:
+        channel.send(fd, message)
+    except OSError:  # the consumer is gone: nobody to tell
+        pass
+
+
+def _exit_with_parent(parent_pid: int, arm_pdeathsig: bool) -> None:
+    """Make this worker exit when the process that started it dies, however it dies."""
+    if arm_pdeathsig and sys.platform.startswith("linux"):
+        try:  # the kernel kills us the moment the parent dies, even if we are stuck in C code
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+    # Everywhere (and when the signal is not armed): notice the re-parenting within a poll.
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="zephon-parent-watch", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(_POLL_SECONDS / 2)
+    os._exit(1)
 
 
 class ProcessLaneGroup:
@@ -69,39 +117,52 @@ class ProcessLaneGroup:
         self._worker_of = {lane: i % workers for i, lane in enumerate(self.lane_ids)}
         ctx = mp.get_context("spawn")
         self._stop = ctx.Event()
-        self._queues = []
-        self._procs = []
+        self._readers, self._inboxes, self._credits, self._procs = [], [], [], []
+        # PR_SET_PDEATHSIG fires when the *thread* that started the child exits, so it is armed only
+        # for groups started on the main thread; elsewhere the worker's parent-pid watcher does it.
+        arm_pdeathsig = threading.current_thread() is threading.main_thread()
         data = portable(spec)
         for w in range(workers):
-            mine = [lane for lane in self.lane_ids if self._worker_of[lane] == w]
-            q = ctx.Queue(maxsize=prefetch_steps * len(mine))
+            mine = self._lanes_of(w)
+            reader, writer = ctx.Pipe(duplex=False)
+            credits = ctx.Semaphore(prefetch_steps * len(mine))
             proc = ctx.Process(
                 target=_worker_main,
-                args=(data, mine, {lane: states[lane] for lane in mine if lane in states}, rows_per_step, q,
-                      self._stop),
+                args=(data, mine, {lane: states[lane] for lane in mine if lane in states}, rows_per_step, writer,
+                      credits, self._stop, os.getpid(), arm_pdeathsig),
                 name=f"zephon-lanes-{w}",
                 daemon=True,
             )
             proc.start()
-            self._queues.append(q)
+            writer.close()  # the worker holds the only write end: its death is end of file here
+            self._readers.append(reader)
+            self._inboxes.append(channel.Inbox(reader.fileno()))
+            self._credits.append(credits)
             self._procs.append(proc)
-        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._queues, self._procs)
+        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._readers, self._procs)
+
+    def _lanes_of(self, w: int) -> list[int]:
+        return [lane for lane in self.lane_ids if self._worker_of[lane] == w]
 
     def _receive(self, lane: int):
         w = self._worker_of[lane]
-        while True:
-            try:
-                kind, got_lane, payload = self._queues[w].get(timeout=_POLL_SECONDS)
-                break
-            except queue.Empty:
-                if not self._procs[w].is_alive():
-                    raise DataError(
-                        f"loader worker {w} (lanes {[x for x in self.lane_ids if self._worker_of[x] == w]}) died "
-                        f"with exit code {self._procs[w].exitcode} (killed? out of memory?); "
-                        "restart from the last checkpoint, or set [dataloader] workers = 1 to debug"
-                    ) from None
+        try:
+            kind, got_lane, payload = self._inboxes[w].receive(self._procs[w].is_alive, _POLL_SECONDS)
+        except EOFError:
+            self._procs[w].join(timeout=5)  # it closed its pipe by exiting: collect the exit code
+            raise DataError(
+                f"loader worker {w} (lanes {self._lanes_of(w)}) died with exit code {self._procs[w].exitcode} "
+                "(killed? out of memory?); restart from the last checkpoint, or set [dataloader] workers = 1 to debug"
+            ) from None
+        self._credits[w].release()
         if kind == "error":
-            raise DataError(f"loader worker {w} failed:\n{payload}")
+            name, text = payload
+            cls = getattr(errors, name, None)
+            cls = cls if isinstance(cls, type) and issubclass(cls, ZephonError) else DataError
+            where = f"lane {got_lane}" if got_lane is not None else f"lanes {self._lanes_of(w)}"
+            raise cls(f"{text} (in loader worker {w}, {where})") from None
+        if kind == "bug":
+            raise RuntimeError(f"loader worker {w} (lanes {self._lanes_of(w)}) failed:\n{payload}")
         if got_lane != lane:
             raise RuntimeError(f"loader worker {w} sent lane {got_lane}, expected lane {lane}")
         if kind == "exhausted":
@@ -136,19 +197,15 @@ def _initial_state(spec: EngineSpec, lane: int) -> LaneState:
     return LaneStream(spec, lane).state()
 
 
-def _shutdown(stop, queues, procs) -> None:
+def _shutdown(stop, readers, procs) -> None:
     stop.set()
-    for q in queues:  # unblock workers waiting on a full queue
-        try:
-            while True:
-                q.get_nowait()
-        except (queue.Empty, OSError, ValueError):
-            pass
+    for reader in readers:  # a worker blocked writing to a full pipe gets BrokenPipeError and exits
+        reader.close()
     for proc in procs:
         proc.join(timeout=5)
         if proc.is_alive():
             proc.terminate()
             proc.join(timeout=5)
-    for q in queues:
-        q.cancel_join_thread()
-        q.close()
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)

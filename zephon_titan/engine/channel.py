@@ -1,0 +1,58 @@
+"""Length-prefixed messages over a one-way pipe, read so that a dead writer can never hang the reader.
+
+multiprocessing's Queue and Connection.recv block until a whole message has arrived. A
+worker killed halfway through writing a message larger than the pipe buffer (64 KiB on
+Linux) leaves half a message in the pipe, and the reader then waits forever for the rest.
+Here the reader only calls read() when select() says bytes are there (so read never
+blocks), keeps partial messages in its own buffer, and between waits asks the caller
+whether the writer is still alive. End of file or a dead writer before a whole message is
+EOFError, at any message size.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+from typing import Callable
+
+_HEADER = struct.Struct("!Q")  # payload length
+_READ_BYTES = 1 << 20
+
+
+def send(fd: int, message) -> None:
+    """Write one message (blocks while the pipe is full: that is the backpressure)."""
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    for part in (_HEADER.pack(len(data)), data):
+        view = memoryview(part)
+        while view:
+            view = view[os.write(fd, view):]
+
+
+class Inbox:
+    """The reading end of a pipe written with `send`."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def receive(self, writer_alive: Callable[[], bool], poll_seconds: float):
+        """The next message. Messages already in the pipe are delivered even if the writer has died
+        since; EOFError once it is gone (exited, killed, or closed its end) with no whole message left."""
+        while True:
+            if len(self._buffer) >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self._buffer)
+                end = _HEADER.size + size
+                if len(self._buffer) >= end:
+                    data = bytes(self._buffer[_HEADER.size:end])
+                    del self._buffer[:end]
+                    return pickle.loads(data)
+            ready, _, _ = select.select([self.fd], [], [], poll_seconds)
+            if ready:
+                chunk = os.read(self.fd, _READ_BYTES)
+                if not chunk:
+                    raise EOFError("the writer closed the pipe")
+                self._buffer += chunk
+            elif not writer_alive():  # someone else may hold the write end open: do not wait for EOF
+                raise EOFError("the writer died")
