@@ -89,3 +89,57 @@ def assert_each_document_once(spec, pieces) -> int:
             at += length
         assert at == expected[key], key
     return len(expected)
+
+
+# Real tokenizers that come with the project's shared data (CI has them, a user's clone may not).
+SHARED_TOKENIZERS = os.environ.get("ZEPHON_SHARED_TOKENIZERS") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "tokenizers")
+REAL_TOKENIZERS = ("gpt2", "gpt_neox_20b", "olmo2_dolma2", "torchtitan_test")
+
+
+def real_tokenizer(name: str) -> str:
+    """The directory of a real tokenizer, or a skip naming what is missing."""
+    import pytest
+
+    path = os.path.join(SHARED_TOKENIZERS, name)
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        pytest.skip(f"real tokenizer {path} is absent (it comes with the shared data; fixture tokenizers cover the same)")
+    return path
+
+
+def with_special_tokens(tokenizer_dir: str, target: str, extra: list[str]) -> str:
+    """A copy of a fixture tokenizer whose tokenizer_config.json also declares `extra` special tokens
+    (in added_tokens_decoder, as Hugging Face model repositories do); tokenizer.json does not know them."""
+    import json
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    os.makedirs(target, exist_ok=True)
+    shutil.copy(os.path.join(tokenizer_dir, "tokenizer.json"), target)
+    with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    size = Tokenizer.from_file(os.path.join(target, "tokenizer.json")).get_vocab_size(with_added_tokens=True)
+    config["added_tokens_decoder"] = {
+        str(size + i): {"content": s, "special": True, "normalized": False, "lstrip": False, "rstrip": False,
+                        "single_word": False}
+        for i, s in enumerate(extra)
+    }
+    with open(os.path.join(target, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    return target
+
+
+def special_token_strings(tokenizer_dir: str) -> list[str]:
+    """Every special-token string a tokenizer directory declares (config and tokenizer.json)."""
+    import json
+
+    with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
+        added = json.load(f).get("added_tokens", [])
+    found = [config.get(k) for k in ("bos_token", "eos_token", "pad_token", "unk_token")]
+    found = [t.get("content") if isinstance(t, dict) else t for t in found]
+    found += [t.get("content") for t in config.get("added_tokens_decoder", {}).values()]
+    found += [t["content"] for t in added if t.get("special")]
+    return sorted({t for t in found if isinstance(t, str) and t.strip()})

@@ -58,6 +58,8 @@ def _read(path: str) -> dict[int, LedgerEntry]:
 def cmd_verify(args) -> int:
     """Every step of either ledger must be in both, with every field equal (--prefix: B may stop early)."""
     a, b = _read(args.a), _read(args.b)
+    if args.steps:
+        a, b = ({s: e for s, e in x.items() if args.steps[0] <= s <= args.steps[1]} for x in (a, b))
     if not a or not b:
         print(f"nothing to compare: {args.a} has steps {_span(a)}, {args.b} has {_span(b)}")
         return 1
@@ -80,6 +82,14 @@ def cmd_verify(args) -> int:
     print(f"identical: all {len(steps)} steps ({steps[0]}-{steps[-1]}) have the same global batch SHA-256, rows "
           f"and tokens{extra}")
     return 0
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("-")
+    try:
+        return int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FIRST-LAST (e.g. 5-8), got {text!r}") from None
 
 
 def _span(entries: dict) -> str:
@@ -252,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("b", help="another ledger")
     verify.add_argument("--prefix", action="store_true",
                         help="B may end before A (a run still in progress); every step B has must match")
+    verify.add_argument("--steps", type=_step_range, metavar="FIRST-LAST",
+                        help="compare only these steps (e.g. 5-8: a plan from a step-4 checkpoint)")
     verify.set_defaults(run=cmd_verify)
     inspect = sub.add_parser("inspect", help="decode the rows of a step and trace them to files")
     inspect.add_argument("config")

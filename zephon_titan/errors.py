@@ -44,6 +44,7 @@ def report_once(error: BaseException, prefix: str = "zephon_titan: error: ") -> 
     import tempfile
 
     message = prefix + " ".join(str(error).split("\n"))
+    _write_torchrun_error_file(message)
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
         folder = os.path.join(tempfile.gettempdir(), f"zephon_titan-errors-{os.getuid()}-{run_id}"[:200])
@@ -56,3 +57,18 @@ def report_once(error: BaseException, prefix: str = "zephon_titan: error: ") -> 
         except OSError:
             pass  # no usable temp folder: printing twice beats not printing
     print(message, file=sys.stderr, flush=True)
+
+
+def _write_torchrun_error_file(message: str) -> None:
+    """torchrun's failure summary shows this rank's error file as its "traceback": make it our one line."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"message": message, "timestamp": int(time.time())}, f)
+    except OSError:
+        pass

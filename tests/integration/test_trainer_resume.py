@@ -77,7 +77,7 @@ def test_plan_predicts_every_run(workdir, uninterrupted, resumed, monkeypatch, t
     assert main(["plan", CPU_CONFIG, "--steps", str(STEPS), "--from-checkpoint",
                  "runs/w2_to_w4/checkpoint/step-4", "-o", out]) == 0
     assert sorted(ledger(out)) == [5, 6]
-    assert main(["verify", out, "runs/w4_to_w2/checkpoint/ledger.jsonl"]) == 0
+    assert main(["verify", out, "runs/w4_to_w2/checkpoint/ledger.jsonl", "--steps", "5-6"]) == 0
 
 
 def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):

@@ -1,0 +1,171 @@
+"""One job resolver: every mistake the trainer would hit is found before step 1, as one line naming the key."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from helpers import data_table
+from zephon_titan.cli import main
+from zephon_titan.config import config_from_dict
+from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
+from zephon_titan.titan.job import load_job
+from zephon_titan.titan.state_codec import HEADER_CAPACITY, HEADER_KEY
+
+
+def _job(tmp_path, corpus_dir, tokenizer_dir, training="global_batch_size = 16\nlocal_batch_size = 2", dataloader="",
+         top="", model=""):
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+hf_assets_path = "{tokenizer_dir}"
+{top}
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
+{model}
+[training]
+seq_len = 32
+{training}
+[dataloader]
+num_lanes = 8
+{dataloader}
+[dataloader.sources.code]
+paths = ["{corpus_dir}/code/*.parquet"]
+[dataloader.sources.prose]
+paths = ["{corpus_dir}/prose/*.jsonl"]
+""")
+    return str(path)
+
+
+def test_dataloader_global_batch_size_points_to_training(tmp_path, corpus_dir, tokenizer_dir):
+    with pytest.raises(ConfigError, match=r"\[dataloader\] global_batch_size is not a loader setting; set "
+                                          r"\[training\] global_batch_size instead"):
+        load_job(_job(tmp_path, corpus_dir, tokenizer_dir, dataloader="global_batch_size = 32"))
+
+
+@pytest.mark.parametrize(
+    "training, world, message",
+    [
+        ("global_batch_size = 20\nlocal_batch_size = 4", 2, r"global batch size 20 is not a positive multiple of num_lanes 8"),
+        ("global_batch_size = 24\nlocal_batch_size = 5", 2, r"12 rows per step, which is not a multiple of "
+                                                            r"training.local_batch_size = 5; use a local_batch_size in \[1, 2, 3, 4, 6, 12\]"),
+        ("global_batch_size = 16\nlocal_batch_size = 2", 3, r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel "
+                r"sizes: \[1, 2, 4, 8\]"),
+    ],
+)
+def test_preflight_finds_batch_layout_mistakes_before_torchtitan(tmp_path, corpus_dir, tokenizer_dir, training,
+                                                                   world, message):
+    job = load_job(_job(tmp_path, corpus_dir, tokenizer_dir, training=training))
+    with pytest.raises(ConfigError, match=message):
+        job.preflight(world)
+    load_job(_job(tmp_path, corpus_dir, tokenizer_dir)).preflight(2)  # negative control: a valid job passes
+
+
+def test_a_wrong_hf_assets_path_is_named(tmp_path, corpus_dir, tokenizer_dir):
+    job = load_job(_job(tmp_path, corpus_dir, "no/such/dir"))
+    with pytest.raises(ConfigError, match=r"^hf_assets_path = 'no/such/dir' \(/.*/no/such/dir\) does not exist"):
+        job.preflight(1)
+    # With the loader's own tokenizer_path set, TorchTitan still loads hf_assets_path: still named.
+    job = load_job(_job(tmp_path, corpus_dir, "no/such/dir", dataloader=f'tokenizer_path = "{tokenizer_dir}"'))
+    with pytest.raises(ConfigError, match=r"^hf_assets_path = 'no/such/dir'"):
+        job.preflight(1)
+
+
+def test_a_model_smaller_than_the_tokenizer_is_refused(tmp_path, corpus_dir, tokenizer_dir):
+    job = load_job(_job(tmp_path, corpus_dir, tokenizer_dir, model="vocab_size = 1000"))
+    with pytest.raises(ConfigError, match=r"the model's vocabulary \(1000 embeddings\) is smaller than the "
+                                          r"tokenizer's \(2000 ids, hf_assets_path = .*\); set \[model\] vocab_size = 2048"):
+        job.preflight(1)
+    resized = load_job(_job(tmp_path, corpus_dir, tokenizer_dir, model="vocab_size = 4096")).config
+    assert resized.model_spec.model.vocab_size == resized.model_spec.model.tok_embeddings.num_embeddings == 4096
+    assert resized.loss.loss_fn.global_vocab_size == 4096
+
+
+def test_validate_checks_the_whole_job(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    assert main(["validate", _job(tmp_path, corpus_dir, tokenizer_dir, training="global_batch_size = 16\nstesp = 4"), "--no-count"]) == 2
+    assert "unknown key 'stesp' in [training]; did you mean 'steps'?" in capsys.readouterr().err
+    assert main(["validate", _job(tmp_path, corpus_dir, tokenizer_dir, model="vocab_size = 100"), "--no-count"]) == 2
+    assert "smaller than the tokenizer's" in capsys.readouterr().err
+    assert main(["validate", _job(tmp_path, corpus_dir, "nowhere"), "--no-count"]) == 2
+    assert "hf_assets_path = 'nowhere'" in capsys.readouterr().err
+    assert main(["validate", _job(tmp_path, corpus_dir, tokenizer_dir), "--no-count"]) == 0
+    out = capsys.readouterr().out
+    assert "add_bos = true ('<|bos|>'" in out and "no add_bos_token" in out and "tokenizer: hf_assets_path" in out
+
+
+def _loader(corpus_dir, tokenizer_dir, global_batch_size=16, **overrides):
+    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides), cls=ZephonDataLoader.Config)
+    config.global_batch_size = global_batch_size
+    return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=2)
+
+
+def test_many_long_source_names_fit_the_header_slot_at_startup(tmp_path, corpus_dir, tokenizer_dir):
+    from zephon_titan.config import MAX_SOURCE_NAME, MAX_SOURCES
+
+    path = os.path.join(corpus_dir, "prose", sorted(os.listdir(os.path.join(corpus_dir, "prose")))[0])
+    sources = {f"{i:03d}".ljust(MAX_SOURCE_NAME, "s"): {"paths": [path]} for i in range(MAX_SOURCES)}
+    loader = _loader(corpus_dir, tokenizer_dir, sources=sources)
+    state = loader.state_dict()  # the first save: no slot overflows
+    assert state[HEADER_KEY].numel() == HEADER_CAPACITY
+    _loader(corpus_dir, tokenizer_dir, sources=sources).load_state_dict(state)
+    too_long = {"x" * (MAX_SOURCE_NAME + 1): {"paths": [path]}}
+    with pytest.raises(ConfigError, match=f"a source name must have 1 to {MAX_SOURCE_NAME} characters"):
+        _loader(corpus_dir, tokenizer_dir, sources=too_long)
+    too_many = {f"s{i}": {"paths": [path]} for i in range(MAX_SOURCES + 1)}
+    with pytest.raises(ConfigError, match=f"at most {MAX_SOURCES} are supported"):
+        _loader(corpus_dir, tokenizer_dir, sources=too_many)
+
+
+def test_a_changed_global_batch_size_is_refused_on_resume(corpus_dir, tokenizer_dir):
+    saved = _loader(corpus_dir, tokenizer_dir, global_batch_size=16).state_dict()
+    with pytest.raises(ResumeError, match=r"global_batch_size: 16 -> 32"):
+        _loader(corpus_dir, tokenizer_dir, global_batch_size=32).load_state_dict(saved)
+    _loader(corpus_dir, tokenizer_dir, global_batch_size=16).load_state_dict(saved)  # negative control
+
+
+class _Step(torch.distributed.checkpoint.stateful.Stateful):
+    def state_dict(self):
+        return {"step": torch.tensor(6)}
+
+    def load_state_dict(self, state_dict):
+        pass
+
+
+def test_a_model_only_checkpoint_names_last_save_model_only(tmp_path, corpus_dir, tokenizer_dir):
+    checkpoint = str(tmp_path / "step-6")
+    dcp.save({"train_state": _Step()}, checkpoint_id=checkpoint)  # what last_save_model_only writes, minus weights
+    loader = _loader(corpus_dir, tokenizer_dir)
+    load = with_lane_check(dcp.load, 8)
+    with pytest.raises(ResumeError, match=r"saved model-only.*last_save_model_only.*--checkpoint.exclude_from_loading "
+                                          r"dataloader"):
+        load({"dataloader": loader, "train_state": _Step()}, checkpoint_id=checkpoint)
+
+
+def test_a_failed_plan_writes_nothing(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    out = tmp_path / "plan.jsonl"
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["plan", job, "--steps", "3", "--from-checkpoint", str(tmp_path / "nothing"), "-o", str(out)]) == 2
+    assert not out.exists() and not os.path.exists(f"{out}.partial")
+    assert "wrote" not in capsys.readouterr().out
+    assert main(["plan", job, "--steps", "3", "-o", str(out)]) == 0 and len(out.read_text().splitlines()) == 3
+
+
+def test_verify_compares_every_field(tmp_path, capsys):
+    line = '{{"step": {s}, "sha256": "ab", "rows": 16, "tokens": {{"a": {t}}}, "padding": 0}}\n'
+    (tmp_path / "a.jsonl").write_text(line.format(s=1, t=5) + line.format(s=2, t=5))
+    (tmp_path / "b.jsonl").write_text(line.format(s=1, t=5) + line.format(s=2, t=6))
+    assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 1
+    assert "first difference at step 2 (tokens)" in capsys.readouterr().out
+    assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"), "--steps", "1-1"]) == 0
+
+
+def test_error_messages_for_huge_batches_are_computed_in_bounded_time():
+    # rows per rank 2**40 with local_batch_size 3: listing the valid local sizes must not walk 2**40 numbers.
+    code = ("from zephon_titan.titan.dataloader import validate_batch_layout\n"
+            "try:\n    validate_batch_layout(8, 2**40 * 8, 8, 3)\nexcept Exception as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "use a local_batch_size in [1, 2, 4, 8, 16" in out
