@@ -239,6 +239,9 @@ def validate(config: DataConfig) -> None:
     for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers", "prefetch_steps", "max_document_chars"):
         if getattr(config, key) < 1:
             raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
+    from zephon_titan.engine.sources.guards import refuse_credentials  # here: engine imports this module
+
+    refuse_credentials(config.s3_endpoint_url, "[dataloader] s3_endpoint_url")  # before any error echoes it
     if config.s3_endpoint_url and not config.s3_endpoint_url.startswith(("http://", "https://")):
         raise ConfigError(
             f"[dataloader] s3_endpoint_url must start with http:// or https://, got {config.s3_endpoint_url!r}"

@@ -14,11 +14,11 @@ import signal
 import subprocess
 import sys
 import termios
-import threading
 import time
 
 import pytest
 
+from bounded import run_bounded
 from helpers import make_spec, rows_digest
 from zephon_titan.engine import DataError, LaneStream, open_lane_group
 
@@ -43,23 +43,6 @@ def _settle(fd: int, seconds: float = 0.5, limit: float = 30) -> int:
     raise AssertionError("the worker never wrote anything")
 
 
-def _run_bounded(fn, timeout: float):
-    """fn() in a thread: (returned, raised), or AssertionError if it is still blocked after `timeout`."""
-    out = {}
-
-    def target():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            out["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    assert not thread.is_alive(), f"still blocked after {timeout} s: a hang"
-    return out.get("value"), out.get("error")
-
-
 # (seq_len, rows per step): a message is about 12 * seq_len * rows bytes. The first fits the pipe
 # buffer (64 KiB); the others are 192 KiB (the issue's case) and 768 KiB, cut by the kill.
 SIZES = [(64, 2), (4096, 4), (16384, 4)]
@@ -79,12 +62,12 @@ def test_a_worker_killed_while_writing_is_an_error_not_a_hang(corpus_dir, tokeni
             assert 0 < pending < 12 * seq_len * rows, pending
         os.kill(victim.pid, signal.SIGKILL)
         started = time.time()
-        _, error = _run_bounded(lambda: [group.next_step() for _ in range(5)], timeout=30)
+        _, error = run_bounded(lambda: [group.next_step() for _ in range(5)], timeout=30)
         assert isinstance(error, DataError), error
         assert str(error).startswith("loader worker 1 (lanes [1, 3]) died with exit code -9")
         assert time.time() - started < 10
     finally:
-        _run_bounded(group.close, timeout=30)
+        run_bounded(group.close, timeout=30)
     assert not victim.is_alive() and not group._procs[0].is_alive()
 
 
@@ -120,7 +103,7 @@ def test_a_bug_inside_a_worker_keeps_its_traceback(corpus_dir, tokenizer_dir):
 
 
 _ORPHAN = """
-import json, os, sys, threading, time
+import json, sys, threading, time
 sys.path.insert(0, {tests!r})
 from zephon_titan.engine import open_lane_group
 from helpers import make_spec
@@ -158,7 +141,7 @@ def test_workers_exit_when_their_parent_is_killed(corpus_dir, tokenizer_dir, in_
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pids = []
     try:
-        line = _run_bounded(parent.stdout.readline, timeout=60)[0]
+        line = run_bounded(parent.stdout.readline, timeout=60)[0]
         pids = json.loads(line)
         time.sleep(1.5)  # negative control: a live parent keeps its workers (also after its thread exited)
         assert not any(_gone(pid) for pid in pids)

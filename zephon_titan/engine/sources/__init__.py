@@ -39,6 +39,7 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
         indexed = read_index(source, options)
         write_index = indexed is None
         if indexed is not None:
+            _check_index_format(source, *indexed)
             listed = indexed[1]
     if _is_lance(source):
         from zephon_titan.engine.sources.lance import LanceSource, expand_datasets
@@ -51,6 +52,15 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
     if write_index:
         save_index_after_first_use(source, opened, options)
     return opened
+
+
+def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks]) -> None:
+    """An index's records were checked for the format it names (index_records.py): it must be the
+    source's, or its block counts mean nothing."""
+    actual = "lance" if _is_lance(source) else _format_of(source, files[0].path) if files else fmt
+    if fmt != actual:
+        raise ConfigError(f"[dataloader.sources.{source.name}] index {source.index} describes {fmt} files, but the "
+                          f"source's are {actual}; rebuild it with `zephon-titan index <job.toml>`")
 
 
 def _is_lance(source: SourceConfig) -> bool:

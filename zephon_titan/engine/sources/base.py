@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from zephon_titan.errors import ConfigError, DataError
-from zephon_titan.engine.sources import storage
+from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
 
@@ -173,6 +173,7 @@ def expand_paths(source_name: str, patterns: list[str], base_dir: str | None = N
     """
     files: dict[str, FileStat] = {}
     for pattern in patterns:
+        guards.refuse_credentials_in_path(pattern, f"[dataloader.sources.{source_name}] path")
         relative = not (os.path.isabs(pattern) or storage.is_uri(pattern))
         full = os.path.join(base_dir, pattern) if relative and base_dir is not None else pattern
         matches = storage.expand(full, options)
@@ -184,4 +185,5 @@ def expand_paths(source_name: str, patterns: list[str], base_dir: str | None = N
                 + f"{source_name}] paths"
             )
         files.update((m.path, m) for m in matches)
+    guards.refuse_duplicate_targets(source_name, list(files))
     return [files[path] for path in sorted(files)]

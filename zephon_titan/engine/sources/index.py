@@ -11,6 +11,10 @@ blocks, rows per row group), so the fingerprint, computed from the same records,
 it: a run resumed with an index is checked against the same components as one without,
 and adding an index to a running job changes nothing. A file that changed after the index
 was written is caught when it is read (size or row groups differ) and named.
+
+An index is a file anyone could have edited, so every record is checked before use
+(index_records.py): its types, that it lies inside the configured paths, that no file is
+listed twice, and that its block counts follow from its sizes and settings.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import FileBlocks, Source
+from zephon_titan.engine.sources.index_records import check_records
 from zephon_titan.engine.sources.storage import StorageOptions
 
 INDEX_VERSION = 1
@@ -63,7 +68,9 @@ def read_index(source: SourceConfig, options: StorageOptions) -> tuple[str, list
         document = json.loads(data)
         version = document.get("zephon_index")
         fmt = document["format"]
-        files = [FileBlocks.from_record(r) for r in document["files"]]
+        records = document["files"]
+        if not isinstance(records, list):
+            raise TypeError(f"'files' is {type(records).__name__}, not a list")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"{where} is not a zephon index ({e}); delete it or rebuild it with `zephon-titan index`")
     if version != INDEX_VERSION:
@@ -75,7 +82,7 @@ def read_index(source: SourceConfig, options: StorageOptions) -> tuple[str, list
             f"{where} was written for other settings ({changed}); rebuild it with `zephon-titan index <job.toml>` "
             "or point index at another file"
         )
-    return fmt, files
+    return fmt, check_records(records, source, fmt, where)
 
 
 def save_index_after_first_use(source: SourceConfig, opened: Source, options: StorageOptions) -> None:

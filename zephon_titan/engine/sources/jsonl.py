@@ -37,8 +37,14 @@ class JsonlSource(Source):
         super().__init__(name, files, text_field, max_document_chars, storage_options)
 
     def _scan(self, file: FileStat) -> FileBlocks:
-        blocks = min(file.size, 1) if _compression(file.path) else -(-file.size // self.block_bytes)
-        return FileBlocks(file.path, file.size, file.mtime_ns, blocks)
+        return FileBlocks(file.path, file.size, file.mtime_ns, num_blocks(file.path, file.size, self.block_bytes))
+
+    @property
+    def max_line_bytes(self) -> int:
+        """The longest line that can hold a document within max_document_chars: JSON may spell one
+        character in up to 12 bytes (an escaped surrogate pair), plus room for the record's other
+        fields. A longer line is refused as soon as this many bytes of it are read, never read whole."""
+        return 12 * self.max_document_chars + TAIL_READ_BYTES
 
     def describe(self) -> dict:
         return {**super().describe(), "block_bytes": self.block_bytes}
@@ -50,6 +56,9 @@ class JsonlSource(Source):
         texts: list[str] = []
         rows: list[int] = []
         for line in data.split(b"\n"):
+            if len(line) > self.max_line_bytes:
+                number = data.count(b"\n", 0, offset) + 1 if codec else self._line_number(f, offset)
+                raise self._long_line(f, offset, number)
             if line.strip():  # blank lines are not documents
                 texts.append(self._text_of(line, f.path, offset))
                 rows.append(offset)
@@ -73,12 +82,16 @@ class JsonlSource(Source):
             if newline < 0:
                 return b"", start
             data, first = data[newline + 1 :], first + newline + 1
-        tail, pos = [], end
+        last = data.rfind(b"\n") + 1  # where the line crossing the block's end starts, in data
+        tail, pos, length = [], end, len(data) - last
         while data and not (tail[-1] if tail else data).endswith(b"\n") and pos < f.size:
             more = self._read_exactly(handle, f, pos, min(pos + TAIL_READ_BYTES, f.size))
             newline = more.find(b"\n")
             tail.append(more if newline < 0 else more[: newline + 1])
             pos += len(more)
+            length += len(tail[-1])
+            if length > self.max_line_bytes:  # stop here: the rest of the line may be gigabytes
+                raise self._long_line(f, first + last, self._line_number(f, first + last))
         return data + b"".join(tail), first
 
     def _read_exactly(self, handle, f: FileBlocks, start: int, end: int) -> bytes:
@@ -94,11 +107,39 @@ class JsonlSource(Source):
         """A compressed file is one block: all of it, decompressed."""
         handle = self._open_checked(f)
         compressed = self._read_exactly(handle, f, 0, f.size)
+        chunks, total, line = [], 0, 0  # line: bytes of the unfinished last line so far
         try:
             with pa.input_stream(pa.py_buffer(compressed), compression=codec) as stream:
-                return stream.read(), 0
+                while chunk := stream.read(16 * TAIL_READ_BYTES):
+                    newline = chunk.rfind(b"\n")
+                    line = len(chunk) - newline - 1 if newline >= 0 else line + len(chunk)
+                    if line > self.max_line_bytes:  # stop decompressing: the line may be gigabytes
+                        start = total + len(chunk) - line
+                        before = sum(c.count(b"\n") for c in chunks) + chunk.count(b"\n", 0, max(start - total, 0))
+                        raise self._long_line(f, start, before + 1)
+                    chunks.append(chunk)
+                    total += len(chunk)
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot decompress as {codec} ({e}); check the file") from None
+        return b"".join(chunks), 0
+
+    def _line_number(self, f: FileBlocks, offset: int) -> int:
+        """The line starting at byte `offset` of an uncompressed file (for errors: reads the bytes
+        before it in bounded chunks, never the whole file at once)."""
+        handle, count, pos = self._open_checked(f), 0, 0
+        while pos < offset:
+            step = min(offset - pos, 64 * TAIL_READ_BYTES)
+            count += self._read_exactly(handle, f, pos, pos + step).count(b"\n")
+            pos += step
+        return count + 1
+
+    def _long_line(self, f: FileBlocks, offset: int, number: int) -> DataError:
+        where = " of its decompressed text" if _compression(f.path) else ""
+        return DataError(
+            f"{f.path} line {number:,} (at byte {offset:,}{where}): the line is longer than {self.max_line_bytes:,} "
+            f"bytes, more than a document of [dataloader] max_document_chars = {self.max_document_chars:,} can take "
+            "(reading stopped there); split the document, or raise the limit if you mean it"
+        )
 
     def _open_checked(self, f: FileBlocks):
         handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
@@ -129,6 +170,11 @@ class JsonlSource(Source):
 
 
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+
+def num_blocks(path: str, size: int, block_bytes: int) -> int:
+    """The blocks of a JSONL file of `size` bytes (a compressed file is one block)."""
+    return min(size, 1) if _compression(path) else -(-size // block_bytes)
 
 
 def _compression(path: str) -> str | None:

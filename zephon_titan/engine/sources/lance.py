@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
 from zephon_titan.engine.sources.columns import column_documents
+from zephon_titan.engine.sources.guards import refuse_credentials_in_path
 from zephon_titan.engine.sources.storage import StorageOptions, is_uri, s3_endpoint
 
 
@@ -63,6 +64,15 @@ def _parse(name: str) -> tuple[str, int, int]:
     uri, _, query = name.rpartition("?")
     fields = parse_qs(query)
     return uri, int(fields["version"][0]), int(fields["fragment"][0])
+
+
+def parse_block_name(name: str) -> tuple[str, int, int] | None:
+    """(dataset, version, fragment) of a block name, or None if it is not one (an index record)."""
+    try:
+        parsed = _parse(name)
+    except (KeyError, ValueError, IndexError):
+        return None
+    return parsed if parsed[0] and block_name(*parsed) == name else None
 
 
 class LanceSource(Source):
@@ -122,6 +132,7 @@ def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
 
     out = set()
     for pattern in patterns:
+        refuse_credentials_in_path(pattern, f"[dataloader.sources.{source_name}] path")
         if is_uri(pattern):
             out.add(pattern.rstrip("/"))
             continue

@@ -17,12 +17,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 
 from pyarrow import fs as pafs
 
 from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.engine.sources import guards
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -93,6 +95,7 @@ def resolve(path: str, options: StorageOptions = StorageOptions()) -> tuple[pafs
     """The filesystem holding `path` and the path inside it."""
     if not is_uri(path):
         return _local(), os.path.abspath(path)
+    guards.refuse_credentials(path, "path")  # never hand a secret to pyarrow, whose errors echo the URI
     scheme, rest = path.split("://", 1)
     bucket = rest.split("/", 1)[0]
     return _filesystem(f"{scheme.lower()}://{bucket}", options), rest
@@ -121,9 +124,14 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
     if not is_uri(pattern):
         out = []
         for match in glob.glob(pattern, recursive=True):
-            if os.path.isfile(match):
+            try:
                 st = os.stat(match)
-                out.append(FileStat(os.path.normpath(match), st.st_size, st.st_mtime_ns))
+            except OSError:  # a dangling symlink: nothing to read
+                continue
+            if stat.S_ISDIR(st.st_mode):  # `**` and `*` match directories too
+                continue
+            guards.check_regular(match, st, ConfigError)  # a FIFO or device matched by a glob
+            out.append(FileStat(os.path.normpath(match), st.st_size, st.st_mtime_ns))
         return out
     filesystem, inner = resolve(pattern, options)
     try:
@@ -132,7 +140,8 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
         endpoint = s3_endpoint(options) if _scheme(pattern) == "s3" else ""
         raise ConfigError(
             f"cannot list {pattern!r}: {e}; check the bucket name, the endpoint"
-            + (f" ({endpoint})" if endpoint else "") + " and the credentials (AWS_* environment variables)"
+            + (f" ({guards.redact(endpoint)})" if endpoint else "")
+            + " and the credentials (AWS_* environment variables)"
         ) from None
 
 
@@ -155,6 +164,16 @@ def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> lis
         for info in infos
         if info.type == pafs.FileType.File and (regex is None or regex.fullmatch(info.path))
     ]
+
+
+def matches(pattern: str, path: str) -> bool:
+    """Whether `expand(pattern)` could list `path` (checks an index record without listing)."""
+    pattern = pattern.rstrip("/") if is_uri(pattern) else os.path.normpath(pattern)
+    if path == pattern:
+        return True
+    if _GLOB_CHARS.search(pattern):
+        return _glob_regex(pattern).fullmatch(path) is not None
+    return is_uri(pattern) and path.startswith(pattern + "/")  # an object-store prefix lists all under it
 
 
 def _glob_regex(pattern: str) -> re.Pattern:
@@ -198,9 +217,22 @@ def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions 
     listed) is part of the cache key, so a file rewritten under the same name is opened anew."""
     filesystem, inner = resolve(path, options)
     try:
+        if not is_uri(path):
+            return _open_local(inner)
         return filesystem.open_input_file(inner)
     except OSError as e:
         raise DataError(f"{path}: cannot open ({e}); it was listed at startup, check that it still exists") from None
+
+
+def _open_local(path: str):
+    """A local file checked to be regular (guards.open_regular). pyarrow opens the checked inode
+    through /proc/self/fd where Linux has it, not the path, which may have been swapped since."""
+    fd = guards.open_regular(path)
+    try:
+        via = f"/proc/self/fd/{fd}"
+        return _local().open_input_file(via if os.path.exists(via) else path)
+    finally:
+        os.close(fd)
 
 
 def current_version(path: str, handle) -> tuple[int, int | None]:
@@ -208,6 +240,7 @@ def current_version(path: str, handle) -> tuple[int, int | None]:
     on object storage the size the open request saw (objects are replaced whole)."""
     if not is_uri(path):
         st = os.stat(path)
+        guards.check_regular(path, st)  # replaced by a FIFO or device since it was listed
         return st.st_size, st.st_mtime_ns
     return handle.size(), None
 
@@ -227,6 +260,15 @@ def write_bytes(path: str, data: bytes, options: StorageOptions = StorageOptions
 
 def read_bytes(path: str, options: StorageOptions = StorageOptions()) -> bytes | None:
     """A whole (small) file, or None if it does not exist."""
+    if not is_uri(path):
+        try:
+            fd = guards.open_regular(path, ConfigError)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e}") from None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
     filesystem, inner = resolve(path, options)
     try:
         with filesystem.open_input_stream(inner) as f:

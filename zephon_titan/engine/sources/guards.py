@@ -1,0 +1,110 @@
+"""Checks on paths and files that come from configs, globs and indexes: none of them is trusted.
+
+- Only regular files are read. Opening a FIFO for reading waits for a writer (a hang), a
+  device can be endless (/dev/zero) and /proc or /sys files report sizes that are not
+  the bytes they hold, so each is refused by name before anything is opened.
+- One file reached through several paths (a symlink, a symlink loop under `**`) would be
+  read once per path: refused, naming the file and the paths.
+- Credentials never go in a URL: a job config ends up in logs and checkpoints, and an error
+  would echo them. The secret is never printed, only where it is.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections import defaultdict
+
+from zephon_titan.errors import ConfigError, DataError
+
+# Kernel pseudo-filesystems: their files are "regular", but sizes are not what reading returns.
+PSEUDO_ROOTS = ("/proc/", "/sys/")
+
+CREDENTIALS_HINT = (
+    "credentials belong in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, or "
+    "AWS_PROFILE and ~/.aws), never in the job config, which ends up in logs and checkpoints"
+)
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, or None for a regular file."""
+    for test, name in ((stat.S_ISREG, None), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_regular(path: str, st: os.stat_result, error=DataError) -> None:
+    """Refuse anything but a regular file on a real filesystem (one line naming the path)."""
+    kind = _kind(st.st_mode)
+    if kind is not None:
+        raise error(f"{path} is {kind}, not a regular file: zephon reads only regular files; point the source "
+                    "at regular files (or narrow its glob)")
+    real = os.path.realpath(path)
+    if real.startswith(PSEUDO_ROOTS):
+        raise error(f"{path} is not a regular file: it is {real}, on a kernel pseudo-filesystem whose sizes are not "
+                    "the bytes it holds; copy the data to a regular file")
+
+
+def open_regular(path: str, error=DataError) -> int:
+    """A read-only descriptor of `path`, checked to be a regular file before and after opening.
+
+    The stat comes first so that no device is ever opened; O_NONBLOCK closes the race with a
+    swap to a FIFO between the stat and the open (such an open returns at once instead of
+    waiting for a writer), and the fstat checks what was actually opened.
+    """
+    check_regular(path, os.stat(path), error)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        check_regular(path, os.fstat(fd), error)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "matched paths") -> None:
+    """Refuse local paths that resolve to the same file (each copy would be read as data)."""
+    by_target = defaultdict(list)
+    for path in paths:
+        if "://" not in path:
+            by_target[os.path.realpath(path)].append(path)
+    for target, same in sorted(by_target.items()):
+        if len(same) > 1:
+            same = sorted(same, key=lambda p: (len(p), p))
+            shown = ", ".join(same[:3]) + (f", ... ({len(same) - 3} more)" if len(same) > 3 else "")
+            raise ConfigError(
+                f"source {source_name!r}: {len(same)} {what} are one file, {target} ({shown}): a symlink (or a "
+                "symlink loop under `**`) reaches it more than once, and each copy would be read as data; remove "
+                "the symlink or narrow the glob"
+            )
+
+
+def userinfo(url: str) -> str | None:
+    """The `user:secret` part of a URL (`scheme://user:secret@host/...`), or None."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    authority = rest.split("/", 1)[0]
+    return authority.rpartition("@")[0] if "@" in authority else None
+
+
+def redact(url: str) -> str:
+    """`url` with its credentials replaced by ***, safe to print."""
+    if userinfo(url) is None:
+        return url
+    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
+    authority, slash, tail = rest.partition("/")
+    return f"{scheme}{sep}***@{authority.rpartition('@')[2]}{slash}{tail}"
+
+
+def refuse_credentials(url: str, where: str) -> None:
+    """Refuse a URL with credentials in it, printing it redacted. `where` names the setting."""
+    if userinfo(url) is not None:
+        raise ConfigError(f"{where} {redact(url)!r} has credentials in it; {CREDENTIALS_HINT}")
+
+
+def refuse_credentials_in_path(path: str, where: str) -> None:
+    """Paths: only URIs (`scheme://...`) have an authority; a local name may contain '@'."""
+    if "://" in path:
+        refuse_credentials(path, where)

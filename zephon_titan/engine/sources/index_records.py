@@ -1,0 +1,98 @@
+"""The records of a source index, checked before use: an index is a file anyone could have edited.
+
+A record must be well-typed, lie inside the source's configured paths (an index cannot
+bring in a foreign file), appear once and in the listing's order (a doubled record would
+double a file's documents), and have the block count its size and the settings give (a
+doctored count would drop documents or read past the file's end). Sizes and row groups are
+also compared with the file itself when it is read (Source.check_unchanged).
+"""
+
+from __future__ import annotations
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.errors import ConfigError
+from zephon_titan.engine.sources import guards, storage
+from zephon_titan.engine.sources.base import FileBlocks
+from zephon_titan.engine.sources.jsonl import num_blocks as jsonl_blocks
+from zephon_titan.engine.sources.lance import parse_block_name
+
+FORMATS = ("jsonl", "parquet", "lance")
+_FIX = "the index was edited or is corrupt: rebuild it with `zephon-titan index <job.toml>`"
+
+
+def check_records(records: list, source: SourceConfig, fmt: str, where: str) -> list[FileBlocks]:
+    if fmt not in FORMATS:
+        raise ConfigError(f"{where} has format {_show(fmt)}, not one of {', '.join(FORMATS)}; {_FIX}")
+    files, keys = [], []
+    for n, record in enumerate(records):
+        problem, f = _parse(record)
+        if f is not None:
+            guards.refuse_credentials_in_path(f.path, f"{where} record {n} path")
+            problem = _blocks_problem(f, source, fmt) or _outside(f, source, fmt)
+        if problem:
+            raise ConfigError(f"{where} record {n}{f' ({f.path})' if f else ''}: {problem}; {_FIX}")
+        key = _order_key(f, fmt)
+        if keys and key <= keys[-1]:
+            what = "repeats the file of an earlier record" if key == keys[-1] else "is out of sorted order"
+            raise ConfigError(f"{where} record {n} ({f.path}) {what}; {_FIX}")
+        files.append(f)
+        keys.append(key)
+    if fmt != "lance":
+        guards.refuse_duplicate_targets(source.name, [f.path for f in files], f"records of {where}")
+    return files
+
+
+def _show(value) -> str:
+    """A value from the index, cut short: it may be anything, of any size."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _parse(record) -> tuple[str, FileBlocks | None]:
+    if not (isinstance(record, list) and len(record) == 5):
+        return f"a record must be [path, size, mtime_ns, num_blocks, block_rows], got {_show(record)}", None
+    path, size, mtime_ns, blocks, rows = record
+    if not (isinstance(path, str) and path):
+        return f"path must be a non-empty string, got {_show(path)}", None
+    for name, value in (("size", size), ("mtime_ns", mtime_ns), ("num_blocks", blocks)):
+        if type(value) is not int or value < 0:  # bool is an int subclass: refused too
+            return f"{name} must be an integer >= 0, got {_show(value)}", None
+    if not (isinstance(rows, list) and all(type(r) is int and r >= 0 for r in rows)):
+        return f"block_rows must be a list of integers >= 0, got {_show(rows)}", None
+    return "", FileBlocks(path, size, mtime_ns, blocks, tuple(rows))
+
+
+def _blocks_problem(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
+    if fmt == "jsonl":
+        expected = jsonl_blocks(f.path, f.size, source.block_bytes)
+        if f.num_blocks != expected:
+            return (f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of JSONL in blocks of "
+                    f"{source.block_bytes:,} bytes make {expected}")
+        if f.block_rows:
+            return "block_rows must be empty for JSONL (its blocks are byte ranges)"
+    elif fmt == "parquet":
+        if f.num_blocks != len(f.block_rows):
+            return f"num_blocks is {f.num_blocks}, but block_rows lists {len(f.block_rows)} row groups"
+    else:
+        if parse_block_name(f.path) is None:
+            return "is not a Lance block name (<dataset>?version=<v>&fragment=<id>)"
+        expected = -(-f.size // source.block_rows)
+        if f.num_blocks != expected:
+            return (f"num_blocks is {f.num_blocks}, but {f.size:,} rows in blocks of {source.block_rows:,} rows "
+                    f"make {expected}")
+    return ""
+
+
+def _outside(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
+    target = f.path.rpartition("?")[0] if fmt == "lance" else f.path
+    if any(storage.matches(pattern, target) for pattern in source.paths):
+        return ""
+    return f"is outside the source's configured paths ({', '.join(source.paths)})"
+
+
+def _order_key(f: FileBlocks, fmt: str):
+    """Files are listed in sorted path order; Lance fragments by dataset, then fragment id."""
+    if fmt == "lance":
+        uri, _, fragment = parse_block_name(f.path)
+        return (uri, fragment)
+    return (f.path, 0)
