@@ -38,6 +38,9 @@ def write_job(work: str, args, seed: int) -> str:
     path = os.path.join(work, f"job_seed{seed}.toml")
     with open(path, "w") as f:
         f.write(f"""hf_assets_path = "{data}/tokenizer"
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
 [training]
 seq_len = {args.seq_len}
 global_batch_size = {args.global_batch}
