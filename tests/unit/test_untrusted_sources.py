@@ -224,6 +224,11 @@ def test_a_uri_with_credentials_is_refused_without_printing_the_secret():
     assert message.startswith("[dataloader.sources.web] path 's3://***@bucket/web/*.jsonl' has credentials in it; "
                               "credentials belong in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY")
     assert SECRET not in message and "AKIAEXAMPLE" not in message
+    indexed = SourceConfig(name="web", paths=["s3://bucket/web/*.jsonl"], index=f"s3://K:{SECRET}@bucket/web.idx")
+    with pytest.raises(ConfigError, match=r"^\[dataloader\.sources\.web\] index 's3://\*\*\*@bucket/web\.idx' has "
+                                          r"credentials in it; credentials belong in the environment") as caught:
+        open_source(indexed)
+    assert SECRET not in str(caught.value)
 
 
 def test_an_endpoint_url_with_credentials_is_refused_by_the_config(tokenizer_dir):

@@ -25,7 +25,7 @@ import socket
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.errors import ConfigError
-from zephon_titan.engine.sources import storage
+from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks, Source
 from zephon_titan.engine.sources.index_records import check_records
 from zephon_titan.engine.sources.storage import StorageOptions
@@ -60,6 +60,7 @@ def write_index(source: SourceConfig, opened: Source, options: StorageOptions) -
 
 def read_index(source: SourceConfig, options: StorageOptions) -> tuple[str, list[FileBlocks]] | None:
     """The format and files recorded in the source's index, or None if it does not exist yet."""
+    guards.refuse_credentials_in_path(source.index, f"[dataloader.sources.{source.name}] index")
     data = storage.read_bytes(source.index, options)
     if data is None:
         return None
