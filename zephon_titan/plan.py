@@ -13,15 +13,22 @@ from collections.abc import Iterator
 from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group
 from zephon_titan.engine.ledger import LedgerEntry
 from zephon_titan.errors import LaneExhausted, ResumeError
-from zephon_titan.titan.dataloader import check_header
+from zephon_titan.titan.dataloader import check_header, read_lane_states
 from zephon_titan.titan.job import Job, load_job
-from zephon_titan.titan.state_codec import HEADER_KEY, decode_entry
+from zephon_titan.titan.state_codec import HEADER_KEY, read_header
 
 
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
-    """(step, lane states) from a TorchTitan DCP checkpoint folder (e.g. outputs/checkpoint/step-500)."""
+    """(step, lane states) from a TorchTitan DCP checkpoint folder (e.g. outputs/checkpoint/step-500).
+
+    Reads only the loader's entries, as raw tensors: nothing in the checkpoint's data is unpickled
+    (DCP unpickles entries stored as bytes, such as TorchTitan's train_state; the step is taken
+    from the folder name instead). DCP's `.metadata` index itself is a pickle: read a checkpoint
+    only from a place you trust as you would trust code.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     try:
         keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
@@ -30,12 +37,14 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     entries = {k.split(".", 1)[1]: meta for k, meta in keys.items() if k.startswith("dataloader.")}
     if HEADER_KEY not in entries:
         raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
+    for key, meta in entries.items():
+        if not isinstance(meta, TensorStorageMetadata):  # would be unpickled by dcp.load
+            raise ResumeError(f"{checkpoint}: dataloader.{key} is stored as a Python object, not a tensor; "
+                              "zephon_titan never writes that, so the checkpoint was not written by it (or was "
+                              "altered): refusing to load it")
     import torch
 
-    state = {"dataloader": {k: torch.zeros(tuple(m.size), dtype=torch.uint8) for k, m in entries.items()},
-             "train_state": {"step": 0}}
-    if "train_state.step" not in keys:
-        del state["train_state"]
+    state = {"dataloader": {k: torch.zeros(tuple(m.size), dtype=torch.uint8) for k, m in entries.items()}}
     import warnings
 
     with warnings.catch_warnings():
@@ -43,10 +52,13 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
         dcp.load(state, checkpoint_id=checkpoint)
     from zephon_titan.engine import fingerprint
 
-    decoded = {k: decode_entry(v, k) for k, v in state["dataloader"].items()}
-    check_header(decoded[HEADER_KEY], fingerprint(job.spec), job.global_batch_size, job.data.resume_allow)
-    states = {int(k.split("_")[1]): LaneState.from_dict(e["state"]) for k, e in decoded.items() if k.startswith("lane_")}
-    step = int(state["train_state"]["step"]) if "train_state" in state else states[0].rows // job.check_layout(1)
+    loader_state = state["dataloader"]
+    header = read_header(loader_state)
+    check_header(header, fingerprint(job.spec), job.global_batch_size, job.data.resume_allow)
+    rows_per_lane = job.check_layout(1)
+    entries = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources), rows_per_lane)
+    states = {lane: entry[0] for lane, entry in entries.items()}
+    step = states[0].rows // rows_per_lane  # every lane stands at the same whole step (read_lane_states)
     return step, states
 
 

@@ -59,24 +59,38 @@ class LaneState:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "LaneState":
+    def from_dict(cls, data: dict, where: str = "lane state") -> "LaneState":
+        """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
         if not isinstance(data, dict) or set(data) != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise ResumeError(f"lane state must have keys {sorted(expected)}, got {got}")
+            raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
         if data["version"] != STATE_VERSION:
             raise ResumeError(
-                f"lane state version {data['version']} is not supported by this zephon_titan "
+                f"{where}: version {data['version']!r} is not supported by this zephon_titan "
                 f"(it reads version {STATE_VERSION}); resume with the release that wrote it"
             )
-        try:
-            cursors = tuple(SourceCursor(window=int(w), position=int(p), tokens=int(t)) for w, p, t in data["cursors"])
-            return cls(
-                lane_id=int(data["lane_id"]),
-                rows=int(data["rows"]),
-                cursors=cursors,
-                unit_open=bool(data["unit_open"]),
-                unit_offset=int(data["unit_offset"]),
-            )
-        except (TypeError, ValueError) as e:
-            raise ResumeError(f"malformed lane state {data!r}: {e}") from None
+        for name in ("lane_id", "rows", "unit_offset"):
+            _count(data[name], name, where)
+        if not isinstance(data["unit_open"], bool):
+            raise ResumeError(f"{where}: field 'unit_open' must be true or false, got {data['unit_open']!r}")
+        if not data["unit_open"] and data["unit_offset"] != 0:
+            raise ResumeError(f"{where}: field 'unit_offset' is {data['unit_offset']} with no open unit")
+        cursors = data["cursors"]
+        if not isinstance(cursors, list) or not all(isinstance(c, list) and len(c) == 3 for c in cursors):
+            raise ResumeError(f"{where}: field 'cursors' must be a list of [window, position, tokens], got {cursors!r}")
+        for c in cursors:
+            for name, value in zip(("window", "position", "tokens"), c):
+                _count(value, f"cursors.{name}", where)
+        return cls(
+            lane_id=data["lane_id"],
+            rows=data["rows"],
+            cursors=tuple(SourceCursor(window=w, position=p, tokens=t) for w, p, t in cursors),
+            unit_open=data["unit_open"],
+            unit_offset=data["unit_offset"],
+        )
+
+
+def _count(value, name: str, where: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
+        raise ResumeError(f"{where}: field {name!r} must be an integer >= 0, got {value!r}")

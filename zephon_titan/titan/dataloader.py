@@ -27,7 +27,7 @@ from zephon_titan.engine import (
 )
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.state_codec import (
-    HEADER_CAPACITY, HEADER_KEY, HEADER_VERSION, decode_entry, encode_entry, lane_capacity, lane_key,
+    HEADER_CAPACITY, HEADER_KEY, HEADER_VERSION, encode_entry, lane_capacity, lane_key, read_header, read_lane, seal,
 )
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
@@ -209,29 +209,39 @@ class ZephonDataLoader(BaseDataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         num_sources = len(self.spec.sources)
-        state = {HEADER_KEY: encode_entry(self._header(), HEADER_CAPACITY)}
+        header = seal(self._header(), HEADER_KEY)
+        state = {HEADER_KEY: encode_entry(header, HEADER_CAPACITY)}
         for lane in self.lane_ids:
             entry = {"state": self._consumed[lane].to_dict(), "tokens": self._tokens[lane],
                      "padding": self._padding[lane]}
-            state[lane_key(lane)] = encode_entry(entry, lane_capacity(num_sources))
+            state[lane_key(lane)] = encode_entry(seal(entry, lane_key(lane), header["seal"]),
+                                                 lane_capacity(num_sources))
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        header = _parse(state_dict, HEADER_KEY)
+        header = read_header(state_dict)
         check_header(header, self.fingerprint, self.config.global_batch_size, self.config.resume_allow)
-        entries = {lane: _parse(state_dict, lane_key(lane)) for lane in self.lane_ids}
-        rows = {entry["state"]["rows"] for entry in entries.values()}
-        if len(rows) != 1:
-            raise ResumeError(f"lanes of the checkpoint are at different rows ({sorted(rows)}); it is corrupt")
+        entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources), self.rows_per_lane)
         self.close()  # a group started before the load would continue from the old position
-        self._consumed = {lane: LaneState.from_dict(entry["state"]) for lane, entry in entries.items()}
-        self._tokens = {lane: list(entry["tokens"]) for lane, entry in entries.items()}
-        self._padding = {lane: int(entry["padding"]) for lane, entry in entries.items()}
+        self._consumed = {lane: entry[0] for lane, entry in entries.items()}
+        self._tokens = {lane: entry[1] for lane, entry in entries.items()}
+        self._padding = {lane: entry[2] for lane, entry in entries.items()}
 
     def close(self) -> None:
         if self._group is not None:
             self._group.close()
             self._group = None
+
+
+def read_lane_states(state: dict[str, Any], lane_ids, header: dict, num_sources: int,
+                     rows_per_lane: int) -> dict[int, tuple[LaneState, list[int], int]]:
+    """The checked entries of `lane_ids`; every lane must stand at the same whole step."""
+    entries = {lane: read_lane(state, lane, header, num_sources) for lane in lane_ids}
+    rows = {entry[0].rows for entry in entries.values()}
+    if len(rows) != 1 or next(iter(rows)) % rows_per_lane:
+        raise ResumeError(f"the checkpoint's lanes stand at rows {sorted(rows)}, not at one whole step of "
+                          f"{rows_per_lane} rows per lane; the checkpoint is damaged")
+    return entries
 
 
 def check_header(header: dict, current_fingerprint: dict, global_batch_size: int, allow) -> None:
@@ -293,9 +303,3 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
 def _first_line(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).splitlines() if "dataloader." in line]
     return (lines[0] if lines else str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]
-
-
-def _parse(state_dict: dict[str, Any], key: str) -> dict:
-    if key not in state_dict:
-        raise ResumeError(f"the checkpoint's dataloader state has no {key!r}")
-    return decode_entry(state_dict[key], key)

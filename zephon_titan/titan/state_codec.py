@@ -1,11 +1,21 @@
-"""The loader's DCP entries: JSON text in zero-padded uint8 tensors (torch only, no torchtitan)."""
+"""The loader's DCP entries: JSON text in zero-padded uint8 tensors (torch only, no torchtitan).
+
+Every entry is sealed: a SHA-256 over its canonical JSON, its key and (for lanes) the header's
+seal, which covers the fingerprint and the global batch size. So one changed byte, an edited
+field, or a lane entry copied to another lane is refused on load, naming the entry; then every
+field's type and range is checked. This promises integrity (corruption and mismatch are found),
+not authenticity: whoever can write the checkpoint can also recompute a seal.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from typing import Any
 
 import torch
 
+from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 
 
@@ -33,8 +43,35 @@ def lane_capacity(num_sources: int) -> int:
     return 512 + 96 * num_sources
 
 
+def _canonical(obj: dict) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _seal_of(obj: dict, key: str, bound_to: str) -> str:
+    body = {k: v for k, v in obj.items() if k != "seal"}
+    return hashlib.sha256(f"{key}\n{bound_to}\n".encode() + _canonical(body)).hexdigest()[:32]
+
+
+def seal(obj: dict, key: str, bound_to: str = "") -> dict:
+    return {**obj, "seal": _seal_of(obj, key, bound_to)}
+
+
+def _check_seal(obj: Any, key: str, bound_to: str) -> dict:
+    if not isinstance(obj, dict) or not isinstance(obj.get("seal"), str):
+        raise ResumeError(f"dataloader state {key!r} is not a sealed zephon_titan entry (got "
+                          f"{type(obj).__name__}{' without a seal' if isinstance(obj, dict) else ''}); it was "
+                          "written by another version or damaged: resume from an earlier checkpoint")
+    if obj["seal"] != _seal_of(obj, key, bound_to):
+        raise ResumeError(
+            f"dataloader state {key!r} fails its integrity check: it was changed or damaged after it was written"
+            + (", or copied from another lane" if key != HEADER_KEY else "")
+            + "; restore the checkpoint from a good copy or resume from an earlier step"
+        )
+    return obj
+
+
 def encode_entry(obj: dict, capacity: int) -> torch.Tensor:
-    data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    data = _canonical(obj)
     if len(data) > capacity:
         raise ResumeError(f"dataloader state entry of {len(data)} bytes exceeds its {capacity}-byte slot: {obj}")
     out = torch.zeros(capacity, dtype=torch.uint8)
@@ -45,5 +82,56 @@ def encode_entry(obj: dict, capacity: int) -> torch.Tensor:
 def decode_entry(value: torch.Tensor, key: str) -> dict:
     try:
         return json.loads(value.cpu().numpy().tobytes().rstrip(b"\0").decode("utf-8"))
-    except (AttributeError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (AttributeError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ResumeError(f"dataloader state {key!r} is not a zephon_titan state entry ({e})") from None
+
+
+def _field(entry: dict, name: str, kind: type, where: str) -> Any:
+    value = entry.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ResumeError(f"{where}: field {name!r} must be {kind.__name__}, got {value!r}; the checkpoint is damaged")
+    return value
+
+
+def _counts(value: Any, length: int, field: str, where: str) -> list[int]:
+    ok = isinstance(value, list) and len(value) == length and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in value)
+    if not ok:
+        raise ResumeError(f"{where}: field {field!r} must be {length} counts >= 0, got {value!r}; the checkpoint "
+                          "is damaged")
+    return value
+
+
+def read_header(state: dict[str, Any]) -> dict:
+    """The checked header of a checkpoint's dataloader entries (decoded tensors or raw JSON dicts)."""
+    header = _check_seal(_entry(state, HEADER_KEY), HEADER_KEY, "")
+    where = f"dataloader state {HEADER_KEY!r}"
+    fingerprint = _field(header, "fingerprint", dict, where)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in fingerprint.items()):
+        raise ResumeError(f"{where}: field 'fingerprint' must map names to strings; the checkpoint is damaged")
+    _field(header, "global_batch_size", int, where)
+    return header
+
+
+def read_lane(state: dict[str, Any], lane: int, header: dict, num_sources: int) -> tuple[LaneState, list[int], int]:
+    """(state, tokens per source, padding) of one lane, checked against its seal, its key and the run's shape."""
+    key = lane_key(lane)
+    entry = _check_seal(_entry(state, key), key, header["seal"])
+    where = f"dataloader state of lane {lane} ({key!r})"
+    raw = _field(entry, "state", dict, where)
+    lane_state = LaneState.from_dict(raw, where)
+    if lane_state.lane_id != lane:
+        raise ResumeError(f"{where}: field 'lane_id' is {lane_state.lane_id}, not {lane}; the checkpoint is damaged")
+    if len(lane_state.cursors) != num_sources:
+        raise ResumeError(f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the run has "
+                          f"{num_sources}; the checkpoint belongs to another config")
+    tokens = _counts(entry.get("tokens"), num_sources, "tokens", where)
+    padding = _counts([entry.get("padding")], 1, "padding", where)[0]
+    return lane_state, tokens, padding
+
+
+def _entry(state: dict[str, Any], key: str) -> Any:
+    if key not in state:
+        raise ResumeError(f"the checkpoint's dataloader state has no {key!r}")
+    value = state[key]
+    return decode_entry(value, key) if isinstance(value, torch.Tensor) else value
