@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import math
 import os
+import stat
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +38,25 @@ FORMATS = ("auto", "jsonl", "parquet", "lance")
 # Bounds that keep the loader's checkpoint header within its fixed slot (titan/state_codec.py).
 MAX_SOURCES = 200
 MAX_SOURCE_NAME = 64
+# Bounds of the numeric settings: (lowest, highest, why the highest). Far above any useful value,
+# they keep memory, start-up time and the checkpoint state of a mistyped value bounded.
+BOUNDS = {
+    "num_lanes": (1, 1 << 16, "each lane is a row stream with its own state and buffers"),
+    "seed": (0, (1 << 63) - 1, "shuffle keys and checkpoint fields are 63-bit integers"),
+    "shuffle_window_blocks": (1, 1 << 12, "the documents of a window are read into memory together"),
+    "best_fit_window_docs": (1, 1 << 16, "the window's documents are held in memory and searched per row"),
+    "workers": (1, 1024, "one process each"),
+    "prefetch_steps": (1, 1024, "each step ahead is held in memory"),
+    "max_document_chars": (1, 1 << 31, "a document is tokenized at once, ~10x its size in memory"),
+}
+SOURCE_BOUNDS = {
+    "weight": (0.0, 1e6, "weights are relative shares (only ratios matter) and must sum to a finite number"),
+    "block_bytes": (1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
+    "block_rows": (1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
+}
+# Job files (and what `[job] extends` names) are read only if regular, at most this size and chain length.
+MAX_TOML_BYTES = 1 << 20
+MAX_EXTENDS = 32
 # Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
 _OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
 # Fields of TorchTitan's BaseDataLoader.Config that mean nothing to this loader.
@@ -183,7 +203,7 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
     if isinstance(paths, str):
         paths = [paths]
     if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
-        raise ConfigError(f"{where} paths must be a non-empty list of strings, got {paths!r}")
+        raise ConfigError(f"{where} paths must be a non-empty list of strings, got {short_repr(paths)}")
     kwargs: dict[str, Any] = {"name": name, "paths": paths}
     defaults = SourceConfig(name=name, paths=paths)
     for key in ("weight", "text_field", "token_field", "format", "block_bytes", "block_rows", "index"):
@@ -192,6 +212,21 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
     source = SourceConfig(**kwargs)
     validate_source(source)
     return source
+
+
+def short_repr(value: Any) -> str:
+    """repr() cut to one readable line (an error must not echo a huge value)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _check_bounds(obj: Any, bounds: dict, where: str) -> None:
+    for key, (low, high, why) in bounds.items():
+        value = getattr(obj, key)
+        if value < low:
+            raise ConfigError(f"{where} {key} must be >= {low}, got {value}")
+        if value > high:
+            raise ConfigError(f"{where} {key} must be <= {high}, got {value} ({why})")
 
 
 def validate_source(source: SourceConfig) -> None:
@@ -204,12 +239,9 @@ def validate_source(source: SourceConfig) -> None:
             f"{where} weight must be a finite number > 0, got {source.weight}; "
             "remove the source to leave it out of the mixture"
         )
+    _check_bounds(source, SOURCE_BOUNDS, where)
     if source.format not in FORMATS:
         raise ConfigError(f"{where} format must be one of {', '.join(FORMATS)}, got {source.format!r}")
-    if source.block_bytes < 1024:
-        raise ConfigError(f"{where} block_bytes must be >= 1024, got {source.block_bytes}")
-    if source.block_rows < 1:
-        raise ConfigError(f"{where} block_rows must be >= 1, got {source.block_rows}")
     if not source.text_field:
         raise ConfigError(f"{where} text_field must not be empty")
 
@@ -228,17 +260,13 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(f"[dataloader] sources must be in sorted-name order, got {names}")
     for source in config.sources:
         validate_source(source)
-    if config.num_lanes < 1:
-        raise ConfigError(f"[dataloader] num_lanes must be >= 1, got {config.num_lanes}")
+    _check_bounds(config, BOUNDS, "[dataloader]")
     if config.packing not in PACKING_MODES:
         raise ConfigError(f"[dataloader] packing must be one of {', '.join(PACKING_MODES)}, got {config.packing!r}")
     if config.exhaustion not in EXHAUSTION_POLICIES:
         raise ConfigError(
             f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
         )
-    for key in ("shuffle_window_blocks", "best_fit_window_docs", "workers", "prefetch_steps", "max_document_chars"):
-        if getattr(config, key) < 1:
-            raise ConfigError(f"[dataloader] {key} must be >= 1, got {getattr(config, key)}")
     from zephon_titan.engine.sources.guards import refuse_credentials  # here: engine imports this module
 
     refuse_credentials(config.s3_endpoint_url, "[dataloader] s3_endpoint_url")  # before any error echoes it
@@ -252,6 +280,10 @@ def validate(config: DataConfig) -> None:
 def validate_resume_allow(allow: list[str]) -> None:
     from zephon_titan.engine.fingerprint import ALLOWED_CHANGES
 
+    if not (isinstance(allow, list) and all(isinstance(item, str) for item in allow)):
+        raise ConfigError(
+            f"[dataloader] resume_allow must be a list of strings (e.g. [\"mtimes\"]), got {short_repr(allow)}"
+        )
     for item in allow:
         if item not in ALLOWED_CHANGES:
             raise ConfigError(
@@ -282,34 +314,89 @@ def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
     return config
 
 
-def load_toml(path: str, _seen: tuple[str, ...] = ()) -> dict:
+def load_toml(path: str) -> dict:
     """Parse a TOML job file. `[job] extends = "base.toml"` (relative to this file) starts
     from another file and overrides it table by table, so variants of a job (other GPU
     counts, other mixtures) state only what differs."""
+    chain = [os.path.abspath(path)]  # as written (relative extends start from there); cycles by real path
+    documents = [_read_toml(chain[0], "config file ")]
+    while (base := _job_table(documents[-1], chain[-1]).pop("extends", None)) is not None:
+        where = f"{chain[-1]}: [job] extends"
+        if not isinstance(base, str) or "\0" in base:
+            raise ConfigError(f"{where} must be a path string, got {short_repr(base)}")
+        base_path = os.path.abspath(os.path.join(os.path.dirname(chain[-1]), base))
+        real = [os.path.realpath(p) for p in chain]
+        if os.path.realpath(base_path) in real:
+            shown = chain[real.index(os.path.realpath(base_path)):] + [base_path]
+            raise ConfigError(f"{where} forms a cycle: {' -> '.join(shown)}; remove one of the extends")
+        if len(chain) >= MAX_EXTENDS:
+            raise ConfigError(f"{where}: the chain from {chain[0]} is over {MAX_EXTENDS} files long; "
+                              "merge some of the files")
+        chain.append(base_path)
+        documents.append(_read_toml(base_path, f"{where} = {short_repr(base)}: "))
+    merged = documents.pop()
+    while documents:
+        merged = _merge(merged, documents.pop())
+    return merged
+
+
+def _job_table(document: dict, path: str) -> dict:
+    job = document.get("job", {})
+    if not isinstance(job, dict):
+        raise ConfigError(f"{path}: job must be a table ([job], a free-form description and `extends`), "
+                          f"got {short_repr(job)}")
+    return job
+
+
+def _read_toml(path: str, where: str) -> dict:
+    """One TOML file: a regular file of at most MAX_TOML_BYTES of UTF-8 text. Never blocks on a FIFO
+    (checked before opening, opened non-blocking) and never reads a device or more than the bound."""
+    fix = "point it at a TOML file"
     try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{where}{path} is not a regular file ({_kind(mode)}); {fix}")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between stat and open
+                raise ConfigError(f"{where}{path} is not a regular file; {fix}")
+            data = os.read(fd, MAX_TOML_BYTES + 1)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        raise ConfigError(f"{where}{path} does not exist") from None
+    except (OSError, ValueError) as e:  # ELOOP (a symlink loop), EACCES, a NUL in the path
+        raise ConfigError(f"{where}cannot read {path}: {getattr(e, 'strerror', None) or e}; {fix}") from None
+    if len(data) > MAX_TOML_BYTES:
+        raise ConfigError(f"{where}{path} is over {MAX_TOML_BYTES} bytes, too big for a job file; {fix}")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}{path} is not UTF-8 text (byte {e.start}); {fix}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path} is not valid TOML: {e}") from None
-    base = document.get("job", {}).get("extends")
-    if base is None:
-        return document
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: [job] extends must be a path string, got {base!r}")
-    base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
-    if base_path in _seen:
-        raise ConfigError(f"{path}: [job] extends forms a cycle: {' -> '.join(_seen + (base_path,))}")
-    merged = load_toml(base_path, _seen + (os.path.normpath(path),))
-    document["job"].pop("extends")
-    return _merge(merged, document)
+        raise ConfigError(f"{where}{path} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{where}{path} nests arrays or tables too deeply to be a job file") from None
+
+
+def _kind(mode: int) -> str:
+    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
 def _merge(base: dict, override: dict) -> dict:
+    """`override` on top of `base`, table by table (iterative: nesting depth costs no stack)."""
     out = dict(base)
-    for key, value in override.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    pending = [(out, override)]
+    while pending:
+        target, table = pending.pop()
+        for key, value in table.items():
+            if isinstance(value, dict) and isinstance(target.get(key), dict):
+                target[key] = dict(target[key])
+                pending.append((target[key], value))
+            else:
+                target[key] = value
     return out
 
 

@@ -63,6 +63,8 @@ def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer,
     validate(config)
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")
+    if seq_len > 1 << 20:  # a row of seq_len + 1 tokens per lane is held in memory
+        raise ConfigError(f"seq_len must be <= {1 << 20}, got {seq_len} ([training] seq_len; a row is built in memory)")
     listings = listings or {}
     sources = tuple(
         _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)

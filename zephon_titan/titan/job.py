@@ -39,7 +39,7 @@ from typing import Any
 
 from torchtitan.trainer import Trainer
 
-from zephon_titan.config import config_from_dict, load_toml
+from zephon_titan.config import config_from_dict, load_toml, short_repr
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader, validate_batch_layout
@@ -220,15 +220,21 @@ def _apply(target: Any, table: dict, where: str, path: str) -> None:
             hint = f"did you mean {close[0]!r}?" if close else "see TorchTitan's Trainer.Config for the valid keys"
             raise ConfigError(f"{path}: unknown key {key!r} in {where}; {hint}")
         current = getattr(target, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            _apply(current, value, f"[{where.strip('[]')}.{key}]" if where != "the top level" else f"[{key}]", path)
+        table_name = f"[{where.strip('[]')}.{key}]" if where != "the top level" else f"[{key}]"
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: {table_name[1:-1]} must be a table ({table_name} with its settings), "
+                                  f"got {short_repr(value)}")
+            _apply(current, value, table_name, path)
             continue
+        if isinstance(value, dict) and current is not None and not isinstance(current, dict):
+            raise ConfigError(f"{path}: {where} {key} is a setting, not a table; write {key} = <value> in {where}")
         if isinstance(current, float) and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         ok_types = (type(current),) if current is not None else (object,)
         if isinstance(current, bool) != isinstance(value, bool) or not isinstance(value, ok_types):
             raise ConfigError(
-                f"{path}: {where} {key} must be {type(current).__name__} (like {current!r}), got {value!r}"
+                f"{path}: {where} {key} must be {type(current).__name__} (like {short_repr(current)}), got {short_repr(value)}"
             )
         setattr(target, key, value)
 
@@ -257,6 +263,9 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
         raise ConfigError(f"{path} has no [model] table (module, config, optional flavor)")
     if "dataloader" not in document:
         raise ConfigError(f"{path} has no [dataloader] table")
+    if not isinstance(document["model"], dict):
+        raise ConfigError(f"{path}: model must be a table ([model] with module, config, optional flavor), "
+                          f"got {short_repr(document['model'])}")
     base = base_config(document.pop("model"), path)
     table = document.pop("dataloader")
     for key, fix in _MISPLACED.items():
