@@ -20,6 +20,7 @@ from tqdm import tqdm
 from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
+from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
 from zephon_titan.plan import plan_ledger
@@ -215,7 +216,7 @@ def cmd_index(args) -> int:
             f"no source of {args.config} has an index; add index = \"<path or URI>\" to a "
             "[dataloader.sources.<name>] table"
         )
-    options, stale = config.storage_options(), 0
+    options, stale = StorageOptions.of(config), 0
     for source in sources:
         start = time.perf_counter()
         listed = open_source(source, max_document_chars=config.max_document_chars, options=options, use_index=False)

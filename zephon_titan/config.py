@@ -1,4 +1,6 @@
-"""The `[dataloader]` table of a job TOML: dataclasses, parsing and validation.
+"""The `[dataloader]` table of a job: plain dataclasses (the core's types), table <-> dataclass, validation.
+
+Imports nothing of the engine or of TorchTitan; reading TOML files is toml_file.py's job.
 
     [dataloader]
     num_lanes = 8              # fixed for the life of a run; W must divide it
@@ -19,18 +21,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import os
-import stat
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from zephon_titan.errors import ConfigError
+from zephon_titan.urls import refuse_credentials
 
 PACKING_MODES = ("wrap", "best_fit")
 EXHAUSTION_POLICIES = ("repeat", "redistribute")
@@ -54,9 +49,6 @@ SOURCE_BOUNDS = {
     "block_bytes": (1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
     "block_rows": (1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
 }
-# Job files (and what `[job] extends` names) are read only if regular, at most this size and chain length.
-MAX_TOML_BYTES = 1 << 20
-MAX_EXTENDS = 32
 # Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
 _OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
 # Fields of TorchTitan's BaseDataLoader.Config that mean nothing to this loader.
@@ -168,10 +160,6 @@ class DataConfig:
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
 
-    def storage_options(self):
-        from zephon_titan.engine.sources.storage import StorageOptions
-
-        return StorageOptions(self.s3_endpoint_url, self.s3_region, self.s3_anonymous)
 
 
 def _check_keys(table: dict, allowed: list[str], where: str) -> None:
@@ -206,8 +194,8 @@ def _source_from_table(name: str, table: Any) -> SourceConfig:
         raise ConfigError(f"{where} paths must be a non-empty list of strings, got {short_repr(paths)}")
     kwargs: dict[str, Any] = {"name": name, "paths": paths}
     defaults = SourceConfig(name=name, paths=paths)
-    for key in ("weight", "text_field", "token_field", "format", "block_bytes", "block_rows", "index"):
-        if key in table:
+    for key in allowed:  # every field of SourceConfig: a new option cannot be silently ignored
+        if key != "paths" and key in table:
             kwargs[key] = _typed(table[key], type(getattr(defaults, key)), key, where)
     source = SourceConfig(**kwargs)
     validate_source(source)
@@ -267,8 +255,6 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(
             f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
         )
-    from zephon_titan.engine.sources.guards import refuse_credentials  # here: engine imports this module
-
     refuse_credentials(config.s3_endpoint_url, "[dataloader] s3_endpoint_url")  # before any error echoes it
     if config.s3_endpoint_url and not config.s3_endpoint_url.startswith(("http://", "https://")):
         raise ConfigError(
@@ -277,9 +263,16 @@ def validate(config: DataConfig) -> None:
     validate_resume_allow(config.resume_allow)
 
 
-def validate_resume_allow(allow: list[str]) -> None:
-    from zephon_titan.engine.fingerprint import ALLOWED_CHANGES
+# Components a resume may be told to ignore ([dataloader] resume_allow), and why that keeps
+# every lane's rows unchanged.
+ALLOWED_CHANGES = {
+    "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
+    "locations": "data moved or copied to another directory, bucket or prefix: the same file names, in the "
+                 "same order, with the same sizes and blocks",
+}
 
+
+def validate_resume_allow(allow: list[str]) -> None:
     if not (isinstance(allow, list) and all(isinstance(item, str) for item in allow)):
         raise ConfigError(
             f"[dataloader] resume_allow must be a list of strings (e.g. [\"mtimes\"]), got {short_repr(allow)}"
@@ -312,103 +305,6 @@ def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
     config = cls(**kwargs)
     validate(config)
     return config
-
-
-def load_toml(path: str) -> dict:
-    """Parse a TOML job file. `[job] extends = "base.toml"` (relative to this file) starts
-    from another file and overrides it table by table, so variants of a job (other GPU
-    counts, other mixtures) state only what differs."""
-    chain = [os.path.abspath(path)]  # as written (relative extends start from there); cycles by real path
-    documents = [_read_toml(chain[0], "config file ")]
-    while (base := _job_table(documents[-1], chain[-1]).pop("extends", None)) is not None:
-        where = f"{chain[-1]}: [job] extends"
-        if not isinstance(base, str) or "\0" in base:
-            raise ConfigError(f"{where} must be a path string, got {short_repr(base)}")
-        base_path = os.path.abspath(os.path.join(os.path.dirname(chain[-1]), base))
-        real = [os.path.realpath(p) for p in chain]
-        if os.path.realpath(base_path) in real:
-            shown = chain[real.index(os.path.realpath(base_path)):] + [base_path]
-            raise ConfigError(f"{where} forms a cycle: {' -> '.join(shown)}; remove one of the extends")
-        if len(chain) >= MAX_EXTENDS:
-            raise ConfigError(f"{where}: the chain from {chain[0]} is over {MAX_EXTENDS} files long; "
-                              "merge some of the files")
-        chain.append(base_path)
-        documents.append(_read_toml(base_path, f"{where} = {short_repr(base)}: "))
-    merged = documents.pop()
-    while documents:
-        merged = _merge(merged, documents.pop())
-    return merged
-
-
-def _job_table(document: dict, path: str) -> dict:
-    job = document.get("job", {})
-    if not isinstance(job, dict):
-        raise ConfigError(f"{path}: job must be a table ([job], a free-form description and `extends`), "
-                          f"got {short_repr(job)}")
-    return job
-
-
-def _read_toml(path: str, where: str) -> dict:
-    """One TOML file: a regular file of at most MAX_TOML_BYTES of UTF-8 text. Never blocks on a FIFO
-    (checked before opening, opened non-blocking) and never reads a device or more than the bound."""
-    fix = "point it at a TOML file"
-    try:
-        mode = os.stat(path).st_mode
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{where}{path} is not a regular file ({_kind(mode)}); {fix}")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between stat and open
-                raise ConfigError(f"{where}{path} is not a regular file; {fix}")
-            data = os.read(fd, MAX_TOML_BYTES + 1)
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        raise ConfigError(f"{where}{path} does not exist") from None
-    except (OSError, ValueError) as e:  # ELOOP (a symlink loop), EACCES, a NUL in the path
-        raise ConfigError(f"{where}cannot read {path}: {getattr(e, 'strerror', None) or e}; {fix}") from None
-    if len(data) > MAX_TOML_BYTES:
-        raise ConfigError(f"{where}{path} is over {MAX_TOML_BYTES} bytes, too big for a job file; {fix}")
-    try:
-        return tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}{path} is not UTF-8 text (byte {e.start}); {fix}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{where}{path} is not valid TOML: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"{where}{path} nests arrays or tables too deeply to be a job file") from None
-
-
-def _kind(mode: int) -> str:
-    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
-             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
-    return next((name for test, name in kinds.items() if test(mode)), "not a file")
-
-
-def _merge(base: dict, override: dict) -> dict:
-    """`override` on top of `base`, table by table (iterative: nesting depth costs no stack)."""
-    out = dict(base)
-    pending = [(out, override)]
-    while pending:
-        target, table = pending.pop()
-        for key, value in table.items():
-            if isinstance(value, dict) and isinstance(target.get(key), dict):
-                target[key] = dict(target[key])
-                pending.append((target[key], value))
-            else:
-                target[key] = value
-    return out
-
-
-def load_data_config(path: str) -> DataConfig:
-    """Read the `[dataloader]` table of a job TOML file."""
-    document = load_toml(path)
-    if "dataloader" not in document:
-        raise ConfigError(f"{path} has no [dataloader] table")
-    try:
-        return config_from_dict(document["dataloader"])
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
 
 
 def config_to_dict(config: DataConfig) -> dict:

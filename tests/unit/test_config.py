@@ -1,7 +1,8 @@
 import pytest
 
 from helpers import data_table, spec_of
-from zephon_titan.config import config_from_dict, config_to_dict, load_data_config
+from zephon_titan.config import config_from_dict, config_to_dict
+from zephon_titan.toml_file import load_data_config
 from zephon_titan.errors import ConfigError
 
 

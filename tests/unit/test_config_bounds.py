@@ -9,8 +9,8 @@ import pytest
 
 from bounded import run_bounded
 from helpers import data_table, spec_of
-from zephon_titan.config import (BOUNDS, MAX_EXTENDS, MAX_TOML_BYTES, SOURCE_BOUNDS, DataConfig, SourceConfig,
-                                 config_from_dict, load_data_config, load_toml)
+from zephon_titan.config import BOUNDS, SOURCE_BOUNDS, DataConfig, SourceConfig, config_from_dict
+from zephon_titan.toml_file import MAX_EXTENDS, MAX_TOML_BYTES, load_data_config, load_toml
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import read_job_config
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import posixpath
 
+from zephon_titan.config import ALLOWED_CHANGES  # noqa: F401  (what resume_allow may name)
 from zephon_titan.errors import ResumeError
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION
@@ -18,15 +19,6 @@ from zephon_titan.engine.state import STATE_VERSION
 
 def _sha(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-
-
-# Components a resume may be told to ignore ([dataloader] resume_allow), and why that keeps
-# every lane's rows unchanged.
-ALLOWED_CHANGES = {
-    "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
-    "locations": "data moved or copied to another directory, bucket or prefix: the same file names, in the "
-                 "same order, with the same sizes and blocks",
-}
 
 
 def _source_components(spec: EngineSpec) -> dict[str, str]:

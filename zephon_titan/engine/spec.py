@@ -14,6 +14,7 @@ from zephon_titan.config import DataConfig, SourceConfig, validate
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, Source
+from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenize import DocumentTokenizer
 
 
@@ -104,7 +105,7 @@ def spec_from_portable(data: dict) -> EngineSpec:
 
 
 def _open(source: SourceConfig, config: DataConfig, listed: list[FileBlocks] | None) -> Source:
-    opened = open_source(source, max_document_chars=config.max_document_chars, options=config.storage_options(),
+    opened = open_source(source, max_document_chars=config.max_document_chars, options=StorageOptions.of(config),
                          listed=listed)
     if opened.num_blocks == 0:
         files = ", ".join(os.path.basename(f.path) for f in opened.files)

@@ -39,7 +39,8 @@ from typing import Any
 
 from torchtitan.trainer import Trainer
 
-from zephon_titan.config import config_from_dict, load_toml, short_repr
+from zephon_titan.config import config_from_dict, short_repr
+from zephon_titan.toml_file import load_toml
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader, validate_batch_layout

@@ -5,8 +5,7 @@
   the bytes they hold, so each is refused by name before anything is opened.
 - One file reached through several paths (a symlink, a symlink loop under `**`) would be
   read once per path: refused, naming the file and the paths.
-- Credentials never go in a URL: a job config ends up in logs and checkpoints, and an error
-  would echo them. The secret is never printed, only where it is.
+- Credentials never go in a URL (zephon_titan/urls.py): refused, never printed.
 """
 
 from __future__ import annotations
@@ -16,14 +15,11 @@ import stat
 from collections import defaultdict
 
 from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.urls import redact, refuse_credentials, userinfo  # noqa: F401  (re-exported for sources)
 
 # Kernel pseudo-filesystems: their files are "regular", but sizes are not what reading returns.
 PSEUDO_ROOTS = ("/proc/", "/sys/")
 
-CREDENTIALS_HINT = (
-    "credentials belong in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, or "
-    "AWS_PROFILE and ~/.aws), never in the job config, which ends up in logs and checkpoints"
-)
 
 
 def _kind(mode: int) -> str | None:
@@ -80,28 +76,6 @@ def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "ma
                 "symlink loop under `**`) reaches it more than once, and each copy would be read as data; remove "
                 "the symlink or narrow the glob"
             )
-
-
-def userinfo(url: str) -> str | None:
-    """The `user:secret` part of a URL (`scheme://user:secret@host/...`), or None."""
-    rest = url.split("://", 1)[1] if "://" in url else url
-    authority = rest.split("/", 1)[0]
-    return authority.rpartition("@")[0] if "@" in authority else None
-
-
-def redact(url: str) -> str:
-    """`url` with its credentials replaced by ***, safe to print."""
-    if userinfo(url) is None:
-        return url
-    scheme, sep, rest = url.partition("://") if "://" in url else ("", "", url)
-    authority, slash, tail = rest.partition("/")
-    return f"{scheme}{sep}***@{authority.rpartition('@')[2]}{slash}{tail}"
-
-
-def refuse_credentials(url: str, where: str) -> None:
-    """Refuse a URL with credentials in it, printing it redacted. `where` names the setting."""
-    if userinfo(url) is not None:
-        raise ConfigError(f"{where} {redact(url)!r} has credentials in it; {CREDENTIALS_HINT}")
 
 
 def refuse_credentials_in_path(path: str, where: str) -> None:

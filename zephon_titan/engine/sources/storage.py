@@ -37,6 +37,11 @@ class StorageOptions:
     s3_region: str = ""
     s3_anonymous: bool = False
 
+    @classmethod
+    def of(cls, config) -> "StorageOptions":
+        """The options of a DataConfig."""
+        return cls(config.s3_endpoint_url, config.s3_region, config.s3_anonymous)
+
 
 @dataclass(frozen=True)
 class FileStat:

@@ -1,0 +1,84 @@
+"""One direction of imports: core types (config) <- engine <- titan adapter / job files / command line; no cycles."""
+
+import ast
+import os
+import subprocess
+import sys
+
+PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "zephon_titan")
+
+
+def _modules() -> dict[str, str]:
+    out = {}
+    root = os.path.dirname(PACKAGE)
+    for folder, _, files in os.walk(PACKAGE):
+        for file in files:
+            if file.endswith(".py"):
+                name = os.path.relpath(os.path.join(folder, file), root)[:-3].replace(os.sep, ".")
+                out[name.removesuffix(".__init__")] = os.path.join(folder, file)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere in the file, functions included)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    edges.add(full if full in modules else node.module)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle found by depth-first search, as the path that closes it."""
+    found, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_cycle_check_can_fail():
+    # Negative control: a graph with a cycle is reported.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def _loaded_after(module: str) -> set[str]:
+    code = f"import sys, {module}; print(' '.join(sorted(sys.modules)))"
+    return set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+
+
+def test_layers():
+    graph = import_graph()
+    engine = {m for m in graph if m.startswith("zephon_titan.engine")}
+    for module in engine:
+        above = {e for e in graph[module] if e.startswith(("zephon_titan.titan", "zephon_titan.toml_file",
+                                                           "zephon_titan.cli", "zephon_titan.plan"))}
+        assert not above, f"{module} imports the layers above the engine: {above}"
+    assert not {e for e in graph["zephon_titan.config"] if e.startswith("zephon_titan.engine")}
+    loaded = _loaded_after("zephon_titan.engine")
+    assert not loaded & {"torch", "torchtitan", "zephon_titan.titan", "zephon_titan.toml_file"}, loaded
+    assert not {m for m in _loaded_after("zephon_titan.config") if m.startswith("zephon_titan.engine")}
