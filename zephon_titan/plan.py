@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group
+from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group, tally
 from zephon_titan.engine.ledger import LedgerEntry
 from zephon_titan.errors import LaneExhausted, ResumeError
 from zephon_titan.titan.dataloader import check_header, read_lane_states
@@ -76,11 +76,6 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
                 lanes = group.next_step()
             except LaneExhausted:  # a finite run stops at the first step any lane cannot fill
                 return
-            tokens = [0] * len(names)
-            padding = 0
-            for rows in lanes:
-                for row in rows:
-                    tokens = [a + b for a, b in zip(tokens, row.tokens_by_source(len(names)))]
-                    padding += row.padding
-            yield LedgerEntry(step=step, sha256=batch_digest(lane_digest(rows) for rows in lanes),
-                              rows=job.global_batch_size, tokens=dict(zip(names, tokens)), padding=padding)
+            counts = tally((row for rows in lanes for row in rows), len(names))
+            yield LedgerEntry.of(step, batch_digest(lane_digest(rows) for rows in lanes), job.global_batch_size,
+                                 names, counts)

@@ -165,7 +165,7 @@ def test_verify_compares_every_field(tmp_path, capsys):
 
 def test_error_messages_for_huge_batches_are_computed_in_bounded_time():
     # rows per rank 2**40 with local_batch_size 3: listing the valid local sizes must not walk 2**40 numbers.
-    code = ("from zephon_titan.titan.dataloader import validate_batch_layout\n"
+    code = ("from zephon_titan.engine import validate_batch_layout\n"
             "try:\n    validate_batch_layout(8, 2**40 * 8, 8, 3)\nexcept Exception as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "use a local_batch_size in [1, 2, 4, 8, 16" in out

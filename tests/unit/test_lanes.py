@@ -4,7 +4,7 @@ import pytest
 
 from helpers import make_spec
 from zephon_titan.engine import (
-    ConfigError, LaneGroup, batch_digest, lane_digest, lanes_of_rank, rows_per_lane, valid_world_sizes,
+    ConfigError, LaneGroup, LaneStream, batch_digest, lane_digest, lanes_of_rank, rows_per_lane, valid_world_sizes,
 )
 
 STEPS, GLOBAL_BATCH = 4, 16
@@ -60,3 +60,16 @@ def test_global_batch_must_be_a_multiple_of_lanes():
     with pytest.raises(ConfigError, match="global batch size 20 is not a positive multiple of num_lanes 8"):
         rows_per_lane(20, 8)
     assert rows_per_lane(24, 8) == 3
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_the_initial_state_is_known_without_reading_data(corpus_dir, tokenizer_dir, packing):
+    from zephon_titan.engine import LaneState
+
+    spec = make_spec(corpus_dir, tokenizer_dir, packing=packing)
+    for lane in range(spec.num_lanes):
+        assert LaneState.initial(lane, len(spec.sources)) == LaneStream(spec, lane).state()
+    # Negative control: the state after one row is not the initial one.
+    stream = LaneStream(spec, 0)
+    stream.next_row()
+    assert stream.state() != LaneState.initial(0, len(spec.sources))

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import make_spec, rows_digest
+from helpers import data_table, make_spec, rows_digest
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine import LaneStream
 from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
@@ -231,3 +231,24 @@ def test_a_bad_line_read_ahead_in_the_background_is_raised_where_it_is_needed(s3
     stream = LaneStream(spec, 0)
     with pytest.raises(DataError, match=rf"{uri}/bad.jsonl at byte {bad_offset}: line is not valid JSON"):
         stream.take(10_000)
+
+
+def test_building_the_loader_reads_no_document(s3, s3_corpus, corpus_dir, tokenizer_dir):
+    # Lane states before the first row are known without data: construction lists files and reads
+    # Parquet footers (block counts), never a block of documents.
+    from zephon_titan.config import config_from_dict
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+
+    sources = {"prose": {"paths": [f"{s3_corpus}/prose/*.jsonl"], "block_bytes": 16384},
+               "code": {"paths": [f"{s3_corpus}/code/*.parquet"]}}
+    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources), cls=ZephonDataLoader.Config)
+    config.global_batch_size = 16
+    _forget_open_files()
+    s3.clear_requests()
+    loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=2)
+    assert _gets(s3.requests(), ".jsonl") == []
+    loader.state_dict()  # saving before the first step reads nothing either
+    assert _gets(s3.requests(), ".jsonl") == []
+    next(iter(loader))  # negative control: the first batch does read documents
+    assert _gets(s3.requests(), ".jsonl")
+    loader.close()

@@ -3,8 +3,10 @@
 from zephon_titan.engine.digest import batch_digest, lane_digest
 from zephon_titan.errors import ConfigError, DataError, LaneExhausted, ResumeError, ZephonError
 from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
-from zephon_titan.engine.lanes import LaneGroup, lanes_of_rank, open_lane_group, rows_per_lane, valid_world_sizes
-from zephon_titan.engine.packing import IGNORE_INDEX, Row
+from zephon_titan.engine.lanes import (
+    LaneGroup, lanes_of_rank, open_lane_group, rows_per_lane, valid_world_sizes, validate_batch_layout,
+)
+from zephon_titan.engine.packing import IGNORE_INDEX, Row, tally
 from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState, SourceCursor
 from zephon_titan.engine.stream import LaneStream
@@ -14,5 +16,5 @@ __all__ = [
     "ConfigError", "DataError", "DocumentTokenizer", "EngineSpec", "IGNORE_INDEX", "LaneExhausted",
     "LaneGroup", "LaneState", "LaneStream", "ResumeError", "Row", "SourceCursor", "ZephonError",
     "batch_digest", "build_engine", "check_fingerprint", "fingerprint", "lane_digest", "lanes_of_rank",
-    "SpecialTokenChoice", "open_lane_group", "rows_per_lane", "valid_world_sizes",
+    "SpecialTokenChoice", "open_lane_group", "rows_per_lane", "tally", "valid_world_sizes", "validate_batch_layout",
 ]

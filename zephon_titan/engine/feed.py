@@ -24,7 +24,7 @@ from zephon_titan.errors import DataError
 from zephon_titan.engine.mixing import choose_source
 from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import SourceCursor
+from zephon_titan.engine.state import SourceCursor, initial_cursors
 
 # Documents tokenized together in one encode_batch call (a speed knob only). Batches
 # start small and double, so the first row (and a restore) waits for a few documents only.
@@ -199,7 +199,7 @@ class DocumentFeed:
         self.lane_id = lane_id
         self.readers = [LaneSourceReader(spec, s, lane_id) for s in range(len(spec.sources))]
         if cursors is None:
-            cursors = tuple(SourceCursor(window=0, position=0, tokens=0) for _ in spec.sources)
+            cursors = initial_cursors(len(spec.sources))
         self.cursors = list(cursors)
         for reader, cursor in zip(self.readers, self.cursors):
             reader.prefetch(cursor.window)  # lanes created together fetch their first windows together

@@ -41,6 +41,45 @@ def rows_per_lane(global_batch_size: int, num_lanes: int) -> int:
     return global_batch_size // num_lanes
 
 
+def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size: int, local_batch_size: int) -> int:
+    """Check the run's batch shape against the lanes; returns rows per lane per step."""
+    if global_batch_size <= 0:
+        raise ConfigError(
+            "training.global_batch_size must be set explicitly (rows per optimizer step, a multiple of "
+            f"[dataloader] num_lanes = {num_lanes}). TorchTitan's default (-1) means local_batch_size x "
+            "data-parallel size, which changes with the number of GPUs and so would change the data of every step"
+        )
+    if num_lanes % dp_world_size:
+        raise ConfigError(
+            f"the data-parallel size is {dp_world_size}, which does not divide [dataloader] num_lanes = {num_lanes}; "
+            f"valid data-parallel sizes: {valid_world_sizes(num_lanes)} "
+            "(data_parallel_replicate_degree x data_parallel_shard_degree)"
+        )
+    rows = rows_per_lane(global_batch_size, num_lanes)
+    rows_per_rank = global_batch_size // dp_world_size
+    if local_batch_size < 1 or rows_per_rank % local_batch_size:
+        fits = divisors(rows_per_rank)
+        raise ConfigError(
+            f"each of the {dp_world_size} data-parallel ranks takes global_batch_size / {dp_world_size} = "
+            f"{rows_per_rank} rows per step, which is not a multiple of training.local_batch_size = "
+            f"{local_batch_size}; use a local_batch_size in {fits}"
+        )
+    return rows
+
+
+def divisors(n: int, limit: int = 16) -> list[int]:
+    """The first `limit` divisors of n, in O(sqrt n) (n may be huge in a mistaken config)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n and len(small) < limit:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return sorted(small + large)[:limit] if len(small) < limit else small
+
+
 class LaneGroup:
     """The lanes one rank owns, stepped together in this process: R rows per lane per step, in
     canonical order. `open_lane_group` picks this or the worker-process version."""

@@ -35,6 +35,12 @@ class LedgerEntry:
     tokens: dict[str, int]
     padding: int
 
+    @classmethod
+    def of(cls, step: int, sha256: str, rows: int, source_names: list[str], counts: list[int]) -> "LedgerEntry":
+        """From `tally()` counts: per source, then padding (last)."""
+        return cls(step=step, sha256=sha256, rows=rows, tokens=dict(zip(source_names, counts[:-1])),
+                   padding=counts[-1])
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 

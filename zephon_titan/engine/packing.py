@@ -52,11 +52,15 @@ class Row:
     def to_bytes(self) -> bytes:
         return self.inputs.tobytes() + self.labels.tobytes() + self.positions.tobytes()
 
-    def tokens_by_source(self, num_sources: int) -> list[int]:
-        counts = [0] * num_sources
-        for piece in self.pieces:
+
+def tally(rows, num_sources: int) -> list[int]:
+    """Tokens per source, then padding (last), over `rows`: the one count behind the ledger and the metrics."""
+    counts = [0] * (num_sources + 1)
+    for row in rows:
+        for piece in row.pieces:
             counts[piece.source] += piece.length
-        return counts
+        counts[-1] += row.padding
+    return counts
 
 
 def make_row(parts: list[tuple[np.ndarray, Piece]], row_tokens: int, pad_id: int) -> Row:

@@ -48,6 +48,11 @@ class LaneState:
 
     version: int = STATE_VERSION
 
+    @classmethod
+    def initial(cls, lane_id: int, num_sources: int) -> "LaneState":
+        """The state of a lane before its first row (no data needs to be read to know it)."""
+        return cls(lane_id=lane_id, rows=0, cursors=initial_cursors(num_sources), unit_open=False, unit_offset=0)
+
     def to_dict(self) -> dict:
         return {
             "version": self.version,
@@ -89,6 +94,10 @@ class LaneState:
             unit_open=data["unit_open"],
             unit_offset=data["unit_offset"],
         )
+
+
+def initial_cursors(num_sources: int) -> tuple[SourceCursor, ...]:
+    return tuple(SourceCursor(window=0, position=0, tokens=0) for _ in range(num_sources))
 
 
 def _count(value, name: str, where: str) -> None:

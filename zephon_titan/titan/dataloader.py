@@ -22,53 +22,14 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine import (
-    DocumentTokenizer, LaneState, LaneStream, Row, build_engine, check_fingerprint, fingerprint, lane_digest,
-    lanes_of_rank, open_lane_group, rows_per_lane, valid_world_sizes,
+    DocumentTokenizer, LaneState, Row, build_engine, check_fingerprint, fingerprint, lane_digest,
+    lanes_of_rank, open_lane_group, tally, validate_batch_layout,
 )
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.state_codec import (
     HEADER_CAPACITY, HEADER_KEY, HEADER_VERSION, encode_entry, lane_capacity, lane_key, read_header, read_lane, seal,
 )
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
-
-
-def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size: int, local_batch_size: int) -> int:
-    """Check the run's batch shape against the lanes; returns rows per lane per step."""
-    if global_batch_size <= 0:
-        raise ConfigError(
-            "training.global_batch_size must be set explicitly (rows per optimizer step, a multiple of "
-            f"[dataloader] num_lanes = {num_lanes}). TorchTitan's default (-1) means local_batch_size x "
-            "data-parallel size, which changes with the number of GPUs and so would change the data of every step"
-        )
-    if num_lanes % dp_world_size:
-        raise ConfigError(
-            f"the data-parallel size is {dp_world_size}, which does not divide [dataloader] num_lanes = {num_lanes}; "
-            f"valid data-parallel sizes: {valid_world_sizes(num_lanes)} "
-            "(data_parallel_replicate_degree x data_parallel_shard_degree)"
-        )
-    rows = rows_per_lane(global_batch_size, num_lanes)
-    rows_per_rank = global_batch_size // dp_world_size
-    if local_batch_size < 1 or rows_per_rank % local_batch_size:
-        fits = divisors(rows_per_rank)
-        raise ConfigError(
-            f"each of the {dp_world_size} data-parallel ranks takes global_batch_size / {dp_world_size} = "
-            f"{rows_per_rank} rows per step, which is not a multiple of training.local_batch_size = "
-            f"{local_batch_size}; use a local_batch_size in {fits}"
-        )
-    return rows
-
-
-def divisors(n: int, limit: int = 16) -> list[int]:
-    """The first `limit` divisors of n, in O(sqrt n) (n may be huge in a mistaken config)."""
-    small, large = [], []
-    d = 1
-    while d * d <= n and len(small) < limit:
-        if n % d == 0:
-            small.append(d)
-            if d * d != n:
-                large.append(n // d)
-        d += 1
-    return sorted(small + large)[:limit] if len(small) < limit else small
 
 
 def _engine_tokenizer(config: "ZephonDataLoader.Config", trainer_tokenizer: Any) -> DocumentTokenizer:
@@ -88,12 +49,7 @@ class StepRecord:
 
     @classmethod
     def of(cls, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> "StepRecord":
-        totals = [0] * (num_sources + 1)
-        for rows in step:
-            for row, _ in rows:
-                for s, n in enumerate(row.tokens_by_source(num_sources)):
-                    totals[s] += n
-                totals[-1] += row.padding
+        totals = tally((row for rows in step for row, _ in rows), num_sources)
         return cls([lane_digest(row for row, _ in rows) for rows in step], totals)
 
 
@@ -134,7 +90,8 @@ class ZephonDataLoader(BaseDataLoader):
         # Workers start at the first batch, after a checkpoint (if any) has been loaded.
         self._group = None
         # What the trainer has consumed, per lane: engine state and tokens per source.
-        self._consumed: dict[int, LaneState] = {lane: LaneStream(self.spec, lane).state() for lane in self.lane_ids}
+        # Known without reading data: building the loader costs no request to the sources.
+        self._consumed: dict[int, LaneState] = {lane: LaneState.initial(lane, num_sources) for lane in self.lane_ids}
         self._tokens: dict[int, list[int]] = {lane: [0] * num_sources for lane in self.lane_ids}
         self._padding: dict[int, int] = {lane: 0 for lane in self.lane_ids}
         self.last_step: StepRecord | None = None
@@ -168,9 +125,9 @@ class ZephonDataLoader(BaseDataLoader):
                 # Handing the microbatch over is consumption: record it before yielding.
                 for lane, row, state in chunk:
                     self._consumed[lane] = state
-                    counts = row.tokens_by_source(num_sources)
+                    counts = tally([row], num_sources)
                     self._tokens[lane] = [a + b for a, b in zip(self._tokens[lane], counts)]
-                    self._padding[lane] += row.padding
+                    self._padding[lane] += counts[-1]
                 if start + self.local_batch_size >= len(flat):
                     self.last_step = record  # the step's last microbatch is consumed with this one
                 yield batch

@@ -41,9 +41,9 @@ from torchtitan.trainer import Trainer
 
 from zephon_titan.config import config_from_dict, short_repr
 from zephon_titan.toml_file import load_toml
-from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine
+from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.dataloader import ZephonDataLoader, validate_batch_layout
+from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.tokenizer import document_tokenizer, load_hf_tokenizer, load_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
 

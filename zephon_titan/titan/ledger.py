@@ -27,11 +27,5 @@ def gather_ledger_entry(
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
     lane_bytes = digests.cpu().numpy().tobytes()
-    counts = tokens.tolist()
-    return LedgerEntry(
-        step=step,
-        sha256=batch_digest(lane_bytes[i : i + 32] for i in range(0, len(lane_bytes), 32)),
-        rows=loader.config.global_batch_size,
-        tokens=dict(zip(loader.spec.source_names, counts[:-1])),
-        padding=counts[-1],
-    )
+    sha256 = batch_digest(lane_bytes[i : i + 32] for i in range(0, len(lane_bytes), 32))
+    return LedgerEntry.of(step, sha256, loader.config.global_batch_size, loader.spec.source_names, tokens.tolist())
