@@ -33,7 +33,6 @@ paths = "{corpus_dir}/code/*.parquet"
         ({"num_lanse": 8}, r"unknown key 'num_lanse' in \[dataloader\]; did you mean 'num_lanes'\?"),
         ({"num_lanes": 0}, r"num_lanes must be >= 1, got 0"),
         ({"num_lanes": "8"}, r"num_lanes must be int, got '8'"),
-        ({"packing": "greedy"}, r"packing must be one of wrap, best_fit, got 'greedy'"),
         ({"exhaustion": "stop"}, r"exhaustion must be one of repeat, redistribute"),
         ({"sources": {}}, r"has no sources"),
         ({"sources": {"a": {"weight": 1}}}, r"\[dataloader.sources.a\] needs `paths`"),
@@ -42,7 +41,6 @@ paths = "{corpus_dir}/code/*.parquet"
         ({"sources": {"a": {"paths": ["x"], "wieght": 1}}}, r"unknown key 'wieght' .*did you mean 'weight'"),
         ({"sources": {"a": {"paths": []}}}, r"paths must be a non-empty list"),
         ({"s3_endpoint_url": "localhost:9000"}, r"s3_endpoint_url must start with http:// or https://"),
-        ({"sources": {"a": {"paths": ["x"], "format": "csv"}}}, r"format must be one of auto, jsonl, parquet, lance"),
         ({"sources": {"a": {"paths": ["x"], "block_bytes": 10}}}, r"block_bytes must be >= 1024, got 10"),
         ({"workers": 0}, r"workers must be >= 1, got 0"),
         ({"resume_allow": ["seed"]}, r"resume_allow: 'seed' cannot be allowed"),
@@ -51,6 +49,23 @@ paths = "{corpus_dir}/code/*.parquet"
 def test_config_mistakes_are_named(corpus_dir, tokenizer_dir, change, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(data_table(corpus_dir, tokenizer_dir, **change))
+
+
+def test_an_unknown_format_is_named_when_the_engine_is_built(corpus_dir, tokenizer_dir):
+    table = data_table(corpus_dir, tokenizer_dir)
+    table["sources"]["prose"]["format"] = "csv"
+    with pytest.raises(ConfigError, match=r"\[dataloader.sources.prose\] format must be one of auto, jsonl, lance, "
+                                          r"parquet, got 'csv'"):
+        spec_of(config_from_dict(table), 64)
+
+
+def test_an_unknown_packing_is_named_before_the_first_row(corpus_dir, tokenizer_dir):
+    from zephon_titan.engine import LaneStream, fingerprint
+
+    spec = spec_of(config_from_dict(data_table(corpus_dir, tokenizer_dir, packing="greedy")), 64)
+    for build in (lambda: fingerprint(spec), lambda: LaneStream(spec, 0)):
+        with pytest.raises(ConfigError, match=r"\[dataloader\] packing must be one of wrap, best_fit, got 'greedy'"):
+            build()
 
 
 def test_missing_files_fail_when_the_engine_is_built(corpus_dir, tokenizer_dir):

@@ -13,6 +13,7 @@ import posixpath
 
 from zephon_titan.config import ALLOWED_CHANGES  # noqa: F401  (what resume_allow may name)
 from zephon_titan.errors import ResumeError
+from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION
 
@@ -49,7 +50,7 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
         "seed": str(c.seed),
         "seq_len": str(spec.seq_len),
         "num_lanes": str(c.num_lanes),
-        "packing": f"{c.packing}(window_docs={c.best_fit_window_docs})" if c.packing == "best_fit" else c.packing,
+        "packing": packer_class(c.packing).fingerprint(c),
         "exhaustion": c.exhaustion,
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
     }

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_titan.errors import LaneExhausted, ResumeError
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.state import SourceCursor
 
@@ -83,11 +83,40 @@ def make_row(parts: list[tuple[np.ndarray, Piece]], row_tokens: int, pad_id: int
     return Row(tokens[:-1], labels, positions[:-1], tuple(p for _, p in parts), padding)
 
 
+# The packing registry: `[dataloader] packing = "<name>"` picks a class here. A packer is one class with
+# `name`, `from_spec(feed, spec)`, `fingerprint(config)` (its settings the rows depend on) and the
+# methods next_row / unit / restore; adding one is the class plus one `register_packer` line.
+_PACKERS: dict[str, type] = {}
+
+
+def register_packer(cls: type) -> type:
+    if cls.name in _PACKERS:
+        raise ValueError(f"packing {cls.name!r} is registered already")
+    _PACKERS[cls.name] = cls
+    return cls
+
+
+def packer_class(name: str) -> type:
+    if name not in _PACKERS:
+        raise ConfigError(f"[dataloader] packing must be one of {', '.join(_PACKERS)}, got {name!r}")
+    return _PACKERS[name]
+
+
 class WrapPacker:
     """Documents concatenated and split across rows: no padding, no token dropped.
 
     Unit = the document being emitted; unit_offset = its tokens already in rows.
     """
+
+    name = "wrap"
+
+    @classmethod
+    def from_spec(cls, feed: DocumentFeed, spec) -> "WrapPacker":
+        return cls(feed, spec.row_tokens, spec.pad_id)
+
+    @staticmethod
+    def fingerprint(config) -> str:
+        return "wrap"
 
     def __init__(self, feed: DocumentFeed, row_tokens: int, pad_id: int):
         self.feed = feed
@@ -136,6 +165,16 @@ class BestFitPacker:
     A document longer than a row is first cut into row-sized chunks. Unit = the
     window of documents; unit_offset = its rows already emitted.
     """
+
+    name = "best_fit"
+
+    @classmethod
+    def from_spec(cls, feed: DocumentFeed, spec) -> "BestFitPacker":
+        return cls(feed, spec.row_tokens, spec.pad_id, spec.config.best_fit_window_docs)
+
+    @staticmethod
+    def fingerprint(config) -> str:
+        return f"best_fit(window_docs={config.best_fit_window_docs})"
 
     def __init__(self, feed: DocumentFeed, row_tokens: int, pad_id: int, window_docs: int):
         self.feed = feed
@@ -196,3 +235,5 @@ class BestFitPacker:
         return [make_row(parts, self.row_tokens, self.pad_id) for parts in bins]
 
 
+register_packer(WrapPacker)
+register_packer(BestFitPacker)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from zephon_titan.errors import ResumeError
 from zephon_titan.engine.feed import DocumentFeed
-from zephon_titan.engine.packing import BestFitPacker, Row, WrapPacker
+from zephon_titan.engine.packing import Row, packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 
@@ -28,10 +28,7 @@ class LaneStream:
             cursors = state.cursors
             self.rows = state.rows
         self.feed = DocumentFeed(spec, lane_id, cursors)
-        if spec.config.packing == "wrap":
-            self.packer = WrapPacker(self.feed, spec.row_tokens, spec.pad_id)
-        else:
-            self.packer = BestFitPacker(self.feed, spec.row_tokens, spec.pad_id, spec.config.best_fit_window_docs)
+        self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
         if state is not None:
             self.packer.restore(state.unit_open, state.unit_offset)
 

@@ -1,32 +1,21 @@
-"""Source formats. `open_source` picks the reader from the config (or file extension)."""
+"""Source formats. `open_source` picks the reader from the config (or the file names) through the
+format registry (formats.py): a new format is one module plus one `register_format` line here."""
 
 from __future__ import annotations
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
+from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, register_format
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
-from zephon_titan.engine.sources.jsonl import JsonlSource
-from zephon_titan.engine.sources.parquet import ParquetSource
+from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
+from zephon_titan.engine.sources.lance import LANCE
+from zephon_titan.engine.sources.parquet import PARQUET, ParquetSource
 from zephon_titan.engine.sources.storage import StorageOptions
 
-_EXTENSIONS = {
-    **{f"{ext}{z}": "jsonl" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")},
-    ".parquet": "parquet",
-    ".pq": "parquet",
-}
-
-
-def _format_of(source: SourceConfig, path: str) -> str:
-    if source.format != "auto":
-        return source.format
-    for ext, fmt in _EXTENSIONS.items():
-        if path.endswith(ext):
-            return fmt
-    raise ConfigError(
-        f"[dataloader.sources.{source.name}]: cannot tell the format of {path} from its extension "
-        f"(known: {', '.join(_EXTENSIONS)}); set format = \"jsonl\" or \"parquet\""
-    )
+register_format(JSONL)
+register_format(PARQUET)
+register_format(LANCE)
 
 
 def open_source(source: SourceConfig, base_dir: str | None = None, max_document_chars: int = 64 << 20,
@@ -41,12 +30,10 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
         if indexed is not None:
             _check_index_format(source, *indexed)
             listed = indexed[1]
-    if _is_lance(source):
-        from zephon_titan.engine.sources.lance import LanceSource, expand_datasets
-
-        datasets = listed if listed is not None else expand_datasets(source.name, source.paths)
-        opened = LanceSource(source.name, datasets, source.text_field, source.block_rows, max_document_chars,
-                             source.token_field, options)
+    datasets = dataset_format(source)
+    if datasets is not None:
+        names = listed if listed is not None else datasets.list_datasets(source.name, source.paths)
+        opened = datasets.open(source, names, max_document_chars, options)
     else:
         opened = _open_files(source, listed, base_dir, max_document_chars, options)
     if write_index:
@@ -57,37 +44,30 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
 def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks]) -> None:
     """An index's records were checked for the format it names (index_records.py): it must be the
     source's, or its block counts mean nothing."""
-    actual = "lance" if _is_lance(source) else _format_of(source, files[0].path) if files else fmt
+    datasets = dataset_format(source)
+    actual = datasets.name if datasets else format_of_file(source, files[0].path).name if files else fmt
     if fmt != actual:
         raise ConfigError(f"[dataloader.sources.{source.name}] index {source.index} describes {fmt} files, but the "
                           f"source's are {actual}; rebuild it with `zephon-titan index <job.toml>`")
 
 
-def _is_lance(source: SourceConfig) -> bool:
-    if source.format != "auto":
-        return source.format == "lance"
-    return all(p.rstrip("/").endswith(".lance") for p in source.paths)
-
-
 def _open_files(source: SourceConfig, listed: list[FileBlocks] | None, base_dir: str | None, max_document_chars: int,
                 options: StorageOptions) -> Source:
     files = listed if listed is not None else expand_paths(source.name, source.paths, base_dir, options)
-    formats = {_format_of(source, f.path) for f in files}
+    formats = {format_of_file(source, f.path).name: format_of_file(source, f.path) for f in files}
     if len(formats) > 1:
         raise ConfigError(
             f"[dataloader.sources.{source.name}] mixes formats ({', '.join(sorted(formats))}); "
             "split it into one source per format"
         )
-    fmt = formats.pop()
-    if source.token_field and fmt != "parquet":
+    (fmt,) = formats.values()
+    if source.token_field and not fmt.token_field:
         raise ConfigError(
             f"[dataloader.sources.{source.name}] token_field needs Parquet files or Lance datasets (a column of "
-            "token-id lists), "
-            f"its files are {fmt}"
+            f"token-id lists), its files are {fmt.name}"
         )
-    if fmt == "parquet":
-        return ParquetSource(source.name, files, source.text_field, max_document_chars, source.token_field, options)
-    return JsonlSource(source.name, files, source.text_field, source.block_bytes, max_document_chars, options)
+    return fmt.open(source, files, max_document_chars, options)
 
 
-__all__ = ["BlockDocuments", "Source", "open_source", "JsonlSource", "ParquetSource", "StorageOptions"]
+__all__ = ["BlockDocuments", "Format", "Source", "open_source", "register_format", "JsonlSource", "ParquetSource",
+           "StorageOptions"]

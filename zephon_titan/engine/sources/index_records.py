@@ -13,16 +13,14 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks
-from zephon_titan.engine.sources.jsonl import num_blocks as jsonl_blocks
+from zephon_titan.engine.sources.formats import format_names, get_format
 from zephon_titan.engine.sources.lance import parse_block_name
-
-FORMATS = ("jsonl", "parquet", "lance")
 _FIX = "the index was edited or is corrupt: rebuild it with `zephon-titan index <job.toml>`"
 
 
 def check_records(records: list, source: SourceConfig, fmt: str, where: str) -> list[FileBlocks]:
-    if fmt not in FORMATS:
-        raise ConfigError(f"{where} has format {_show(fmt)}, not one of {', '.join(FORMATS)}; {_FIX}")
+    if fmt not in format_names():
+        raise ConfigError(f"{where} has format {_show(fmt)}, not one of {', '.join(format_names())}; {_FIX}")
     files, keys = [], []
     for n, record in enumerate(records):
         problem, f = _parse(record)
@@ -37,7 +35,7 @@ def check_records(records: list, source: SourceConfig, fmt: str, where: str) -> 
             raise ConfigError(f"{where} record {n} ({f.path}) {what}; {_FIX}")
         files.append(f)
         keys.append(key)
-    if fmt != "lance":
+    if not get_format(fmt, "index").datasets:
         guards.refuse_duplicate_targets(source.name, [f.path for f in files], f"records of {where}")
     return files
 
@@ -63,28 +61,11 @@ def _parse(record) -> tuple[str, FileBlocks | None]:
 
 
 def _blocks_problem(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
-    if fmt == "jsonl":
-        expected = jsonl_blocks(f.path, f.size, source.block_bytes)
-        if f.num_blocks != expected:
-            return (f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of JSONL in blocks of "
-                    f"{source.block_bytes:,} bytes make {expected}")
-        if f.block_rows:
-            return "block_rows must be empty for JSONL (its blocks are byte ranges)"
-    elif fmt == "parquet":
-        if f.num_blocks != len(f.block_rows):
-            return f"num_blocks is {f.num_blocks}, but block_rows lists {len(f.block_rows)} row groups"
-    else:
-        if parse_block_name(f.path) is None:
-            return "is not a Lance block name (<dataset>?version=<v>&fragment=<id>)"
-        expected = -(-f.size // source.block_rows)
-        if f.num_blocks != expected:
-            return (f"num_blocks is {f.num_blocks}, but {f.size:,} rows in blocks of {source.block_rows:,} rows "
-                    f"make {expected}")
-    return ""
+    return get_format(fmt, "index").check_record(f, source)
 
 
 def _outside(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
-    target = f.path.rpartition("?")[0] if fmt == "lance" else f.path
+    target = f.path.rpartition("?")[0] if get_format(fmt, "index").datasets else f.path
     if any(storage.matches(pattern, target) for pattern in source.paths):
         return ""
     return f"is outside the source's configured paths ({', '.join(source.paths)})"

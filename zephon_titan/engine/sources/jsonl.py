@@ -20,6 +20,7 @@ import pyarrow as pa
 from zephon_titan.errors import DataError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.storage import FileStat
 
 # The line crossing a block's end is completed in reads of this size, so a block costs at
@@ -179,3 +180,20 @@ def num_blocks(path: str, size: int, block_bytes: int) -> int:
 
 def _compression(path: str) -> str | None:
     return _COMPRESSION.get(os.path.splitext(path)[1])
+
+
+def _check_record(f: FileBlocks, source) -> str:
+    expected = num_blocks(f.path, f.size, source.block_bytes)
+    if f.num_blocks != expected:
+        return (f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of JSONL in blocks of "
+                f"{source.block_bytes:,} bytes make {expected}")
+    return "block_rows must be empty for JSONL (its blocks are byte ranges)" if f.block_rows else ""
+
+
+JSONL = Format(
+    name="jsonl",
+    extensions=tuple(f"{ext}{z}" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")),
+    open=lambda source, files, max_chars, options: JsonlSource(source.name, files, source.text_field,
+                                                               source.block_bytes, max_chars, options),
+    check_record=_check_record,
+)

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
 from zephon_titan.engine.sources.columns import column_documents
+from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.guards import refuse_credentials_in_path
 from zephon_titan.engine.sources.storage import StorageOptions, is_uri, s3_endpoint
 
@@ -142,3 +143,25 @@ def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
                               f"fix the path or remove it from [dataloader.sources.{source_name}] paths")
         out.update(os.path.normpath(m) for m in matches)
     return sorted(out)
+
+
+def _check_record(f: FileBlocks, source) -> str:
+    if parse_block_name(f.path) is None:
+        return "is not a Lance block name (<dataset>?version=<v>&fragment=<id>)"
+    expected = -(-f.size // source.block_rows)
+    if f.num_blocks != expected:
+        return f"num_blocks is {f.num_blocks}, but {f.size:,} rows in blocks of {source.block_rows:,} rows make {expected}"
+    return ""
+
+
+LANCE = Format(
+    name="lance",
+    extensions=(".lance",),
+    open=lambda source, datasets, max_chars, options: LanceSource(source.name, datasets, source.text_field,
+                                                                  source.block_rows, max_chars, source.token_field,
+                                                                  options),
+    check_record=_check_record,
+    token_field=True,
+    datasets=True,
+    list_datasets=expand_datasets,
+)

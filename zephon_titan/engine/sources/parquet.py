@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from zephon_titan.errors import DataError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 
@@ -80,3 +81,19 @@ class ParquetSource(Source):
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot read row group {local_block} ({e})") from None
         return column_documents(self, table.column(0), f.path, starts[local_block])
+
+
+def _check_record(f: FileBlocks, source) -> str:
+    if f.num_blocks != len(f.block_rows):
+        return f"num_blocks is {f.num_blocks}, but block_rows lists {len(f.block_rows)} row groups"
+    return ""
+
+
+PARQUET = Format(
+    name="parquet",
+    extensions=(".parquet", ".pq"),
+    open=lambda source, files, max_chars, options: ParquetSource(source.name, files, source.text_field, max_chars,
+                                                                 source.token_field, options),
+    check_record=_check_record,
+    token_field=True,
+)

@@ -1,0 +1,87 @@
+"""The source-format registry. A format is one module that declares a `Format`, plus one
+`register_format` line (sources/__init__.py); nothing else names formats.
+
+A format says which file names it reads under `format = "auto"`, how to open a source from its
+listed files (or index records), and how to check an index record's block count against its
+size, so a doctored index cannot drop documents or read past a file's end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    """The `format = "..."` value of a source."""
+
+    extensions: tuple[str, ...]
+    """File name endings this format reads under `format = "auto"`."""
+
+    open: Callable
+    """(source config, files or index records, max_document_chars, StorageOptions) -> Source."""
+
+    check_record: Callable = lambda record, source: ""
+    """(FileBlocks, source config) -> what is wrong with an index record ("" if nothing)."""
+
+    token_field: bool = False
+    """Reads pre-tokenized columns (`token_field`)."""
+
+    datasets: bool = False
+    """Paths name dataset directories (listed by `list_datasets`), not files; blocks carry their own names."""
+
+    list_datasets: Callable | None = None
+    """(source name, patterns) -> dataset names, for `datasets` formats."""
+
+
+_FORMATS: dict[str, Format] = {}
+
+
+def register_format(fmt: Format) -> Format:
+    if fmt.name in _FORMATS or fmt.name == "auto":
+        raise ValueError(f"source format {fmt.name!r} is registered already")
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def unregister_format(name: str) -> None:
+    _FORMATS.pop(name, None)
+
+
+def format_names() -> list[str]:
+    return sorted(_FORMATS)
+
+
+def get_format(name: str, where: str) -> Format:
+    if name not in _FORMATS:
+        raise ConfigError(f"{where} format must be one of auto, {', '.join(format_names())}, got {name!r}")
+    return _FORMATS[name]
+
+
+def format_of_file(source: SourceConfig, path: str) -> Format:
+    """The format of one listed file: the source's `format`, or the one its file name ending selects."""
+    where = f"[dataloader.sources.{source.name}]"
+    if source.format != "auto":
+        return get_format(source.format, where)
+    for fmt in _FORMATS.values():
+        if path.endswith(fmt.extensions):
+            return fmt
+    known = ", ".join(e for f in _FORMATS.values() for e in f.extensions)
+    raise ConfigError(f"{where}: cannot tell the format of {path} from its extension (known: {known}); set "
+                      f"format to one of {', '.join(format_names())}")
+
+
+def dataset_format(source: SourceConfig) -> Format | None:
+    """The format of a source whose paths name datasets (all ending in its extensions), if any."""
+    if source.format != "auto":
+        fmt = get_format(source.format, f"[dataloader.sources.{source.name}]")
+        return fmt if fmt.datasets else None
+    for fmt in _FORMATS.values():
+        if fmt.datasets and all(p.rstrip("/").endswith(fmt.extensions) for p in source.paths):
+            return fmt
+    return None
