@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SHARED = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data"))
 
@@ -60,7 +62,8 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from zephon_titan.testing.s3server import S3Server
+    sys.path.insert(0, os.path.join(REPO, "tests"))  # the S3 test server
+    from s3server import S3Server
 
     scratch = tempfile.mkdtemp(prefix="remote_bench_")
     for name in ("c4", "wiki"):

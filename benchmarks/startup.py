@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 FORMATS = ("jsonl", "parquet")
 
 
@@ -81,8 +83,9 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    from zephon_titan.testing import corpus
-    from zephon_titan.testing.s3server import S3Server
+    sys.path[:0] = [os.path.join(REPO, "examples"), os.path.join(REPO, "tests")]  # corpora; the S3 test server
+    import corpus
+    from s3server import S3Server
 
     scratch = tempfile.mkdtemp(prefix="startup_bench_")
     docs = corpus.prose_documents()

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -c "import zephon_titan.titan.trainer" 2>/dev/null || .venv/bin/pip install -q -e '.[test]'
-exec .venv/bin/python -m zephon_titan.demo "$@"
+exec .venv/bin/python examples/demo.py "$@"

@@ -24,8 +24,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "examples"))  # the demo corpus
 
-from zephon_titan import demo  # noqa: E402
+import demo  # noqa: E402
 from zephon_titan.engine.ledger import read_ledger  # noqa: E402
 from zephon_titan.plan import plan_ledger  # noqa: E402
 

@@ -8,8 +8,10 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The offline corpora and the demo live in examples/ (not in the installed package).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
-from zephon_titan.testing import corpus  # noqa: E402
+import corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +43,7 @@ def s3(tmp_path_factory):
     """A real S3-compatible server (moto, server mode) on loopback, with this process pointed at it
     through the usual AWS environment variables (as a job on a cluster would be)."""
     from zephon_titan.engine.sources import storage
-    from zephon_titan.testing.s3server import S3Server
+    from s3server import S3Server
 
     server = S3Server(str(tmp_path_factory.mktemp("s3")))
     saved = {k: os.environ.get(k) for k in server.env}

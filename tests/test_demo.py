@@ -1,6 +1,6 @@
 import pytest
 
-from zephon_titan import demo
+import demo
 
 pytestmark = pytest.mark.integration
 

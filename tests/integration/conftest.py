@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from zephon_titan import demo
+import demo
+import runs
+from logs import parse_losses
 from zephon_titan.engine.ledger import read_ledger
-from zephon_titan.testing import runs
-from zephon_titan.testing.logs import parse_losses
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU_CONFIG = os.path.join(REPO, "configs", "debug_cpu.toml")
@@ -29,7 +29,8 @@ def workdir(tmp_path_factory) -> str:
 def torchrun(workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600,
              env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    cmd = TORCHRUN + ["--nproc_per_node", str(nproc), "-m", module, *args]
+    target = [module] if module.endswith(".py") else ["-m", module]  # a script path, or a module
+    cmd = TORCHRUN + ["--nproc_per_node", str(nproc), *target, *args]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
 
 

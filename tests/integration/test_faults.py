@@ -15,7 +15,8 @@ def _train(workdir, run, kill=None):
     args = ["--job.config_file", CPU_CONFIG, "--dump_folder", run, "--training.steps", str(STEPS),
             "--metrics.disable_color_printing", "--comm.init_timeout_seconds", "60"]
     env = {"ZEPHON_TEST_KILL": kill} if kill else None
-    return torchrun(workdir, "zephon_titan.testing.cpu_train", 2, args, env=env)
+    module = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_train.py") if kill else "zephon_titan.train_cpu"
+    return torchrun(workdir, module, 2, args, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ def bucket_job(s3, workdir, tmp_path_factory):
 def train(job, config, run, nproc):
     args = ["--job.config_file", config, "--dump_folder", run, "--training.steps", str(STEPS),
             "--metrics.disable_color_printing"]
-    output = check(torchrun(job, "zephon_titan.testing.cpu_train", nproc, args))
+    output = check(torchrun(job, "zephon_titan.train_cpu", nproc, args))
     return ledger(os.path.join(job, run, "checkpoint", "ledger.jsonl")), losses(output.stdout + output.stderr)
 
 

@@ -19,7 +19,7 @@ _TOKENS = re.compile(r"zephon tokens consumed: code (\d+), prose (\d+) \(total (
 def train(workdir, run, nproc, *extra):
     args = ["--job.config_file", CPU_CONFIG, "--dump_folder", run, "--training.steps", str(STEPS),
             "--metrics.disable_color_printing", *extra]
-    result = check(torchrun(workdir, "zephon_titan.testing.cpu_train", nproc, args))
+    result = check(torchrun(workdir, "zephon_titan.train_cpu", nproc, args))
     output = result.stdout + result.stderr
     token_lines = _TOKENS.findall(output)
     train.tokens[run] = tuple(int(x) for x in token_lines[-1])  # after the last step, over all ranks
@@ -95,7 +95,7 @@ def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted
     copy_checkpoint(workdir, "runs/w2", 2, "runs/other_seed")
     args = ["--job.config_file", CPU_CONFIG, "--dump_folder", "runs/other_seed", "--training.steps", str(STEPS),
             "--dataloader.seed", "7"]
-    result = torchrun(workdir, "zephon_titan.testing.cpu_train", 2, args)
+    result = torchrun(workdir, "zephon_titan.train_cpu", 2, args)
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "seed: 2026 -> 7" in output

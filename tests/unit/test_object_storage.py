@@ -179,8 +179,10 @@ def test_a_lance_dataset_in_the_bucket_equals_the_same_dataset_on_disk(s3, tmp_p
         assert remote.read_block(block).texts == local.read_block(block).texts
 
 
-_TREE = ["a/b/x1.txt", "a/x2.txt", "ab/c/d/y.txt", "b.txt", "a/b/c/z1.txt", "ab/x1.jsonl", "c/a/b/x3.txt"]
-_SEGMENTS = ["a", "b", "ab", "*", "?", "**", "x*", "*.txt", "[ab]", "[!a]*", "a?", "*1*", "c", "x?.txt"]
+_TREE = ["a/b/x1.txt", "a/x2.txt", "ab/c/d/y.txt", "b.txt", "a/b/c/z1.txt", "ab/x1.jsonl", "c/a/b/x3.txt",
+         ".h.txt", "a/.x1.txt", "a/.b/x1.txt", ".a/b.txt", "ab/.c/d/y.txt"]  # dot-names: hidden from wildcards
+_SEGMENTS = ["a", "b", "ab", "*", "?", "**", "x*", "*.txt", "[ab]", "[!a]*", "a?", "*1*", "c", "x?.txt",
+             ".*", ".a", ".b", "[.]h.txt", "?h.txt"]
 
 
 @settings(max_examples=150, deadline=None)

@@ -110,7 +110,7 @@ def test_epoch_tokens_are_the_tokenized_documents(corpus_dir, tokenizer_dir):
 
 
 def test_source_with_fewer_blocks_than_lanes(tmp_path, corpus_dir, tokenizer_dir, code_docs):
-    from zephon_titan.testing.corpus import write_parquet
+    from corpus import write_parquet
 
     write_parquet(code_docs[:6], str(tmp_path / "tiny"), num_files=1, row_group_size=3)  # 2 blocks, 8 lanes
     sources = {

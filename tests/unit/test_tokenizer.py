@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, processors
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from helpers import REAL_TOKENIZERS, real_tokenizer, special_token_strings, with_special_tokens
-from zephon_titan.testing.corpus import BOS, EOS
+from corpus import BOS, EOS
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
 EXTRA = ["<|im_start|>", "<|image|>", "<|begin_of_text|>"]

@@ -183,15 +183,18 @@ def matches(pattern: str, path: str) -> bool:
 
 def _glob_regex(pattern: str) -> re.Pattern:
     """Python's glob semantics (recursive=True) as a regex over object keys: `*`, `?` and `[...]` stay
-    within a path segment; a whole `**` segment spans any number of segments (including none)."""
+    within a path segment; a whole `**` segment spans any number of segments (including none); a name
+    that starts with "." is matched only by a segment that starts with "." (`**` never matches one)."""
+    visible = r"(?!\.)[^/]+"
     out = []
     segments = pattern.split("/")
     for k, segment in enumerate(segments):
         last = k == len(segments) - 1
         if segment == "**":
-            out.append(".*" if last else "(?:[^/]+/)*")
+            out.append(f"(?:{visible}(?:/{visible})*)?" if last else f"(?:{visible}/)*")
             continue
-        out.append(_segment_regex(segment) + ("" if last else "/"))
+        hidden_ok = segment.startswith(".")
+        out.append(("" if hidden_ok else r"(?!\.)") + _segment_regex(segment) + ("" if last else "/"))
     return re.compile("".join(out))
 
 

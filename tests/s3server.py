@@ -1,6 +1,6 @@
 """A real S3-compatible server on loopback for tests and benchmarks: moto's server, plus a request log.
 
-Run as a process (`python -m zephon_titan.testing.s3server --port P --log F`); every request is
+Run as a process (`python tests/s3server.py --port P --log F`); every request is
 appended to F as one JSON line ({"method", "key", "query", "range", "bytes"}: bytes = response body
 sent), so a test can count a reader's requests and bound the bytes it asked for. `S3Server` starts it on a free port, makes a bucket, uploads files and hands out the
 environment (endpoint, region, dummy credentials) a client process needs.
@@ -79,7 +79,7 @@ class S3Server:
         self.log_path = os.path.join(workdir, f"s3_requests_{self.port}.jsonl")
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "zephon_titan.testing.s3server", "--port", str(self.port), "--log", self.log_path,
+            [sys.executable, os.path.abspath(__file__), "--port", str(self.port), "--log", self.log_path,
              "--latency-ms", str(latency_ms)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )

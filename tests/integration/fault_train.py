@@ -1,12 +1,12 @@
-"""`zephon_titan.train` on CPU (tests, demo): torchrun ... -m zephon_titan.testing.cpu_train --job.config_file X.
+"""`zephon_titan.train_cpu` with a fault injected (run as a script by torchrun, for the fault tests).
 
-For fault tests, ZEPHON_TEST_KILL="RANK:STEP" makes that rank die (exit 9) at the start of that
-step, and ZEPHON_TEST_KILL="save:RANK:STEP" in the middle of that step's checkpoint save.
+ZEPHON_TEST_KILL="RANK:STEP" makes that rank die (exit 9) at the start of that step, and
+ZEPHON_TEST_KILL="save:RANK:STEP" in the middle of that step's checkpoint save.
 """
 
 import os
 
-from zephon_titan.testing.cpu import install_cpu_device, prepare_cpu_config
+from zephon_titan.cpu import install_cpu_device, prepare_cpu_config
 
 install_cpu_device()
 
@@ -49,6 +49,5 @@ def _install_fault(spec: str) -> None:
 
 
 if __name__ == "__main__":
-    if os.environ.get("ZEPHON_TEST_KILL"):
-        _install_fault(os.environ["ZEPHON_TEST_KILL"])
+    _install_fault(os.environ["ZEPHON_TEST_KILL"])
     main(prepare=prepare_cpu_config)

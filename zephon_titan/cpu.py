@@ -1,6 +1,6 @@
-"""Run TorchTitan's trainer on CPU with gloo: for tests and the demo only, never the GPU path.
+"""Run TorchTitan's trainer on CPU with gloo (`zephon_titan.train_cpu`); the GPU path never imports this.
 
-Three adjustments (see shared/TORCHTITAN.md): device detection answers "cpu" and the
+Three adjustments: device detection answers "cpu" and the
 CPU device module gets the few calls the trainer and memory monitor make; attention
 uses SDPA (FlexAttention has no CPU backward); data parallelism is replicate-only
 (FSDP's PREMUL_SUM reduce is not implemented by gloo).

@@ -10,7 +10,7 @@
 5. Prints every step's global-batch SHA-256 and loss side by side, and exits non-zero
    unless all of them match the prediction.
 
-    python -m zephon_titan.demo [--steps 6] [--save-at 2]
+    python examples/demo.py [--steps 6] [--save-at 2]
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import subprocess
 import sys
 import time
 
+import corpus  # examples/: the offline corpora, run folders and the share plot
+from runs import copy_checkpoint
+from shares_plot import shares_svg
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine.ledger import read_ledger
-from zephon_titan.shares_plot import shares_svg
-from zephon_titan.testing import corpus
-from zephon_titan.testing.runs import copy_checkpoint
 
 DEMO_DIR = "demo_out"
 PLOT_STEPS = 200
@@ -54,7 +54,7 @@ def build_corpus(out: str = DEMO_DIR) -> DataConfig:
 
 def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | None) -> dict:
     """One torchrun of the CPU trainer; returns {"ledger": {step: sha}, "losses": {step: loss}}."""
-    from zephon_titan.testing.logs import parse_losses
+    from logs import parse_losses
 
     run = os.path.join(DEMO_DIR, "runs", name)
     shutil.rmtree(run, ignore_errors=True)
@@ -62,7 +62,7 @@ def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | Non
         copy_checkpoint(resume_from[0], resume_from[1], run)
     os.makedirs(run, exist_ok=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "zephon_titan.testing.cpu_train", "--job.config_file", CONFIG, "--dump_folder", run,
+           "-m", "zephon_titan.train_cpu", "--job.config_file", CONFIG, "--dump_folder", run,
            "--training.steps", str(steps), "--metrics.disable_color_printing"]
     log = os.path.join(run, "train.log")
     started = time.time()
