@@ -60,8 +60,12 @@ def _zephon_titan_spec(args, sources=None, lanes=None):
     from zephon_titan.titan.tokenizer import load_tokenizer
 
     sources = sources or [SourceConfig(name=n, paths=[p], weight=w, block_bytes=1 << 20) for n, p, w in args.sources]
-    config = DataConfig(sources=sorted(sources, key=lambda s: s.name), num_lanes=lanes or args.lanes,
-                        tokenizer_path=args.tokenizer, add_bos=False)  # EOS only, like the peers' GPT-2 setup
+    config = DataConfig(
+        sources=sorted(sources, key=lambda s: s.name),
+        num_lanes=lanes or args.lanes,
+        tokenizer_path=args.tokenizer,
+        add_bos=False,
+    )  # EOS only, like the peers' GPT-2 setup
     return build_engine(config, args.seq_len, load_tokenizer(args.tokenizer, add_bos=False))
 
 
@@ -82,26 +86,45 @@ def run_zephon_titan(args, workers: int) -> dict:
     state_bytes = len(json.dumps(saved).encode())
     restart = time.perf_counter()
     states = {lane: LaneState.from_dict(s) for lane, s in json.loads(json.dumps(saved)).items()}
-    with open_lane_group(_zephon_titan_spec(args), range(args.lanes), per_lane, workers=workers,
-                         states={int(k): v for k, v in states.items()}) as group:
+    with open_lane_group(
+        _zephon_titan_spec(args),
+        range(args.lanes),
+        per_lane,
+        workers=workers,
+        states={int(k): v for k, v in states.items()},
+    ) as group:
         group.next_step()
         restore = time.perf_counter() - restart
     rows = (steps - 1) * per_lane * args.lanes
-    return {"tokens_per_s": rows * args.seq_len / elapsed, "time_to_first_batch_s": first - started,
-            "state_bytes_per_lane": state_bytes / args.lanes, "restore_to_first_batch_s": restore,
-            "notes": f"{args.lanes} lanes on one rank, {per_lane} rows per lane per step, {workers} worker(s)"}
+    return {
+        "tokens_per_s": rows * args.seq_len / elapsed,
+        "time_to_first_batch_s": first - started,
+        "state_bytes_per_lane": state_bytes / args.lanes,
+        "restore_to_first_batch_s": restore,
+        "notes": f"{args.lanes} lanes on one rank, {per_lane} rows per lane per step, {workers} worker(s)",
+    }
 
 
 def run_zephon_peer(args) -> dict:
     sys.path.insert(0, HERE)
     from peer_zephon import run_zephon
 
-    out = run_zephon({n: p for n, p, _ in args.sources}, {n: w for n, _, w in args.sources},
-                     os.path.join(args.tokenizer, "tokenizer.json"), args.seq_len, args.lanes, args.rows)
+    out = run_zephon(
+        {n: p for n, p, _ in args.sources},
+        {n: w for n, _, w in args.sources},
+        os.path.join(args.tokenizer, "tokenizer.json"),
+        args.seq_len,
+        args.lanes,
+        args.rows,
+    )
     per_input = args.seq_len / (args.seq_len + 1)  # it counts seq_len + 1 tokens per row
-    return {"tokens_per_s": out["tokens_per_s"] * per_input, "time_to_first_batch_s": out["time_to_first_row_s"],
-            "state_bytes_per_lane": out["state_bytes_per_lane"], "restore_to_first_batch_s": out["restore_to_first_row_s"],
-            "notes": out.get("notes", "")[:200]}
+    return {
+        "tokens_per_s": out["tokens_per_s"] * per_input,
+        "time_to_first_batch_s": out["time_to_first_row_s"],
+        "state_bytes_per_lane": out["state_bytes_per_lane"],
+        "restore_to_first_batch_s": out["restore_to_first_row_s"],
+        "notes": out.get("notes", "")[:200],
+    }
 
 
 def run_titan(args) -> dict:
@@ -137,9 +160,13 @@ def run_titan(args) -> dict:
     again.load_state_dict(state)
     next(iter(again))
     restore = time.perf_counter() - restart
-    return {"tokens_per_s": (steps - 1) * 8 * args.seq_len / elapsed, "time_to_first_batch_s": first - started,
-            "state_bytes_per_lane": len(pickle.dumps(state)), "restore_to_first_batch_s": restore,
-            "notes": "both files as one dataset, file order, BOS+EOS; state is per rank (pickled)"}
+    return {
+        "tokens_per_s": (steps - 1) * 8 * args.seq_len / elapsed,
+        "time_to_first_batch_s": first - started,
+        "state_bytes_per_lane": len(pickle.dumps(state)),
+        "restore_to_first_batch_s": restore,
+        "notes": "both files as one dataset, file order, BOS+EOS; state is per rank (pickled)",
+    }
 
 
 CHILDREN = {
@@ -167,11 +194,15 @@ def run_files_sweep(args, num_files: int) -> dict:
     from zephon_titan.engine import LaneStream
 
     started = time.perf_counter()
-    spec = _zephon_titan_spec(args, [SourceConfig(name="all", paths=[os.path.join(scratch, "*.jsonl")],
-                                                  block_bytes=1 << 16)])
+    spec = _zephon_titan_spec(
+        args, [SourceConfig(name="all", paths=[os.path.join(scratch, "*.jsonl")], block_bytes=1 << 16)]
+    )
     LaneStream(spec, 0).take(8)
-    return {"files": num_files, "time_to_first_batch_s": time.perf_counter() - started,
-            "blocks": spec.sources[0].num_blocks}
+    return {
+        "files": num_files,
+        "time_to_first_batch_s": time.perf_counter() - started,
+        "blocks": spec.sources[0].num_blocks,
+    }
 
 
 def child_main(name: str, args) -> None:
@@ -196,7 +227,9 @@ def parse(argv=None):
     args.sources = []
     for spec in args.source:
         name, rest = spec.split("=", 1)
-        path, _, weight = rest.rpartition(":") if rest.rsplit(":", 1)[-1].replace(".", "").isdigit() else (rest, "", "1")
+        path, _, weight = (
+            rest.rpartition(":") if rest.rsplit(":", 1)[-1].replace(".", "").isdigit() else (rest, "", "1")
+        )
         args.sources.append((name, path, float(weight)))
     return args
 
@@ -211,15 +244,18 @@ def main(argv=None) -> int:
     results = {}
     for name in names + [f"files:{n}" for n in args.sweep_files.split(",") if n]:
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--child", name],
-                             capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *argv, "--child", name], capture_output=True, text=True
+        )
         if out.returncode != 0:
             results[name] = {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "failed"}
             print(out.stderr[-3000:], file=sys.stderr)
             continue
         results[name] = json.loads(out.stdout.strip().splitlines()[-1])
     raw = results.get("raw", {}).get("tokens_per_s")
-    print(f"\n| loader | packed tokens/s | vs raw tokenizer | time to first batch | peak RSS (main / worker) | state per lane | restore to first batch |")
+    print(
+        "\n| loader | packed tokens/s | vs raw tokenizer | time to first batch | peak RSS (main / worker) | state per lane | restore to first batch |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name in names:
         r = results[name]
@@ -227,10 +263,17 @@ def main(argv=None) -> int:
             print(f"| {name} | failed: {r['error']} | | | | | |")
             continue
         tps = r["tokens_per_s"]
-        fmt = lambda v, unit="", d=2: "—" if v is None else f"{v:,.{d}f}{unit}"
-        print(f"| {name} | {tps / 1e6:.3f} M | {tps / raw:.0%} | {fmt(r.get('time_to_first_batch_s'), ' s')} | "
-              f"{r['peak_rss_mb']} / {r['peak_worker_rss_mb'] or '—'} MB | {fmt(r.get('state_bytes_per_lane'), ' B', 0)} | "
-              f"{fmt(r.get('restore_to_first_batch_s'), ' s')} |" if raw else f"| {name} | {tps:,.0f} |")
+
+        def fmt(v, unit="", d=2):
+            return "—" if v is None else f"{v:,.{d}f}{unit}"
+
+        print(
+            f"| {name} | {tps / 1e6:.3f} M | {tps / raw:.0%} | {fmt(r.get('time_to_first_batch_s'), ' s')} | "
+            f"{r['peak_rss_mb']} / {r['peak_worker_rss_mb'] or '—'} MB | {fmt(r.get('state_bytes_per_lane'), ' B', 0)} | "
+            f"{fmt(r.get('restore_to_first_batch_s'), ' s')} |"
+            if raw
+            else f"| {name} | {tps:,.0f} |"
+        )
     sweep = [results[k] for k in results if k.startswith("files:") and "error" not in results[k]]
     if sweep:
         print("\n| files | blocks | zephon_titan time to first batch (one lane of 8) |\n|---|---|---|")

@@ -16,9 +16,10 @@ import os
 import pickle
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -195,9 +196,7 @@ def run_zephon(
     if set(paths) != set(weights):
         raise ValueError("paths and weights must name the same sources")
     row_len = seq_len + 1
-    with tempfile.TemporaryDirectory(prefix="peer_zephon_") as tmp, _catalog_dir(
-        Path(tmp) / "catalog"
-    ):
+    with tempfile.TemporaryDirectory(prefix="peer_zephon_") as tmp, _catalog_dir(Path(tmp) / "catalog"):
         scratch = Path(tmp)
         t_build = time.perf_counter()
         dirs = {name: _as_dataset_dir(p, scratch, name) for name, p in paths.items()}
@@ -261,8 +260,7 @@ def run_zephon(
         "tokens_per_s_from_build": len(produced) * row_len / (t_last - t_build),
         "time_to_first_row_s": t_first - t_build,
         "state_bytes": len(state_json),
-        "state_format": "json (Pipeline.checkpoint() dict; pickle is "
-        f"{len(state_pickle)} bytes)",
+        "state_format": f"json (Pipeline.checkpoint() dict; pickle is {len(state_pickle)} bytes)",
         "state_bytes_per_lane": len(state_json) / num_lanes,
         "restore_to_first_row_s": t_resumed - t_restore,
         "rows": len(produced),

@@ -32,8 +32,10 @@ def child(args) -> None:
     from zephon_titan.titan.tokenizer import load_tokenizer
 
     feed.READ_AHEAD_REMOTE = args.read_ahead
-    sources = [SourceConfig(name=name, paths=[f"{args.root}/{name}/*.jsonl"], block_bytes=128 << 10, weight=w)
-               for name, w in (("c4", 0.6), ("wiki", 0.4))]
+    sources = [
+        SourceConfig(name=name, paths=[f"{args.root}/{name}/*.jsonl"], block_bytes=128 << 10, weight=w)
+        for name, w in (("c4", 0.6), ("wiki", 0.4))
+    ]
     spec = build_engine(DataConfig(sources=sources, num_lanes=8, seed=1), 2048, load_tokenizer(args.tokenizer))
     group = LaneGroup(spec, range(8), 1)
     digest = hashlib.sha256()
@@ -79,9 +81,18 @@ def main() -> None:
     rows = []
     try:
         for place, root, env, server in places:
-            for ahead in ((False,) if place == "local" else (False, True)):
-                cmd = [sys.executable, __file__, "--child", "--root", root, "--tokenizer", args.tokenizer,
-                       "--rows", str(args.rows)] + (["--read-ahead"] if ahead else [])
+            for ahead in (False,) if place == "local" else (False, True):
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    "--root",
+                    root,
+                    "--tokenizer",
+                    args.tokenizer,
+                    "--rows",
+                    str(args.rows),
+                ] + (["--read-ahead"] if ahead else [])
                 server_cpu = _cpu_seconds(server.proc.pid) if server else 0.0
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if out.returncode != 0:
@@ -94,11 +105,15 @@ def main() -> None:
         for server in servers:
             server.stop()
     base = rows[0]["tokens_per_s"]
-    print("\n| data | read-ahead | packed tokens/s | vs local | S3 server CPU (same 2 cores) | rows digest |\n"
-          "|---|---|---|---|---|---|")
+    print(
+        "\n| data | read-ahead | packed tokens/s | vs local | S3 server CPU (same 2 cores) | rows digest |\n"
+        "|---|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['place']} | {'yes' if r['read_ahead'] else 'no'} | {r['tokens_per_s'] / 1e6:.3f} M | "
-              f"{r['tokens_per_s'] / base:.0%} | {r['server_cpu_s']:.2f} s of {r['seconds']:.2f} s | {r['digest']} |")
+        print(
+            f"| {r['place']} | {'yes' if r['read_ahead'] else 'no'} | {r['tokens_per_s'] / 1e6:.3f} M | "
+            f"{r['tokens_per_s'] / base:.0%} | {r['server_cpu_s']:.2f} s of {r['seconds']:.2f} s | {r['digest']} |"
+        )
     if len({r["digest"] for r in rows}) != 1:
         raise SystemExit("the cases produced different rows")
 

@@ -46,15 +46,26 @@ def child(args) -> None:
     from zephon_titan.titan.tokenizer import load_tokenizer
 
     ext = "jsonl" if args.format == "jsonl" else "parquet"
-    source = SourceConfig(name="docs", paths=[f"{args.root}/{args.format}/*.{ext}"],
-                          index=f"{args.root}/{args.format}.index.json" if args.index else "")
+    source = SourceConfig(
+        name="docs",
+        paths=[f"{args.root}/{args.format}/*.{ext}"],
+        index=f"{args.root}/{args.format}.index.json" if args.index else "",
+    )
     tokenizer = load_tokenizer(args.tokenizer)
     started = time.perf_counter()
     spec = build_engine(DataConfig(sources=[source], num_lanes=8, seed=1), 512, tokenizer)
     startup = time.perf_counter() - started
     LaneStream(spec, 0).take(8)
-    print(json.dumps({"startup_s": startup, "first_batch_s": time.perf_counter() - started,
-                      "files": len(spec.sources[0].files), "blocks": spec.sources[0].num_blocks}))
+    print(
+        json.dumps(
+            {
+                "startup_s": startup,
+                "first_batch_s": time.perf_counter() - started,
+                "files": len(spec.sources[0].files),
+                "blocks": spec.sources[0].num_blocks,
+            }
+        )
+    )
 
 
 def run_case(args, root: str, fmt: str, index: bool, env: dict, s3=None) -> dict:
@@ -114,10 +125,14 @@ def main() -> None:
     finally:
         if s3 is not None:
             s3.stop()
-    print("\n| files | storage | format | index | startup | time to first batch | requests |\n|---|---|---|---|---|---|---|")
+    print(
+        "\n| files | storage | format | index | startup | time to first batch | requests |\n|---|---|---|---|---|---|---|"
+    )
     for r in rows:
-        print(f"| {r['files']:,} | {r['storage']} | {r['format']} | {'yes' if r['index'] else 'no'} | "
-              f"{r['startup_s']:.2f} s | {r['first_batch_s']:.2f} s | {r.get('requests', '-')} |")
+        print(
+            f"| {r['files']:,} | {r['storage']} | {r['format']} | {'yes' if r['index'] else 'no'} | "
+            f"{r['startup_s']:.2f} s | {r['first_batch_s']:.2f} s | {r.get('requests', '-')} |"
+        )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 import corpus  # examples/: the offline corpora, run folders and the share plot
 from runs import copy_checkpoint
 from shares_plot import shares_svg
+
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine.ledger import read_ledger
 
@@ -61,9 +62,23 @@ def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | Non
     if resume_from is not None:
         copy_checkpoint(resume_from[0], resume_from[1], run)
     os.makedirs(run, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "zephon_titan.train_cpu", "--job.config_file", CONFIG, "--dump_folder", run,
-           "--training.steps", str(steps), "--metrics.disable_color_printing"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "zephon_titan.train_cpu",
+        "--job.config_file",
+        CONFIG,
+        "--dump_folder",
+        run,
+        "--training.steps",
+        str(steps),
+        "--metrics.disable_color_printing",
+    ]
     log = os.path.join(run, "train.log")
     started = time.time()
     with open(log, "w") as f:
@@ -110,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for step in range(1, args.steps + 1):
         cells = []
-        for name, run in runs.items():
+        for run in runs.values():
             if step not in run["losses"]:
                 cells.append(f"{'(before resume)':<21}")
                 continue
@@ -118,8 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             ok &= same
             cells.append(f"{'same' if same else 'DIFFERENT'} loss {run['losses'][step]:.5f}")
         print(f"{step:>4}  {planned[step][:16]}...        " + "  ".join(f"{c:<21}" for c in cells))
-    print("\nevery global batch of every run is SHA-256-identical to the offline plan" if ok
-          else "\nMISMATCH: some global batches differ")
+    print(
+        "\nevery global batch of every run is SHA-256-identical to the offline plan"
+        if ok
+        else "\nMISMATCH: some global batches differ"
+    )
     return 0 if ok else 1
 
 

@@ -31,20 +31,24 @@ def shares_svg(entries: Sequence[LedgerEntry], weights: dict[str, float], title:
     def y(share: float) -> float:
         return H - PAD - (H - 2 * PAD) * share
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
-             '<rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
-             f'<line x1="{PAD}" y1="{y(0)}" x2="{W - PAD}" y2="{y(0)}" stroke="black"/>',
-             f'<line x1="{PAD}" y1="{y(0)}" x2="{PAD}" y2="{y(1)}" stroke="black"/>',
-             f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle">step (1-{len(entries)})</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{W / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+        f'<line x1="{PAD}" y1="{y(0)}" x2="{W - PAD}" y2="{y(0)}" stroke="black"/>',
+        f'<line x1="{PAD}" y1="{y(0)}" x2="{PAD}" y2="{y(1)}" stroke="black"/>',
+        f'<text x="{W / 2}" y="{H - 10}" text-anchor="middle">step (1-{len(entries)})</text>',
+    ]
     for tick in (0, 0.25, 0.5, 0.75, 1):
         parts.append(f'<text x="{PAD - 6}" y="{y(tick) + 4}" text-anchor="end">{tick:.2f}</text>')
     for k, name in enumerate(names):
         color = _COLORS[k % len(_COLORS)]
         points = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(series[name]))
         parts.append(f'<polyline points="{points}" fill="none" stroke="{color}" stroke-width="2"/>')
-        parts.append(f'<line x1="{PAD}" y1="{y(weights[name]):.1f}" x2="{W - PAD}" y2="{y(weights[name]):.1f}" '
-                     f'stroke="{color}" stroke-dasharray="5,4"/>')
+        parts.append(
+            f'<line x1="{PAD}" y1="{y(weights[name]):.1f}" x2="{W - PAD}" y2="{y(weights[name]):.1f}" '
+            f'stroke="{color}" stroke-dasharray="5,4"/>'
+        )
         parts.append(f'<text x="{W - PAD + 4}" y="{y(weights[name]) + 4:.1f}" fill="{color}">{name}</text>')
     parts.append("</svg>")
     return "\n".join(parts)

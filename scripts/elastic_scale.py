@@ -27,6 +27,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "examples"))  # the demo corpus
 
 import demo  # noqa: E402
+
 from zephon_titan.engine.ledger import read_ledger  # noqa: E402
 from zephon_titan.plan import plan_ledger  # noqa: E402
 
@@ -60,10 +61,31 @@ block_bytes = 32768
     return path
 
 
-def data_run(job: str, ranks: int, steps: int, ledger: str, resume: str | None = None,
-             save_at: int | None = None, checkpoint: str | None = None) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-           "-m", "zephon_titan.titan.data_run", "--job.config_file", job, "--steps", str(steps), "--ledger", ledger]
+def data_run(
+    job: str,
+    ranks: int,
+    steps: int,
+    ledger: str,
+    resume: str | None = None,
+    save_at: int | None = None,
+    checkpoint: str | None = None,
+) -> dict:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        "-m",
+        "zephon_titan.titan.data_run",
+        "--job.config_file",
+        job,
+        "--steps",
+        str(steps),
+        "--ledger",
+        ledger,
+    ]
     if resume:
         cmd += ["--resume", resume]
     if save_at:
@@ -74,9 +96,12 @@ def data_run(job: str, ranks: int, steps: int, ledger: str, resume: str | None =
     if out.returncode != 0:
         raise SystemExit(f"{ranks}-rank run failed:\n{(out.stdout + out.stderr)[-4000:]}")
     rss = _RSS.search(out.stdout)
-    return {"wall_s": wall, "rss_max_mb": int(rss.group(1)) if rss else None,
-            "rss_sum_mb": int(rss.group(2)) if rss else None,
-            "ledger": {e.step: e.sha256 for e in read_ledger(ledger)}}
+    return {
+        "wall_s": wall,
+        "rss_max_mb": int(rss.group(1)) if rss else None,
+        "rss_sum_mb": int(rss.group(2)) if rss else None,
+        "ledger": {e.step: e.sha256 for e in read_ledger(ledger)},
+    }
 
 
 def main(argv=None) -> int:
@@ -101,13 +126,23 @@ def main(argv=None) -> int:
 
     started = time.time()
     planned = {e.step: e.sha256 for e in plan_ledger(job, args.steps)}
-    phases = [{"phase": "plan (offline, 1 process)", "ranks": 0, "wall_s": time.time() - started, "ledger": planned,
-               "rss_max_mb": None, "rss_sum_mb": None}]
+    phases = [
+        {
+            "phase": "plan (offline, 1 process)",
+            "ranks": 0,
+            "wall_s": time.time() - started,
+            "ledger": planned,
+            "rss_max_mb": None,
+            "rss_sum_mb": None,
+        }
+    ]
     print(f"planned {args.steps} steps; running the uninterrupted {args.ranks}-rank run ...", flush=True)
-    reference = data_run(job, args.ranks, args.steps, led("uninterrupted"), save_at=args.save_at,
-                         checkpoint=ck(f"w{args.ranks}"))
-    phases.append({"phase": f"{args.ranks} ranks, uninterrupted (saves step {args.save_at})", "ranks": args.ranks,
-                   **reference})
+    reference = data_run(
+        job, args.ranks, args.steps, led("uninterrupted"), save_at=args.save_at, checkpoint=ck(f"w{args.ranks}")
+    )
+    phases.append(
+        {"phase": f"{args.ranks} ranks, uninterrupted (saves step {args.save_at})", "ranks": args.ranks, **reference}
+    )
     base_ckpt = os.path.join(ck(f"w{args.ranks}"), f"step-{args.save_at}")
     for ranks in [int(x) for x in args.resume_on.split(",") if x]:
         print(f"resuming step {args.save_at} on {ranks} ranks ...", flush=True)
@@ -119,16 +154,26 @@ def main(argv=None) -> int:
         print(f"chain {' -> '.join(map(str, chain[: link + 1]))}: {ranks} ranks from step {save} ...", flush=True)
         name = f"chain_{link}_w{ranks}"
         last = link == len(chain) - 1
-        run = data_run(job, ranks, args.steps, led(name), resume=resume,
-                       save_at=None if last else save + 1, checkpoint=None if last else ck(name))
-        phases.append({"phase": f"chain {' -> '.join(map(str, chain[: link + 1]))} (from step {save})",
-                       "ranks": ranks, **run})
+        run = data_run(
+            job,
+            ranks,
+            args.steps,
+            led(name),
+            resume=resume,
+            save_at=None if last else save + 1,
+            checkpoint=None if last else ck(name),
+        )
+        phases.append(
+            {"phase": f"chain {' -> '.join(map(str, chain[: link + 1]))} (from step {save})", "ranks": ranks, **run}
+        )
         resume, save = os.path.join(ck(name), f"step-{save + 1}"), save + 1
     print("negative control: another seed ...", flush=True)
     control = data_run(write_job(work, args, seed=2027), args.ranks, args.steps, led("other_seed"))
 
     ok = True
-    print(f"\n| phase | ranks | steps compared | matching uninterrupted | matching plan | wall time | peak RSS per rank (max / sum) |")
+    print(
+        "\n| phase | ranks | steps compared | matching uninterrupted | matching plan | wall time | peak RSS per rank (max / sum) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for ph in phases:
         steps = sorted(ph["ledger"])
@@ -136,14 +181,18 @@ def main(argv=None) -> int:
         vs_plan = sum(ph["ledger"][s] == planned.get(s) for s in steps)
         ok &= vs_ref == vs_plan == len(steps) and len(steps) > 0
         rss = f"{ph['rss_max_mb']} / {ph['rss_sum_mb']} MB" if ph["rss_max_mb"] else "—"
-        print(f"| {ph['phase']} | {ph['ranks'] or '—'} | {steps[0]}-{steps[-1]} | {vs_ref}/{len(steps)} | "
-              f"{vs_plan}/{len(steps)} | {ph['wall_s']:.0f} s | {rss} |")
+        print(
+            f"| {ph['phase']} | {ph['ranks'] or '—'} | {steps[0]}-{steps[-1]} | {vs_ref}/{len(steps)} | "
+            f"{vs_plan}/{len(steps)} | {ph['wall_s']:.0f} s | {rss} |"
+        )
     differing = [s for s in sorted(control["ledger"]) if control["ledger"][s] != reference["ledger"][s]]
     control_ok = differing == sorted(reference["ledger"]) and differing[:1] == [1]
     ok &= control_ok
-    print(f"| negative control: seed 2027 on {args.ranks} ranks | {args.ranks} | 1-{args.steps} | "
-          f"{args.steps - len(differing)}/{args.steps} (differs from step {differing[0] if differing else '—'}) | — | "
-          f"{control['wall_s']:.0f} s | {control['rss_max_mb']} / {control['rss_sum_mb']} MB |")
+    print(
+        f"| negative control: seed 2027 on {args.ranks} ranks | {args.ranks} | 1-{args.steps} | "
+        f"{args.steps - len(differing)}/{args.steps} (differs from step {differing[0] if differing else '—'}) | — | "
+        f"{control['wall_s']:.0f} s | {control['rss_max_mb']} / {control['rss_sum_mb']} MB |"
+    )
     print("\nALL MATCH" if ok else "\nMISMATCH")
     with open(os.path.join(work, "summary.json"), "w") as f:
         json.dump({"ok": ok, "phases": [{k: v for k, v in ph.items() if k != "ledger"} for ph in phases]}, f, indent=1)

@@ -42,8 +42,9 @@ def corpus_dir(tmp_path_factory, prose_docs, code_docs) -> str:
 def s3(tmp_path_factory):
     """A real S3-compatible server (moto, server mode) on loopback, with this process pointed at it
     through the usual AWS environment variables (as a job on a cluster would be)."""
-    from zephon_titan.engine.sources import storage
     from s3server import S3Server
+
+    from zephon_titan.engine.sources import storage
 
     server = S3Server(str(tmp_path_factory.mktemp("s3")))
     saved = {k: os.environ.get(k) for k in server.env}

@@ -12,10 +12,14 @@ from zephon_titan.titan.tokenizer import load_tokenizer
 
 def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
     """A `[dataloader]` table over the test corpus (prose JSONL + code Parquet)."""
-    sources = overrides.pop("sources") if "sources" in overrides else {
-        "code": {"paths": [os.path.join(corpus_dir, "code", "*.parquet")], "weight": 0.4},
-        "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "weight": 0.6, "block_bytes": 16384},
-    }
+    sources = (
+        overrides.pop("sources")
+        if "sources" in overrides
+        else {
+            "code": {"paths": [os.path.join(corpus_dir, "code", "*.parquet")], "weight": 0.4},
+            "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "weight": 0.6, "block_bytes": 16384},
+        }
+    )
     table = {"num_lanes": 8, "seed": 7, "tokenizer_path": tokenizer_dir, "shuffle_window_blocks": 2, "sources": sources}
     table.update(overrides)
     return table
@@ -93,7 +97,8 @@ def assert_each_document_once(spec, pieces) -> int:
 
 # Real tokenizers that come with the project's shared data (CI has them, a user's clone may not).
 SHARED_TOKENIZERS = os.environ.get("ZEPHON_SHARED_TOKENIZERS") or os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "tokenizers")
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data", "tokenizers"
+)
 REAL_TOKENIZERS = ("gpt2", "gpt_neox_20b", "olmo2_dolma2", "torchtitan_test")
 
 
@@ -103,7 +108,9 @@ def real_tokenizer(name: str) -> str:
 
     path = os.path.join(SHARED_TOKENIZERS, name)
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        pytest.skip(f"real tokenizer {path} is absent (it comes with the shared data; fixture tokenizers cover the same)")
+        pytest.skip(
+            f"real tokenizer {path} is absent (it comes with the shared data; fixture tokenizers cover the same)"
+        )
     return path
 
 
@@ -121,8 +128,14 @@ def with_special_tokens(tokenizer_dir: str, target: str, extra: list[str]) -> st
         config = json.load(f)
     size = Tokenizer.from_file(os.path.join(target, "tokenizer.json")).get_vocab_size(with_added_tokens=True)
     config["added_tokens_decoder"] = {
-        str(size + i): {"content": s, "special": True, "normalized": False, "lstrip": False, "rstrip": False,
-                        "single_word": False}
+        str(size + i): {
+            "content": s,
+            "special": True,
+            "normalized": False,
+            "lstrip": False,
+            "rstrip": False,
+            "single_word": False,
+        }
         for i, s in enumerate(extra)
     }
     with open(os.path.join(target, "tokenizer_config.json"), "w") as f:

@@ -33,8 +33,12 @@ class _RequestLog:
     def __call__(self, environ, start_response):
         if self.latency:
             time.sleep(self.latency)  # an object store's time to first byte (benchmarks)
-        entry = {"method": environ["REQUEST_METHOD"], "key": environ.get("PATH_INFO", ""),
-                 "query": environ.get("QUERY_STRING", ""), "range": environ.get("HTTP_RANGE")}
+        entry = {
+            "method": environ["REQUEST_METHOD"],
+            "key": environ.get("PATH_INFO", ""),
+            "query": environ.get("QUERY_STRING", ""),
+            "range": environ.get("HTTP_RANGE"),
+        }
 
         def logging_start_response(status, headers, *args):
             # Logged from the response's Content-Length before its body is sent, so a client that
@@ -50,8 +54,8 @@ class _RequestLog:
 
 
 def main() -> None:
-    from moto.server import DomainDispatcherApplication, create_backend_app
     from moto.moto_server.werkzeug_app import MotoRequestHandler
+    from moto.server import DomainDispatcherApplication, create_backend_app
     from werkzeug.serving import make_server
 
     parser = argparse.ArgumentParser()
@@ -79,9 +83,19 @@ class S3Server:
         self.log_path = os.path.join(workdir, f"s3_requests_{self.port}.jsonl")
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--port", str(self.port), "--log", self.log_path,
-             "--latency-ms", str(latency_ms)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--port",
+                str(self.port),
+                "--log",
+                self.log_path,
+                "--latency-ms",
+                str(latency_ms),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         if self.proc.stdout.readline().strip() != "ready":
             self.proc.kill()
@@ -112,16 +126,24 @@ class S3Server:
         from pyarrow import fs
 
         return fs.S3FileSystem(
-            endpoint_override=self.endpoint, region="us-east-1", access_key="testing", secret_key="testing",
-            scheme="http", **options,
+            endpoint_override=self.endpoint,
+            region="us-east-1",
+            access_key="testing",
+            secret_key="testing",
+            scheme="http",
+            **options,
         )
 
     def upload(self, local_dir: str, prefix: str) -> str:
         """Copy a local directory tree to s3://BUCKET/prefix; returns that URI."""
         from pyarrow import fs
 
-        fs.copy_files(local_dir, f"{BUCKET}/{prefix}", source_filesystem=fs.LocalFileSystem(),
-                      destination_filesystem=self.filesystem())
+        fs.copy_files(
+            local_dir,
+            f"{BUCKET}/{prefix}",
+            source_filesystem=fs.LocalFileSystem(),
+            destination_filesystem=self.filesystem(),
+        )
         return f"s3://{BUCKET}/{prefix}"
 
     def requests(self) -> list[dict]:

@@ -10,11 +10,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_benchmark_script_runs(corpus_dir, tokenizer_dir):
     prose = sorted(os.listdir(os.path.join(corpus_dir, "prose")))
-    args = [sys.executable, os.path.join(REPO, "benchmarks", "loaders.py"), "--tokenizer", tokenizer_dir,
-            "--source", f"a={os.path.join(corpus_dir, 'prose', prose[0])}:0.5",
-            "--source", f"b={os.path.join(corpus_dir, 'prose', prose[1])}:0.5",
-            "--seq-len", "64", "--lanes", "4", "--rows", "64", "--only", "raw,zephon_titan_1w,zephon_titan_2w",
-            "--sweep-files", "3"]
+    args = [
+        sys.executable,
+        os.path.join(REPO, "benchmarks", "loaders.py"),
+        "--tokenizer",
+        tokenizer_dir,
+        "--source",
+        f"a={os.path.join(corpus_dir, 'prose', prose[0])}:0.5",
+        "--source",
+        f"b={os.path.join(corpus_dir, 'prose', prose[1])}:0.5",
+        "--seq-len",
+        "64",
+        "--lanes",
+        "4",
+        "--rows",
+        "64",
+        "--only",
+        "raw,zephon_titan_1w,zephon_titan_2w",
+        "--sweep-files",
+        "3",
+    ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,6 +1,5 @@
-import pytest
-
 import demo
+import pytest
 
 pytestmark = pytest.mark.integration
 

@@ -1,10 +1,10 @@
 """zephon-titan: look inside a data stream and prove two runs saw the same data, without GPUs.
 
-    zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl]
-    zephon-titan verify A.jsonl B.jsonl
-    zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
-    zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
-    zephon-titan index CONFIG.toml [--check]
+zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl]
+zephon-titan verify A.jsonl B.jsonl
+zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
+zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
+zephon-titan index CONFIG.toml [--check]
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import time
 from tqdm import tqdm
 
 from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
+from zephon_titan.engine.ledger import LedgerEntry, read_ledger
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.sources.storage import StorageOptions
-from zephon_titan.engine.ledger import LedgerEntry, read_ledger
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
 from zephon_titan.plan import plan_ledger
 from zephon_titan.titan.job import Job, load_job
@@ -69,19 +69,25 @@ def cmd_verify(args) -> int:
             continue  # B is a run still in progress
         if step not in a or step not in b:
             have, lack = (args.a, args.b) if step in a else (args.b, args.a)
-            print(f"first difference at step {step}: {have} has it, {lack} does not "
-                  f"({args.a}: steps {_span(a)}, {args.b}: steps {_span(b)})")
+            print(
+                f"first difference at step {step}: {have} has it, {lack} does not "
+                f"({args.a}: steps {_span(a)}, {args.b}: steps {_span(b)})"
+            )
             return 1
         if a[step] != b[step]:
             fields = [f for f in ("sha256", "rows", "tokens", "padding") if getattr(a[step], f) != getattr(b[step], f)]
             print(f"first difference at step {step} ({', '.join(fields)}):")
             for path, entry in ((args.a, a[step]), (args.b, b[step])):
-                print(f"  {path}: sha256 {entry.sha256}  rows {entry.rows}  tokens {entry.tokens}  padding {entry.padding}")
+                print(
+                    f"  {path}: sha256 {entry.sha256}  rows {entry.rows}  tokens {entry.tokens}  padding {entry.padding}"
+                )
             return 1
     steps = sorted(b) if args.prefix else sorted(a)
     extra = f" ({args.a} goes on to step {max(a)})" if args.prefix and max(a) > max(b) else ""
-    print(f"identical: all {len(steps)} steps ({steps[0]}-{steps[-1]}) have the same global batch SHA-256, rows "
-          f"and tokens{extra}")
+    print(
+        f"identical: all {len(steps)} steps ({steps[0]}-{steps[-1]}) have the same global batch SHA-256, rows "
+        f"and tokens{extra}"
+    )
     return 0
 
 
@@ -103,12 +109,16 @@ def _pieces(job: Job, row) -> list[dict]:
     tokens = row.inputs.tolist() + ([int(row.labels[-1])] if row.padding == 0 else [])
     for piece in row.pieces:
         ids = tokens[at : at + piece.length]
-        out.append({
-            "source": job.spec.source_names[piece.source], "file": piece.file,
-            job.spec.sources[piece.source].row_unit.replace(" ", "_"): piece.row,
-            "doc_tokens": [piece.doc_offset, piece.doc_offset + piece.length],
-            "row_tokens": [at, at + piece.length], "text": job.spec.tokenizer.decode(ids),
-        })
+        out.append(
+            {
+                "source": job.spec.source_names[piece.source],
+                "file": piece.file,
+                job.spec.sources[piece.source].row_unit.replace(" ", "_"): piece.row,
+                "doc_tokens": [piece.doc_offset, piece.doc_offset + piece.length],
+                "row_tokens": [at, at + piece.length],
+                "text": job.spec.tokenizer.decode(ids),
+            }
+        )
         at += piece.length
     return out
 
@@ -127,22 +137,34 @@ def cmd_inspect(args) -> int:
         stream = LaneStream(job.spec, lane)
         stream.take((args.step - 1) * r)  # the lane's rows before this step
         for i, row in enumerate(stream.take(r)):
-            report.append({"step": args.step, "lane": lane, "lane_row": (args.step - 1) * r + i,
-                           "batch_row": lane * r + i, "padding": row.padding, "pieces": _pieces(job, row)})
+            report.append(
+                {
+                    "step": args.step,
+                    "lane": lane,
+                    "lane_row": (args.step - 1) * r + i,
+                    "batch_row": lane * r + i,
+                    "padding": row.padding,
+                    "pieces": _pieces(job, row),
+                }
+            )
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
         return 0
     for row in report:
-        print(f"step {row['step']} lane {row['lane']} row {row['lane_row']} (row {row['batch_row']} of the global "
-              f"batch), {row['padding']} padding tokens")
+        print(
+            f"step {row['step']} lane {row['lane']} row {row['lane_row']} (row {row['batch_row']} of the global "
+            f"batch), {row['padding']} padding tokens"
+        )
         for p in row["pieces"]:
             where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k in ("row", "byte_offset"))
             start, end = p["row_tokens"]
             inputs = min(end, job.spec.seq_len) - start  # the row's last token is only a label
             text = p["text"] if args.full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))
-            print(f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
-                  f"{where}, document tokens {p['doc_tokens'][0]}-{p['doc_tokens'][1]}")
+            print(
+                f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
+                f"{where}, document tokens {p['doc_tokens'][0]}-{p['doc_tokens'][1]}"
+            )
             print(f"      {text!r}")
     return 0
 
@@ -160,14 +182,21 @@ def cmd_validate(args) -> int:
     tokenizer = job.tokenizer
     job.check_model_vocab()
     spec = job.spec
-    print(f"config: {job.path}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "
-          f"{spec.seq_len} tokens, {rows_per_lane} rows per lane per step)")
-    print(f"tokenizer: {key} = {os.path.abspath(path)}  ({tokenizer.vocab_size:,} ids; model vocabulary "
-          f"{job.model_vocab_size if job.model_vocab_size is not None else 'unknown'})")
+    print(
+        f"config: {job.path}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "
+        f"{spec.seq_len} tokens, {rows_per_lane} rows per lane per step)"
+    )
+    print(
+        f"tokenizer: {key} = {os.path.abspath(path)}  ({tokenizer.vocab_size:,} ids; model vocabulary "
+        f"{job.model_vocab_size if job.model_vocab_size is not None else 'unknown'})"
+    )
     for name, choice in (("bos", tokenizer.bos), ("eos", tokenizer.eos)):
         token = tokenizer.tokenizer.id_to_token(choice.token_id) if choice.token_id is not None else None
-        print(f"  add_{name} = {'true' if token else 'false'}" + (f" ({token!r}, id {choice.token_id})" if token else "")
-              + f": {choice.reason}")
+        print(
+            f"  add_{name} = {'true' if token else 'false'}"
+            + (f" ({token!r}, id {choice.token_id})" if token else "")
+            + f": {choice.reason}"
+        )
     print("fingerprint:")
     for name, value in fingerprint(spec).items():
         print(f"  {name:<22} {value}")
@@ -186,8 +215,10 @@ def cmd_validate(args) -> int:
         if config.index:
             print(f"  {'':<12} index {config.index}")
         elif len(source.files) >= INDEX_HINT_FILES:
-            print(f"  {'':<12} hint: every rank lists these {len(source.files):,} files at startup; set "
-                  f"index = \"<path or URI>\" in [dataloader.sources.{source.name}] to read one manifest instead")
+            print(
+                f"  {'':<12} hint: every rank lists these {len(source.files):,} files at startup; set "
+                f'index = "<path or URI>" in [dataloader.sources.{source.name}] to read one manifest instead'
+            )
     usable = []
     for w in valid_world_sizes(spec.num_lanes):
         try:
@@ -195,14 +226,20 @@ def cmd_validate(args) -> int:
             usable.append(w)
         except ZephonError:
             pass
-    print(f"valid data-parallel sizes (divide {spec.num_lanes} lanes, local_batch_size {job.local_batch_size} "
-          f"divides the rows per rank): {usable}")
+    print(
+        f"valid data-parallel sizes (divide {spec.num_lanes} lanes, local_batch_size {job.local_batch_size} "
+        f"divides the rows per rank): {usable}"
+    )
     bad = 0
     for w in args.world_sizes:
         rows = job.global_batch_size // w
-        detail = (f"{rows} rows per rank per step, {rows // job.local_batch_size} microbatches" if w in usable else
-                  f"does not divide the {spec.num_lanes} lanes" if spec.num_lanes % w else
-                  f"{rows} rows per rank is not a multiple of local_batch_size {job.local_batch_size}")
+        detail = (
+            f"{rows} rows per rank per step, {rows // job.local_batch_size} microbatches"
+            if w in usable
+            else f"does not divide the {spec.num_lanes} lanes"
+            if spec.num_lanes % w
+            else f"{rows} rows per rank is not a multiple of local_batch_size {job.local_batch_size}"
+        )
         bad += w not in usable
         print(f"  {w:>5} ranks: {'ok' if w in usable else 'INVALID'} ({detail})")
     return 1 if bad else 0
@@ -213,7 +250,7 @@ def cmd_index(args) -> int:
     sources = [s for s in config.sources if s.index]
     if not sources:
         raise ZephonError(
-            f"no source of {args.config} has an index; add index = \"<path or URI>\" to a "
+            f'no source of {args.config} has an index; add index = "<path or URI>" to a '
             "[dataloader.sources.<name>] table"
         )
     options, stale = StorageOptions.of(config), 0
@@ -229,8 +266,10 @@ def cmd_index(args) -> int:
         indexed = read_index(source, options)
         problems = _index_differences(indexed[1] if indexed else None, listed.files)
         stale += bool(problems)
-        print(f"{source.name}: {source.index}: " + ("up to date, " + summary if not problems else
-                                                    "STALE: " + "; ".join(problems)))
+        print(
+            f"{source.name}: {source.index}: "
+            + ("up to date, " + summary if not problems else "STALE: " + "; ".join(problems))
+        )
     return 1 if stale else 0
 
 
@@ -240,17 +279,23 @@ def _index_differences(indexed, listed) -> list[str]:
     old, new = {f.path: f for f in indexed}, {f.path: f for f in listed}
     problems = [f"{p} is gone" for p in sorted(set(old) - set(new))]
     problems += [f"{p} is new" for p in sorted(set(new) - set(old))]
-    problems += [f"{p} changed ({old[p].size:,} -> {new[p].size:,} bytes, {old[p].num_blocks} -> "
-                 f"{new[p].num_blocks} blocks)" for p in sorted(set(old) & set(new)) if old[p] != new[p]]
+    problems += [
+        f"{p} changed ({old[p].size:,} -> {new[p].size:,} bytes, {old[p].num_blocks} -> {new[p].num_blocks} blocks)"
+        for p in sorted(set(old) & set(new))
+        if old[p] != new[p]
+    ]
     if problems:
-        problems.append("rebuild it with `zephon-titan index CONFIG` (a run resumed on the rebuilt index sees "
-                        "the changed files; finish or restart runs that use the old one)")
+        problems.append(
+            "rebuild it with `zephon-titan index CONFIG` (a run resumed on the rebuilt index sees "
+            "the changed files; finish or restart runs that use the old one)"
+        )
     return problems
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zephon-titan", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="zephon-titan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="write the ledger a run of CONFIG will write")
     plan.add_argument("config")
@@ -261,10 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="compare two ledgers; exit 1 at the first differing step")
     verify.add_argument("a", help="a ledger (e.g. the plan, or a finished run)")
     verify.add_argument("b", help="another ledger")
-    verify.add_argument("--prefix", action="store_true",
-                        help="B may end before A (a run still in progress); every step B has must match")
-    verify.add_argument("--steps", type=_step_range, metavar="FIRST-LAST",
-                        help="compare only these steps (e.g. 5-8: a plan from a step-4 checkpoint)")
+    verify.add_argument(
+        "--prefix",
+        action="store_true",
+        help="B may end before A (a run still in progress); every step B has must match",
+    )
+    verify.add_argument(
+        "--steps",
+        type=_step_range,
+        metavar="FIRST-LAST",
+        help="compare only these steps (e.g. 5-8: a plan from a step-4 checkpoint)",
+    )
     verify.set_defaults(run=cmd_verify)
     inspect = sub.add_parser("inspect", help="decode the rows of a step and trace them to files")
     inspect.add_argument("config")

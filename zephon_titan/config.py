@@ -159,7 +159,6 @@ class DataConfig:
         return [s.name for s in self.sources]
 
 
-
 def _check_keys(table: dict, allowed: list[str], where: str) -> None:
     for key in table:
         if key not in allowed:
@@ -218,8 +217,10 @@ def _check_bounds(obj: Any, bounds: dict, where: str) -> None:
 def validate_source(source: SourceConfig) -> None:
     where = f"[dataloader.sources.{source.name}]"
     if not source.name or len(source.name) > MAX_SOURCE_NAME:
-        raise ConfigError(f"{where}: a source name must have 1 to {MAX_SOURCE_NAME} characters, got "
-                          f"{len(source.name)}; use a shorter name (it is only a label)")
+        raise ConfigError(
+            f"{where}: a source name must have 1 to {MAX_SOURCE_NAME} characters, got "
+            f"{len(source.name)}; use a shorter name (it is only a label)"
+        )
     if not (math.isfinite(source.weight) and source.weight > 0):
         raise ConfigError(
             f"{where} weight must be a finite number > 0, got {source.weight}; "
@@ -227,7 +228,7 @@ def validate_source(source: SourceConfig) -> None:
         )
     _check_bounds(source, SOURCE_BOUNDS, where)
     if not source.format:  # the names are the engine's format registry (engine/sources/formats.py)
-        raise ConfigError(f"{where} format must not be empty; use \"auto\" or a format name")
+        raise ConfigError(f'{where} format must not be empty; use "auto" or a format name')
     if not source.text_field:
         raise ConfigError(f"{where} text_field must not be empty")
 
@@ -238,8 +239,10 @@ def validate(config: DataConfig) -> None:
         raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
     names = config.source_names()
     if len(names) > MAX_SOURCES:
-        raise ConfigError(f"[dataloader] has {len(names)} sources, at most {MAX_SOURCES} are supported; "
-                          "merge sources that share a weight (a source may list many paths)")
+        raise ConfigError(
+            f"[dataloader] has {len(names)} sources, at most {MAX_SOURCES} are supported; "
+            "merge sources that share a weight (a source may list many paths)"
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f"[dataloader] source names must be unique, got {names}")
     if names != sorted(names):
@@ -248,7 +251,7 @@ def validate(config: DataConfig) -> None:
         validate_source(source)
     _check_bounds(config, BOUNDS, "[dataloader]")
     if not config.packing:  # the names are the engine's packing registry (engine/packing.py)
-        raise ConfigError("[dataloader] packing must not be empty; use \"wrap\" or \"best_fit\"")
+        raise ConfigError('[dataloader] packing must not be empty; use "wrap" or "best_fit"')
     if config.exhaustion not in EXHAUSTION_POLICIES:
         raise ConfigError(
             f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
@@ -266,14 +269,14 @@ def validate(config: DataConfig) -> None:
 ALLOWED_CHANGES = {
     "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
     "locations": "data moved or copied to another directory, bucket or prefix: the same file names, in the "
-                 "same order, with the same sizes and blocks",
+    "same order, with the same sizes and blocks",
 }
 
 
 def validate_resume_allow(allow: list[str]) -> None:
     if not (isinstance(allow, list) and all(isinstance(item, str) for item in allow)):
         raise ConfigError(
-            f"[dataloader] resume_allow must be a list of strings (e.g. [\"mtimes\"]), got {short_repr(allow)}"
+            f'[dataloader] resume_allow must be a list of strings (e.g. ["mtimes"]), got {short_repr(allow)}'
         )
     for item in allow:
         if item not in ALLOWED_CHANGES:
@@ -314,5 +317,3 @@ def config_to_dict(config: DataConfig) -> dict:
         for s in config.sources
     }
     return table
-
-

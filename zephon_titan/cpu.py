@@ -31,7 +31,8 @@ def install_cpu_device() -> None:
         "empty_cache": lambda: None,
         "get_device_name": lambda device=None: "cpu",
         "get_device_properties": lambda device=None: types.SimpleNamespace(
-            name="cpu", total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")),
+            name="cpu", total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ),
     }
     for name, fn in defaults.items():
         if not hasattr(cpu, name):

@@ -39,9 +39,11 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
         raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
     for key, meta in entries.items():
         if not isinstance(meta, TensorStorageMetadata):  # would be unpickled by dcp.load
-            raise ResumeError(f"{checkpoint}: dataloader.{key} is stored as a Python object, not a tensor; "
-                              "zephon_titan never writes that, so the checkpoint was not written by it (or was "
-                              "altered): refusing to load it")
+            raise ResumeError(
+                f"{checkpoint}: dataloader.{key} is stored as a Python object, not a tensor; "
+                "zephon_titan never writes that, so the checkpoint was not written by it (or was "
+                "altered): refusing to load it"
+            )
     import torch
 
     state = {"dataloader": {k: torch.zeros(tuple(m.size), dtype=torch.uint8) for k, m in entries.items()}}
@@ -69,13 +71,15 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
     job.check_model_vocab()
     start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
     names = job.spec.source_names
-    with open_lane_group(job.spec, range(job.spec.num_lanes), rows_per_lane, job.data.workers,
-                         job.data.prefetch_steps, states) as group:
+    with open_lane_group(
+        job.spec, range(job.spec.num_lanes), rows_per_lane, job.data.workers, job.data.prefetch_steps, states
+    ) as group:
         for step in range(start + 1, steps + 1):
             try:
                 lanes = group.next_step()
             except LaneExhausted:  # a finite run stops at the first step any lane cannot fill
                 return
             counts = tally((row for rows in lanes for row in rows), len(names))
-            yield LedgerEntry.of(step, batch_digest(lane_digest(rows) for rows in lanes), job.global_batch_size,
-                                 names, counts)
+            yield LedgerEntry.of(
+                step, batch_digest(lane_digest(rows) for rows in lanes), job.global_batch_size, names, counts
+            )

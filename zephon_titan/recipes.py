@@ -18,7 +18,6 @@ import sys
 from torchtitan.models.llama3.config_registry import llama3_debugmodel as _titan_debugmodel
 
 from zephon_titan.config import SourceConfig
-
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.job import load_job

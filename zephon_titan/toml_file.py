@@ -38,11 +38,12 @@ def load_toml(path: str) -> dict:
         base_path = os.path.abspath(os.path.join(os.path.dirname(chain[-1]), base))
         real = [os.path.realpath(p) for p in chain]
         if os.path.realpath(base_path) in real:
-            shown = chain[real.index(os.path.realpath(base_path)):] + [base_path]
+            shown = chain[real.index(os.path.realpath(base_path)) :] + [base_path]
             raise ConfigError(f"{where} forms a cycle: {' -> '.join(shown)}; remove one of the extends")
         if len(chain) >= MAX_EXTENDS:
-            raise ConfigError(f"{where}: the chain from {chain[0]} is over {MAX_EXTENDS} files long; "
-                              "merge some of the files")
+            raise ConfigError(
+                f"{where}: the chain from {chain[0]} is over {MAX_EXTENDS} files long; merge some of the files"
+            )
         chain.append(base_path)
         documents.append(_read_toml(base_path, f"{where} = {short_repr(base)}: "))
     merged = documents.pop()
@@ -54,8 +55,9 @@ def load_toml(path: str) -> dict:
 def _job_table(document: dict, path: str) -> dict:
     job = document.get("job", {})
     if not isinstance(job, dict):
-        raise ConfigError(f"{path}: job must be a table ([job], a free-form description and `extends`), "
-                          f"got {short_repr(job)}")
+        raise ConfigError(
+            f"{path}: job must be a table ([job], a free-form description and `extends`), got {short_repr(job)}"
+        )
     return job
 
 
@@ -91,8 +93,13 @@ def _read_toml(path: str, where: str) -> dict:
 
 
 def _kind(mode: int) -> str:
-    kinds = {stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO", stat.S_ISCHR: "a character device",
-             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 

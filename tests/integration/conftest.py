@@ -6,11 +6,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import demo
+import pytest
 import runs
 from logs import parse_losses
+
 from zephon_titan.engine.ledger import read_ledger
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -26,8 +26,9 @@ def workdir(tmp_path_factory) -> str:
     return root
 
 
-def torchrun(workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600,
-             env: dict | None = None) -> subprocess.CompletedProcess:
+def torchrun(
+    workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     target = [module] if module.endswith(".py") else ["-m", module]  # a script path, or a module
     cmd = TORCHRUN + ["--nproc_per_node", str(nproc), *target, *args]

@@ -3,7 +3,6 @@
 import os
 
 import pytest
-
 from conftest import CPU_CONFIG, check, ledger, torchrun
 
 pytestmark = pytest.mark.integration
@@ -12,8 +11,17 @@ STEPS = 5
 
 
 def data_run(workdir, nproc, ledger_name, *extra):
-    args = ["--job.config_file", CPU_CONFIG, "--steps", str(STEPS), "--local-batch-size", "2",
-            "--ledger", ledger_name, *extra]
+    args = [
+        "--job.config_file",
+        CPU_CONFIG,
+        "--steps",
+        str(STEPS),
+        "--local-batch-size",
+        "2",
+        "--ledger",
+        ledger_name,
+        *extra,
+    ]
     check(torchrun(workdir, MODULE, nproc, args))
     return ledger(os.path.join(workdir, ledger_name))
 
@@ -23,10 +31,10 @@ def test_dcp_resume_8_to_2_and_2_to_8(workdir):
     assert sorted(reference) == list(range(1, STEPS + 1)) and len(set(reference.values())) == STEPS
     for saved_on, resumed_on in ((8, 2), (2, 8)):
         ckpt = f"data/ckpt_{saved_on}"
-        before = data_run(workdir, saved_on, f"data/{saved_on}_{resumed_on}.jsonl", "--save-at", "2",
-                          "--checkpoint", ckpt)
-        after = data_run(workdir, resumed_on, f"data/{saved_on}_{resumed_on}.jsonl", "--resume",
-                         f"{ckpt}/step-2")
+        before = data_run(
+            workdir, saved_on, f"data/{saved_on}_{resumed_on}.jsonl", "--save-at", "2", "--checkpoint", ckpt
+        )
+        after = data_run(workdir, resumed_on, f"data/{saved_on}_{resumed_on}.jsonl", "--resume", f"{ckpt}/step-2")
         assert before == reference
         assert after == reference, f"{saved_on} -> {resumed_on}"
 
@@ -34,8 +42,16 @@ def test_dcp_resume_8_to_2_and_2_to_8(workdir):
 def test_worker_processes_change_nothing_even_across_a_resume(workdir):
     reference = data_run(workdir, 2, "data/ref_w1.jsonl")
     config = _config_with(workdir, "workers.toml", "seed = 2026", "seed = 2026\nworkers = 2\nprefetch_steps = 3")
-    args = ["--job.config_file", config, "--steps", str(STEPS), "--local-batch-size", "2",
-            "--ledger", "data/workers.jsonl"]
+    args = [
+        "--job.config_file",
+        config,
+        "--steps",
+        str(STEPS),
+        "--local-batch-size",
+        "2",
+        "--ledger",
+        "data/workers.jsonl",
+    ]
     check(torchrun(workdir, MODULE, 2, args + ["--save-at", "2", "--checkpoint", "data/ckpt_workers"]))
     assert ledger(os.path.join(workdir, "data/workers.jsonl")) == reference
     # Saved with 2 worker processes per rank (prefetching ahead), resumed in-process on 4 ranks.

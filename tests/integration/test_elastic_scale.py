@@ -8,15 +8,18 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 SCRIPT = os.path.join(REPO, "scripts", "elastic_scale.py")
 
 
 def _run(tmp_path, *args, timeout):
-    out = subprocess.run([sys.executable, SCRIPT, "--work", str(tmp_path / "work"), *args],
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "--work", str(tmp_path / "work"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "ALL MATCH" in out.stdout
     assert "(differs from step 1)" in out.stdout  # the negative control mismatches from its first step
@@ -27,8 +30,26 @@ def _run(tmp_path, *args, timeout):
 
 @pytest.mark.integration
 def test_reduced_variant(tmp_path):
-    stdout, summary = _run(tmp_path, "--lanes", "8", "--global-batch", "64", "--local-batch", "8", "--ranks", "4",
-                           "--resume-on", "2,8", "--chain", "4,2,8", "--steps", "5", "--save-at", "2", timeout=900)
+    stdout, summary = _run(
+        tmp_path,
+        "--lanes",
+        "8",
+        "--global-batch",
+        "64",
+        "--local-batch",
+        "8",
+        "--ranks",
+        "4",
+        "--resume-on",
+        "2,8",
+        "--chain",
+        "4,2,8",
+        "--steps",
+        "5",
+        "--save-at",
+        "2",
+        timeout=900,
+    )
     ranks = [p["ranks"] for p in summary["phases"]]
     assert ranks == [0, 4, 2, 8, 2, 8]
     assert "| 4 -> 8 | 8 | 3-5 | 3/3 | 3/3 |" in stdout

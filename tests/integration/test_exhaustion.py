@@ -4,8 +4,8 @@ import os
 import re
 
 import pytest
-
 from conftest import CPU_CONFIG, check, ledger, torchrun
+
 from zephon_titan.plan import plan_ledger
 
 pytestmark = pytest.mark.integration

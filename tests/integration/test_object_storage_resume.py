@@ -6,8 +6,8 @@ import os
 import shutil
 
 import pytest
-
 from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, losses, torchrun
+
 from zephon_titan.engine.sources.jsonl import TAIL_READ_BYTES
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,10 @@ def bucket_job(s3, workdir, tmp_path_factory):
     for name, ext in (("code", "parquet"), ("prose", "jsonl")):
         local = f'paths = ["demo_out/{name}/*.{ext}"]'
         assert local in text
-        text = text.replace(local, f'paths = ["s3://zephon-test/demo/{name}/*.{ext}"]\n'
-                                   f'index = "s3://zephon-test/demo/{name}.index.json"')
+        text = text.replace(
+            local,
+            f'paths = ["s3://zephon-test/demo/{name}/*.{ext}"]\nindex = "s3://zephon-test/demo/{name}.index.json"',
+        )
     with open(os.path.join(job, "job.toml"), "w") as f:
         f.write(text)
     with open(os.path.join(job, "job_workers.toml"), "w") as f:
@@ -36,8 +38,15 @@ def bucket_job(s3, workdir, tmp_path_factory):
 
 
 def train(job, config, run, nproc):
-    args = ["--job.config_file", config, "--dump_folder", run, "--training.steps", str(STEPS),
-            "--metrics.disable_color_printing"]
+    args = [
+        "--job.config_file",
+        config,
+        "--dump_folder",
+        run,
+        "--training.steps",
+        str(STEPS),
+        "--metrics.disable_color_printing",
+    ]
     output = check(torchrun(job, "zephon_titan.train_cpu", nproc, args))
     return ledger(os.path.join(job, run, "checkpoint", "ledger.jsonl")), losses(output.stdout + output.stderr)
 
@@ -71,6 +80,8 @@ def test_save_on_2_resume_on_4_with_the_data_only_in_the_bucket(s3, bucket_job, 
     assert any(r["method"] == "PUT" and r["key"].endswith(".index.json") for r in first_run)
     assert not any("list-type" in r["query"] for r in resumed_run)  # the resumed ranks read the indexes instead
     assert any(r["key"].endswith(".index.json") for r in resumed_run)
-    data_gets = [r for r in first_run + resumed_run if r["method"] == "GET" and r["key"].endswith((".jsonl", ".parquet"))]
+    data_gets = [
+        r for r in first_run + resumed_run if r["method"] == "GET" and r["key"].endswith((".jsonl", ".parquet"))
+    ]
     assert data_gets and all(r["range"] for r in data_gets)  # ranged reads only
     assert max(r["bytes"] for r in data_gets) <= BLOCK_BYTES + 1 + TAIL_READ_BYTES

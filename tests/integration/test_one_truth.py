@@ -3,14 +3,12 @@ trainer's own tokenizer, and `plan` (offline, one process) predicts its ledger e
 and from the trainer's checkpoint, for real tokenizers and a corpus full of their special-token strings.
 A user mistake under torchrun is one line, printed once, with no traceback from our processes."""
 
-import json
 import os
 
+import corpus
 import pytest
-
 from conftest import check, copy_checkpoint, ledger, torchrun
 from helpers import REAL_TOKENIZERS, real_tokenizer, special_token_strings, with_special_tokens
-import corpus
 
 pytestmark = pytest.mark.integration
 STEPS = 3
@@ -20,24 +18,27 @@ def _write_job(root: str, tokenizer_dir: str, vocab: int, **training) -> str:
     settings = {"seq_len": 64, "local_batch_size": 2, "global_batch_size": 8, "steps": STEPS, **training}
     path = os.path.join(root, "job.toml")
     with open(path, "w") as f:
-        f.write(f'hf_assets_path = "{tokenizer_dir}"\n'
-                '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
-                f"vocab_size = {-(-vocab // 64) * 64}\n"
-                "[training]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()) +
-                "[lr_scheduler]\nwarmup_steps = 1\n"
-                "[checkpoint]\nenable = true\ninterval = 2\nlast_save_model_only = false\n"
-                "[debug]\nseed = 42\n"
-                "[dataloader]\nnum_lanes = 4\nseed = 5\n"
-                '[dataloader.sources.code]\npaths = ["data/code/*.parquet"]\nweight = 0.5\n'
-                '[dataloader.sources.prose]\npaths = ["data/prose/*.jsonl"]\nweight = 0.5\nblock_bytes = 8192\n')
+        f.write(
+            f'hf_assets_path = "{tokenizer_dir}"\n'
+            '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+            f"vocab_size = {-(-vocab // 64) * 64}\n"
+            "[training]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()) + "[lr_scheduler]\nwarmup_steps = 1\n"
+            "[checkpoint]\nenable = true\ninterval = 2\nlast_save_model_only = false\n"
+            "[debug]\nseed = 42\n"
+            "[dataloader]\nnum_lanes = 4\nseed = 5\n"
+            '[dataloader.sources.code]\npaths = ["data/code/*.parquet"]\nweight = 0.5\n'
+            '[dataloader.sources.prose]\npaths = ["data/prose/*.jsonl"]\nweight = 0.5\nblock_bytes = 8192\n'
+        )
     return path
 
 
 def _workdir(root: str, tokenizer_dir: str) -> str:
     """Documents that each hold the tokenizer's special-token strings, as a job directory."""
     specials = special_token_strings(tokenizer_dir)
-    prose = [f"{doc[:400]} {specials[i % len(specials)]} {doc[400:800]}{specials[(i + 1) % len(specials)]}"
-             for i, doc in enumerate(corpus.prose_documents()[:48])]
+    prose = [
+        f"{doc[:400]} {specials[i % len(specials)]} {doc[400:800]}{specials[(i + 1) % len(specials)]}"
+        for i, doc in enumerate(corpus.prose_documents()[:48])
+    ]
     code = [f"{specials[i % len(specials)]}{doc[:600]}" for i, doc in enumerate(corpus.code_documents(max_files=24))]
     corpus.write_jsonl(prose, os.path.join(root, "data", "prose"), num_files=2)
     corpus.write_parquet(code, os.path.join(root, "data", "code"), num_files=2, row_group_size=4)
@@ -46,8 +47,9 @@ def _workdir(root: str, tokenizer_dir: str) -> str:
 
 @pytest.fixture(scope="module")
 def fixture_special_tokenizer(tokenizer_dir, tmp_path_factory) -> str:
-    return with_special_tokens(tokenizer_dir, str(tmp_path_factory.mktemp("special")),
-                               ["<|im_start|>", "<|image|>", "<|begin_of_text|>"])
+    return with_special_tokens(
+        tokenizer_dir, str(tmp_path_factory.mktemp("special")), ["<|im_start|>", "<|image|>", "<|begin_of_text|>"]
+    )
 
 
 def _vocab(tokenizer_dir: str) -> int:
@@ -57,8 +59,9 @@ def _vocab(tokenizer_dir: str) -> int:
 
 
 @pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
-def test_trainer_ledger_equals_plan_from_start_and_from_its_checkpoint(name, fixture_special_tokenizer, tmp_path,
-                                                                        monkeypatch):
+def test_trainer_ledger_equals_plan_from_start_and_from_its_checkpoint(
+    name, fixture_special_tokenizer, tmp_path, monkeypatch
+):
     tokenizer_dir = fixture_special_tokenizer if name == "fixture" else real_tokenizer(name)
     root = _workdir(str(tmp_path), tokenizer_dir)
     job = _write_job(root, tokenizer_dir, _vocab(tokenizer_dir))
@@ -74,8 +77,12 @@ def test_trainer_ledger_equals_plan_from_start_and_from_its_checkpoint(name, fix
     from zephon_titan.cli import main
 
     assert main(["plan", job, "--steps", str(STEPS), "-o", "plan.jsonl"]) == 0
-    assert main(["plan", job, "--steps", str(STEPS), "--from-checkpoint", "run/checkpoint/step-2",
-                 "-o", "from_step2.jsonl"]) == 0
+    assert (
+        main(
+            ["plan", job, "--steps", str(STEPS), "--from-checkpoint", "run/checkpoint/step-2", "-o", "from_step2.jsonl"]
+        )
+        == 0
+    )
     run = ledger("run/checkpoint/ledger.jsonl")
     assert sorted(run) == list(range(1, STEPS + 1)) and len(set(run.values())) == STEPS
     assert sorted(ledger("from_step2.jsonl")) == [3]
@@ -85,8 +92,9 @@ def test_trainer_ledger_equals_plan_from_start_and_from_its_checkpoint(name, fix
         assert main(["verify", "plan.jsonl", f"{folder}/checkpoint/ledger.jsonl"]) == 0
 
 
-def test_a_tokenizer_missing_one_special_token_plans_differently(fixture_special_tokenizer, tokenizer_dir, tmp_path,
-                                                                  monkeypatch):
+def test_a_tokenizer_missing_one_special_token_plans_differently(
+    fixture_special_tokenizer, tokenizer_dir, tmp_path, monkeypatch
+):
     # Negative control for the test above: the ledger sees the special tokens.
     root = _workdir(str(tmp_path), fixture_special_tokenizer)
     fewer = with_special_tokens(tokenizer_dir, str(tmp_path / "fewer"), ["<|image|>", "<|begin_of_text|>"])

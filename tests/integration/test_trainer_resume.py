@@ -5,8 +5,8 @@ import os
 import re
 
 import pytest
-
 from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, losses, torchrun
+
 from zephon_titan.engine.ledger import read_ledger
 
 pytestmark = pytest.mark.integration
@@ -17,8 +17,16 @@ _TOKENS = re.compile(r"zephon tokens consumed: code (\d+), prose (\d+) \(total (
 
 
 def train(workdir, run, nproc, *extra):
-    args = ["--job.config_file", CPU_CONFIG, "--dump_folder", run, "--training.steps", str(STEPS),
-            "--metrics.disable_color_printing", *extra]
+    args = [
+        "--job.config_file",
+        CPU_CONFIG,
+        "--dump_folder",
+        run,
+        "--training.steps",
+        str(STEPS),
+        "--metrics.disable_color_printing",
+        *extra,
+    ]
     result = check(torchrun(workdir, "zephon_titan.train_cpu", nproc, args))
     output = result.stdout + result.stderr
     token_lines = _TOKENS.findall(output)
@@ -53,8 +61,10 @@ def test_resume_on_other_world_sizes_gives_identical_batches(uninterrupted, resu
     assert len(set(ref_ledger.values())) == STEPS
     for name, (got_ledger, got_losses) in resumed.items():
         worst = max(abs(loss - ref_losses[step]) for step, loss in got_losses.items())
-        print(f"{name}: steps {sorted(got_losses)} resumed, ledger equal: {got_ledger == ref_ledger}, "
-              f"largest loss difference {worst:.2e}")
+        print(
+            f"{name}: steps {sorted(got_losses)} resumed, ledger equal: {got_ledger == ref_ledger}, "
+            f"largest loss difference {worst:.2e}"
+        )
         assert got_ledger == ref_ledger, name  # every step's global batch, before and after the resume
         first = min(got_losses)
         assert first in (3, 5), f"{name}: the run did not resume from its checkpoint (first step {first})"
@@ -74,8 +84,21 @@ def test_plan_predicts_every_run(workdir, uninterrupted, resumed, monkeypatch, t
         assert got_ledger == planned, name
     # From a checkpoint, and through the command line, compared with `verify`.
     out = str(tmp_path / "from_step4.jsonl")
-    assert main(["plan", CPU_CONFIG, "--steps", str(STEPS), "--from-checkpoint",
-                 "runs/w2_to_w4/checkpoint/step-4", "-o", out]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                CPU_CONFIG,
+                "--steps",
+                str(STEPS),
+                "--from-checkpoint",
+                "runs/w2_to_w4/checkpoint/step-4",
+                "-o",
+                out,
+            ]
+        )
+        == 0
+    )
     assert sorted(ledger(out)) == [5, 6]
     assert main(["verify", out, "runs/w4_to_w2/checkpoint/ledger.jsonl", "--steps", "5-6"]) == 0
 
@@ -93,8 +116,16 @@ def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):
 def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted):
     # Negative control: the same checkpoint with another data seed must be refused, naming the change.
     copy_checkpoint(workdir, "runs/w2", 2, "runs/other_seed")
-    args = ["--job.config_file", CPU_CONFIG, "--dump_folder", "runs/other_seed", "--training.steps", str(STEPS),
-            "--dataloader.seed", "7"]
+    args = [
+        "--job.config_file",
+        CPU_CONFIG,
+        "--dump_folder",
+        "runs/other_seed",
+        "--training.steps",
+        str(STEPS),
+        "--dataloader.seed",
+        "7",
+    ]
     result = torchrun(workdir, "zephon_titan.train_cpu", 2, args)
     output = result.stdout + result.stderr
     assert result.returncode != 0

@@ -46,7 +46,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                found.append(path[path.index(nxt):] + [nxt])
+                found.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = "done"
@@ -75,8 +75,11 @@ def test_layers():
     graph = import_graph()
     engine = {m for m in graph if m.startswith("zephon_titan.engine")}
     for module in engine:
-        above = {e for e in graph[module] if e.startswith(("zephon_titan.titan", "zephon_titan.toml_file",
-                                                           "zephon_titan.cli", "zephon_titan.plan"))}
+        above = {
+            e
+            for e in graph[module]
+            if e.startswith(("zephon_titan.titan", "zephon_titan.toml_file", "zephon_titan.cli", "zephon_titan.plan"))
+        }
         assert not above, f"{module} imports the layers above the engine: {above}"
     assert not {e for e in graph["zephon_titan.config"] if e.startswith("zephon_titan.engine")}
     loaded = _loaded_after("zephon_titan.engine")

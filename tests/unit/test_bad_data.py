@@ -5,8 +5,8 @@ import os
 import shutil
 
 import pytest
-
 from helpers import make_spec, rows_digest
+
 from zephon_titan.engine import ConfigError, DataError, LaneStream, ResumeError, check_fingerprint, fingerprint
 
 
@@ -53,17 +53,23 @@ def test_empty_documents_become_bos_eos(tmp_path, corpus_dir, tokenizer_dir):
     empty = [p for p in rows[0].pieces if p.length == 2]
     assert len(empty) == 2  # both empty documents are there, as [BOS, EOS]
     assert [bos, eos] in [rows[0].inputs.tolist()[i : i + 2] for i in range(len(rows[0].inputs) - 1)]
-    bare = _spec_over(tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute", add_bos=False,
-                      add_eos=False)
+    bare = _spec_over(
+        tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute", add_bos=False, add_eos=False
+    )
     # With neither BOS nor EOS an empty document has no token: nothing to place, nothing lost.
-    assert [p.length for p in LaneStream(bare, 0).take(1)[0].pieces] == [len(spec.tokenizer.encode(["hello world"])[0]) - 2]
+    assert [p.length for p in LaneStream(bare, 0).take(1)[0].pieces] == [
+        len(spec.tokenizer.encode(["hello world"])[0]) - 2
+    ]
 
 
 def test_a_100_mb_document_is_a_clear_error(tmp_path, corpus_dir, tokenizer_dir):
     huge = json.dumps({"text": "x" * (100 << 20)}).encode() + b"\n"
     spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "small"}\n', huge])
-    with pytest.raises(DataError, match=r"web.jsonl at byte 18: a document of 104,857,600 characters is over "
-                                         r"\[dataloader\] max_document_chars = 67,108,864"):
+    with pytest.raises(
+        DataError,
+        match=r"web.jsonl at byte 18: a document of 104,857,600 characters is over "
+        r"\[dataloader\] max_document_chars = 67,108,864",
+    ):
         _first_rows(spec)
 
 
@@ -96,7 +102,9 @@ def test_changed_file_is_named_and_a_touch_can_be_allowed(tmp_path, corpus_dir, 
 
 
 def test_only_harmless_changes_can_be_allowed(corpus_dir, tokenizer_dir):
-    with pytest.raises(ConfigError, match=r"resume_allow: 'seed' cannot be allowed \(it changes the rows\); allowed: mtimes"):
+    with pytest.raises(
+        ConfigError, match=r"resume_allow: 'seed' cannot be allowed \(it changes the rows\); allowed: mtimes"
+    ):
         make_spec(corpus_dir, tokenizer_dir, resume_allow=["seed"])
 
 
@@ -119,8 +127,13 @@ def test_a_source_mixing_formats_is_refused(tmp_path, corpus_dir, tokenizer_dir)
 
 
 def test_blank_lines_are_not_documents(tmp_path, corpus_dir, tokenizer_dir):
-    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "one"}\n', b"\n", b"   \n",
-                                                            b'{"text": "two"}\n'], exhaustion="redistribute")
+    spec = _spec_over(
+        tmp_path,
+        corpus_dir,
+        tokenizer_dir,
+        [b'{"text": "one"}\n', b"\n", b"   \n", b'{"text": "two"}\n'],
+        exhaustion="redistribute",
+    )
     block = spec.sources[0].read_block(0)
     assert block.texts == ["one", "two"] and block.rows == [0, 21]
 

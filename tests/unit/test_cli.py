@@ -1,7 +1,6 @@
 """The zephon-titan command line on a small job over the test corpus (no torchrun)."""
 
 import json
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -1,9 +1,9 @@
 import pytest
-
 from helpers import data_table, spec_of
+
 from zephon_titan.config import config_from_dict, config_to_dict
-from zephon_titan.toml_file import load_data_config
 from zephon_titan.errors import ConfigError
+from zephon_titan.toml_file import load_data_config
 
 
 def test_toml_round_trip(tmp_path, corpus_dir, tokenizer_dir):
@@ -54,8 +54,11 @@ def test_config_mistakes_are_named(corpus_dir, tokenizer_dir, change, message):
 def test_an_unknown_format_is_named_when_the_engine_is_built(corpus_dir, tokenizer_dir):
     table = data_table(corpus_dir, tokenizer_dir)
     table["sources"]["prose"]["format"] = "csv"
-    with pytest.raises(ConfigError, match=r"\[dataloader.sources.prose\] format must be one of auto, jsonl, lance, "
-                                          r"parquet, got 'csv'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\[dataloader.sources.prose\] format must be one of auto, jsonl, lance, "
+        r"parquet, got 'csv'",
+    ):
         spec_of(config_from_dict(table), 64)
 
 

@@ -6,13 +6,13 @@ import os
 import re
 
 import pytest
-
 from bounded import run_bounded
 from helpers import data_table, spec_of
+
 from zephon_titan.config import BOUNDS, SOURCE_BOUNDS, DataConfig, SourceConfig, config_from_dict
-from zephon_titan.toml_file import MAX_EXTENDS, MAX_TOML_BYTES, load_data_config, load_toml
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import read_job_config
+from zephon_titan.toml_file import MAX_EXTENDS, MAX_TOML_BYTES, load_data_config, load_toml
 
 _DATA = '[dataloader.sources.a]\npaths = ["x.jsonl"]\n'
 _JOB = '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n' + _DATA
@@ -102,8 +102,10 @@ def _chain(tmp_path, n: int) -> str:
 
 
 def test_an_extends_chain_is_bounded(tmp_path):
-    message = _one_line_error(lambda: load_toml(_chain(tmp_path, 3000)),
-                              rf"\[job\] extends: the chain from .*0.toml is over {MAX_EXTENDS} files long")
+    message = _one_line_error(
+        lambda: load_toml(_chain(tmp_path, 3000)),
+        rf"\[job\] extends: the chain from .*0.toml is over {MAX_EXTENDS} files long",
+    )
     assert "RecursionError" not in message and "merge some of the files" in message
     other = tmp_path / "ok"
     other.mkdir()
@@ -128,13 +130,20 @@ def test_a_cycle_shows_the_real_chain(tmp_path):
     [
         ('job = "x"\n' + _DATA, r"job.toml: job must be a table \(\[job\], .*\), got 'x'"),
         ("[job]\nextends = 5\n" + _DATA, r"\[job\] extends must be a path string, got 5"),
-        ("[job]\nextends = \"a\\u0000b\"\n" + _DATA, r"\[job\] extends must be a path string, got 'a\\x00b'"),
-        ("[dataloader]\nresume_allow = [[\"mtimes\"]]\n" + _DATA,
-         r"\[dataloader\] resume_allow must be a list of strings \(e.g. \[\"mtimes\"\]\), got \[\['mtimes'\]\]"),
-        ('[dataloader.sources.a]\npaths = [1]\n', r"\[dataloader.sources.a\] paths must be a non-empty list of strings"),
-        (_DATA + "weight = 1.7e308\n[dataloader.sources.b]\npaths = [\"y\"]\nweight = 1e308\n",
-         r"\[dataloader.sources.a\] weight must be <= 1000000.0, got 1.7e\+308 \(weights are relative shares"),
-        ("[dataloader]\nresume_allow = [\"mtimes\"]\n" + _DATA, None),  # control
+        ('[job]\nextends = "a\\u0000b"\n' + _DATA, r"\[job\] extends must be a path string, got 'a\\x00b'"),
+        (
+            '[dataloader]\nresume_allow = [["mtimes"]]\n' + _DATA,
+            r"\[dataloader\] resume_allow must be a list of strings \(e.g. \[\"mtimes\"\]\), got \[\['mtimes'\]\]",
+        ),
+        (
+            "[dataloader.sources.a]\npaths = [1]\n",
+            r"\[dataloader.sources.a\] paths must be a non-empty list of strings",
+        ),
+        (
+            _DATA + 'weight = 1.7e308\n[dataloader.sources.b]\npaths = ["y"]\nweight = 1e308\n',
+            r"\[dataloader.sources.a\] weight must be <= 1000000.0, got 1.7e\+308 \(weights are relative shares",
+        ),
+        ('[dataloader]\nresume_allow = ["mtimes"]\n' + _DATA, None),  # control
     ],
 )
 def test_wrong_shapes_are_one_line_errors(tmp_path, text, message):
@@ -151,7 +160,7 @@ def test_wrong_shapes_are_one_line_errors(tmp_path, text, message):
     [
         ("training = 5\n", r"job.toml: training must be a table \(\[training\] with its settings\), got 5$"),
         ("[training]\nsteps = {a = 1}\n", r"\[training\] steps is a setting, not a table; write steps = <value>"),
-        ("[training]\nsteps = \"" + "9" * 5000 + "\"\n", r"\[training\] steps must be int \(like 10\), got '9+\.\.\.$"),
+        ('[training]\nsteps = "' + "9" * 5000 + '"\n', r"\[training\] steps must be int \(like 10\), got '9+\.\.\.$"),
         ("[training]\nsteps = 3\n", ""),  # control
     ],
 )
@@ -173,10 +182,14 @@ def test_model_must_be_a_table(tmp_path):
 @pytest.mark.parametrize("key", sorted(BOUNDS))
 def test_every_numeric_setting_has_an_upper_bound(corpus_dir, tokenizer_dir, key):
     low, high, why = BOUNDS[key]
-    _one_line_error(lambda: config_from_dict(data_table(corpus_dir, tokenizer_dir, **{key: high + 1})),
-                    rf"^\[dataloader\] {key} must be <= {high}, got {high + 1} \({re.escape(why)}\)$")
-    _one_line_error(lambda: config_from_dict(data_table(corpus_dir, tokenizer_dir, **{key: low - 1})),
-                    rf"^\[dataloader\] {key} must be >= {low}, got {low - 1}$")
+    _one_line_error(
+        lambda: config_from_dict(data_table(corpus_dir, tokenizer_dir, **{key: high + 1})),
+        rf"^\[dataloader\] {key} must be <= {high}, got {high + 1} \({re.escape(why)}\)$",
+    )
+    _one_line_error(
+        lambda: config_from_dict(data_table(corpus_dir, tokenizer_dir, **{key: low - 1})),
+        rf"^\[dataloader\] {key} must be >= {low}, got {low - 1}$",
+    )
     for value in (low, high):  # the bounds themselves are valid
         assert getattr(config_from_dict(data_table(corpus_dir, tokenizer_dir, **{key: value})), key) == value
 
@@ -189,14 +202,17 @@ def test_every_numeric_source_setting_has_an_upper_bound(corpus_dir, tokenizer_d
         return data_table(corpus_dir, tokenizer_dir, sources={"a": {"paths": ["x"], key: value}})
 
     too_big = high * 2 if isinstance(high, float) else high + 1
-    _one_line_error(lambda: config_from_dict(table(too_big)),
-                    rf"^\[dataloader.sources.a\] {key} must be <= {high}, got {too_big} \({re.escape(why)}\)$")
+    _one_line_error(
+        lambda: config_from_dict(table(too_big)),
+        rf"^\[dataloader.sources.a\] {key} must be <= {high}, got {too_big} \({re.escape(why)}\)$",
+    )
     assert getattr(config_from_dict(table(high)).sources[0], key) == high
 
 
 def test_the_bounds_cover_every_numeric_setting():
-    numeric = lambda cls: {f.name for f in dataclasses.fields(cls)  # noqa: E731
-                           if f.type in ("int", "float") and f.name != "global_batch_size"}
+    def numeric(cls):
+        return {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float") and f.name != "global_batch_size"}
+
     assert numeric(DataConfig) == set(BOUNDS) and numeric(SourceConfig) == set(SOURCE_BOUNDS)
 
 

@@ -1,6 +1,6 @@
 import pytest
-
 from helpers import make_spec
+
 from zephon_titan.engine import ResumeError, check_fingerprint, fingerprint
 
 

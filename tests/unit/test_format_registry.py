@@ -3,8 +3,8 @@
 import os
 
 import pytest
-
 from helpers import assert_each_document_once, data_table, drain_pieces, spec_of
+
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.sources import open_source, register_format
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
@@ -28,9 +28,13 @@ class LinesSource(Source):
         return BlockDocuments(path, [text for _, text in numbered], [n for n, _ in numbered])
 
 
-LINES = Format(name="lines", extensions=(".txt",),
-               open=lambda source, files, max_chars, options: LinesSource(source.name, files, source.text_field,
-                                                                          max_chars, options))
+LINES = Format(
+    name="lines",
+    extensions=(".txt",),
+    open=lambda source, files, max_chars, options: LinesSource(
+        source.name, files, source.text_field, max_chars, options
+    ),
+)
 
 
 @pytest.fixture
@@ -51,10 +55,13 @@ def _write(tmp_path, prose_docs) -> str:
 
 def test_a_registered_format_is_read_like_any_other(lines_format, tmp_path, corpus_dir, tokenizer_dir, prose_docs):
     folder = _write(tmp_path, prose_docs)
-    sources = {"lines": {"paths": [os.path.join(folder, "*.txt")]},
-               "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "block_bytes": 16384}}
-    spec = spec_of(config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources,
-                                               exhaustion="redistribute")), 64)
+    sources = {
+        "lines": {"paths": [os.path.join(folder, "*.txt")]},
+        "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "block_bytes": 16384},
+    }
+    spec = spec_of(
+        config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources, exhaustion="redistribute")), 64
+    )
     assert spec.sources[0].format_name == "lines" and spec.sources[0].num_blocks == 3
     pieces = drain_pieces(spec)
     assert {p.file for p, _ in pieces if p.source == 0} == {os.path.join(folder, f"part-{i}.txt") for i in range(3)}

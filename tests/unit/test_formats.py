@@ -7,8 +7,8 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import make_spec, rows_digest
+
 from zephon_titan.engine import DataError, LaneStream
 
 
@@ -54,8 +54,9 @@ def test_parquet_text_column_equals_plain_jsonl(tmp_path, plain, corpus_dir, tok
         docs = [json.loads(line)["text"] for line in (plain / name).read_text(encoding="utf-8").splitlines()]
         pq.write_table(pa.table({"content": docs}), tmp_path / (name + ".parquet"), row_group_size=10**6)
     reference = make_spec(corpus_dir, tokenizer_dir, sources=_source([str(plain / "*.jsonl")]))
-    parquet = make_spec(corpus_dir, tokenizer_dir,
-                        sources={"web": {"paths": [str(tmp_path / "*.parquet")], "text_field": "content"}})
+    parquet = make_spec(
+        corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(tmp_path / "*.parquet")], "text_field": "content"}}
+    )
     assert _lanes(parquet) == _lanes(reference)
 
 
@@ -65,18 +66,27 @@ def test_pretokenized_parquet_equals_tokenizing_the_text(tmp_path, plain, corpus
     for name in sorted(os.listdir(plain)):
         docs = [json.loads(line)["text"] for line in (plain / name).read_text(encoding="utf-8").splitlines()]
         ids = [e.ids for e in bare.encode_batch(docs, add_special_tokens=False)]
-        pq.write_table(pa.table({"tokens": pa.array(ids, type=pa.list_(pa.int32()))}),
-                       tmp_path / (name + ".parquet"), row_group_size=10**6)
-    pretokenized = make_spec(corpus_dir, tokenizer_dir,
-                             sources={"web": {"paths": [str(tmp_path / "*.parquet")], "token_field": "tokens"}})
+        pq.write_table(
+            pa.table({"tokens": pa.array(ids, type=pa.list_(pa.int32()))}),
+            tmp_path / (name + ".parquet"),
+            row_group_size=10**6,
+        )
+    pretokenized = make_spec(
+        corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(tmp_path / "*.parquet")], "token_field": "tokens"}}
+    )
     assert _lanes(pretokenized) == _lanes(reference)
 
 
 def test_out_of_vocabulary_token_ids_are_named(tmp_path, corpus_dir, tokenizer_dir):
-    pq.write_table(pa.table({"tokens": pa.array([[1, 2, 3], [4, 99999]], type=pa.list_(pa.int64()))}),
-                   tmp_path / "ids.parquet")
-    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=1,
-                     sources={"web": {"paths": [str(tmp_path / "ids.parquet")], "token_field": "tokens"}})
+    pq.write_table(
+        pa.table({"tokens": pa.array([[1, 2, 3], [4, 99999]], type=pa.list_(pa.int64()))}), tmp_path / "ids.parquet"
+    )
+    spec = make_spec(
+        corpus_dir,
+        tokenizer_dir,
+        num_lanes=1,
+        sources={"web": {"paths": [str(tmp_path / "ids.parquet")], "token_field": "tokens"}},
+    )
     with pytest.raises(DataError, match=r"ids.parquet row 1: token id 99999 is outside the tokenizer's vocabulary"):
         LaneStream(spec, 0).take(1)
 
@@ -109,8 +119,11 @@ def test_lance_dataset_equals_plain_jsonl(tmp_path, plain, corpus_dir, tokenizer
     # Smaller blocks: every document still exactly once per epoch, in fragment order within a block.
     small = make_spec(corpus_dir, tokenizer_dir, sources={"web": {**sources["web"], "block_rows": 7}})
     texts = [t for b in range(small.sources[0].num_blocks) for t in small.sources[0].read_block(b).texts]
-    plain_texts = [json.loads(line)["text"] for name in sorted(os.listdir(plain))
-                   for line in (plain / name).read_text(encoding="utf-8").splitlines()]
+    plain_texts = [
+        json.loads(line)["text"]
+        for name in sorted(os.listdir(plain))
+        for line in (plain / name).read_text(encoding="utf-8").splitlines()
+    ]
     assert texts == plain_texts
 
 

@@ -5,10 +5,10 @@ import json
 import os
 import tempfile
 
+from helpers import assert_each_document_once, drain_pieces, spec_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_each_document_once, drain_pieces, spec_of
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import ConfigError, DataError
 
@@ -27,8 +27,7 @@ source = st.lists(st.lists(texts, min_size=0, max_size=12), min_size=1, max_size
     bos=st.booleans(),
 )
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_random_corpora_and_configs(tokenizer_dir, sources, weights, lanes, seq_len, packing, block_bytes, window,
-                                    bos):
+def test_random_corpora_and_configs(tokenizer_dir, sources, weights, lanes, seq_len, packing, block_bytes, window, bos):
     with tempfile.TemporaryDirectory() as root:
         table = {}
         for s, files in enumerate(sources):
@@ -36,11 +35,22 @@ def test_random_corpora_and_configs(tokenizer_dir, sources, weights, lanes, seq_
                 os.makedirs(os.path.join(root, f"s{s}"), exist_ok=True)
                 with open(os.path.join(root, f"s{s}", f"{f}.jsonl"), "w", encoding="utf-8") as out:
                     out.writelines(json.dumps({"text": d}) + "\n" for d in docs)
-            table[f"s{s}"] = {"paths": [os.path.join(root, f"s{s}", "*.jsonl")], "weight": weights[s],
-                              "block_bytes": block_bytes}
-        config = {"num_lanes": lanes, "seed": 1, "tokenizer_path": tokenizer_dir, "packing": packing,
-                  "exhaustion": "redistribute", "shuffle_window_blocks": window, "add_bos": bos,
-                  "best_fit_window_docs": 4, "sources": table}
+            table[f"s{s}"] = {
+                "paths": [os.path.join(root, f"s{s}", "*.jsonl")],
+                "weight": weights[s],
+                "block_bytes": block_bytes,
+            }
+        config = {
+            "num_lanes": lanes,
+            "seed": 1,
+            "tokenizer_path": tokenizer_dir,
+            "packing": packing,
+            "exhaustion": "redistribute",
+            "shuffle_window_blocks": window,
+            "add_bos": bos,
+            "best_fit_window_docs": 4,
+            "sources": table,
+        }
         try:
             spec = spec_of(config_from_dict(config), seq_len)
         except (ConfigError, DataError) as e:

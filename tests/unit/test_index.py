@@ -10,8 +10,8 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import make_spec, rows_digest
+
 from zephon_titan.cli import main
 from zephon_titan.engine import DataError, LaneStream, open_lane_group
 from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
@@ -29,8 +29,12 @@ def corpus(tmp_path, corpus_dir) -> str:
 def _sources(corpus, **extra):
     return {
         "code": {"paths": [f"{corpus}/code/*.parquet"], "index": f"{corpus}/code.index.json", **extra},
-        "prose": {"paths": [f"{corpus}/prose/*.jsonl"], "block_bytes": 16384, "index": f"{corpus}/prose.index.json",
-                  **extra},
+        "prose": {
+            "paths": [f"{corpus}/prose/*.jsonl"],
+            "block_bytes": 16384,
+            "index": f"{corpus}/prose.index.json",
+            **extra,
+        },
     }
 
 
@@ -85,8 +89,11 @@ def test_an_index_for_other_settings_or_not_an_index_is_refused(corpus, tokenize
     make_spec(corpus, tokenizer_dir, sources=_sources(corpus))
     sources = _sources(corpus)
     sources["prose"]["block_bytes"] = 4096
-    with pytest.raises(ConfigError, match=r"prose.index.json was written for other settings \(block_bytes: 16384 "
-                                          r"-> 4096\); rebuild it with `zephon-titan index"):
+    with pytest.raises(
+        ConfigError,
+        match=r"prose.index.json was written for other settings \(block_bytes: 16384 "
+        r"-> 4096\); rebuild it with `zephon-titan index",
+    ):
         make_spec(corpus, tokenizer_dir, sources=sources)
     with open(f"{corpus}/code.index.json", "w") as f:
         f.write("not json")

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-
 from helpers import data_table
+
 from zephon_titan.cli import main
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ConfigError, ResumeError
@@ -17,8 +17,15 @@ from zephon_titan.titan.job import load_job
 from zephon_titan.titan.state_codec import HEADER_CAPACITY, HEADER_KEY
 
 
-def _job(tmp_path, corpus_dir, tokenizer_dir, training="global_batch_size = 16\nlocal_batch_size = 2", dataloader="",
-         top="", model=""):
+def _job(
+    tmp_path,
+    corpus_dir,
+    tokenizer_dir,
+    training="global_batch_size = 16\nlocal_batch_size = 2",
+    dataloader="",
+    top="",
+    model="",
+):
     path = tmp_path / "job.toml"
     path.write_text(f"""
 hf_assets_path = "{tokenizer_dir}"
@@ -42,23 +49,39 @@ paths = ["{corpus_dir}/prose/*.jsonl"]
 
 
 def test_dataloader_global_batch_size_points_to_training(tmp_path, corpus_dir, tokenizer_dir):
-    with pytest.raises(ConfigError, match=r"\[dataloader\] global_batch_size is not a loader setting; set "
-                                          r"\[training\] global_batch_size instead"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\[dataloader\] global_batch_size is not a loader setting; set "
+        r"\[training\] global_batch_size instead",
+    ):
         load_job(_job(tmp_path, corpus_dir, tokenizer_dir, dataloader="global_batch_size = 32"))
 
 
 @pytest.mark.parametrize(
     "training, world, message",
     [
-        ("global_batch_size = 20\nlocal_batch_size = 4", 2, r"global batch size 20 is not a positive multiple of num_lanes 8"),
-        ("global_batch_size = 24\nlocal_batch_size = 5", 2, r"12 rows per step, which is not a multiple of "
-                                                            r"training.local_batch_size = 5; use a local_batch_size in \[1, 2, 3, 4, 6, 12\]"),
-        ("global_batch_size = 16\nlocal_batch_size = 2", 3, r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel "
-                r"sizes: \[1, 2, 4, 8\]"),
+        (
+            "global_batch_size = 20\nlocal_batch_size = 4",
+            2,
+            r"global batch size 20 is not a positive multiple of num_lanes 8",
+        ),
+        (
+            "global_batch_size = 24\nlocal_batch_size = 5",
+            2,
+            r"12 rows per step, which is not a multiple of "
+            r"training.local_batch_size = 5; use a local_batch_size in \[1, 2, 3, 4, 6, 12\]",
+        ),
+        (
+            "global_batch_size = 16\nlocal_batch_size = 2",
+            3,
+            r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel "
+            r"sizes: \[1, 2, 4, 8\]",
+        ),
     ],
 )
-def test_preflight_finds_batch_layout_mistakes_before_torchtitan(tmp_path, corpus_dir, tokenizer_dir, training,
-                                                                   world, message):
+def test_preflight_finds_batch_layout_mistakes_before_torchtitan(
+    tmp_path, corpus_dir, tokenizer_dir, training, world, message
+):
     job = load_job(_job(tmp_path, corpus_dir, tokenizer_dir, training=training))
     with pytest.raises(ConfigError, match=message):
         job.preflight(world)
@@ -77,8 +100,11 @@ def test_a_wrong_hf_assets_path_is_named(tmp_path, corpus_dir, tokenizer_dir):
 
 def test_a_model_smaller_than_the_tokenizer_is_refused(tmp_path, corpus_dir, tokenizer_dir):
     job = load_job(_job(tmp_path, corpus_dir, tokenizer_dir, model="vocab_size = 1000"))
-    with pytest.raises(ConfigError, match=r"the model's vocabulary \(1000 embeddings\) is smaller than the "
-                                          r"tokenizer's \(2000 ids, hf_assets_path = .*\); set \[model\] vocab_size = 2048"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the model's vocabulary \(1000 embeddings\) is smaller than the "
+        r"tokenizer's \(2000 ids, hf_assets_path = .*\); set \[model\] vocab_size = 2048",
+    ):
         job.preflight(1)
     resized = load_job(_job(tmp_path, corpus_dir, tokenizer_dir, model="vocab_size = 4096")).config
     assert resized.model_spec.model.vocab_size == resized.model_spec.model.tok_embeddings.num_embeddings == 4096
@@ -86,7 +112,16 @@ def test_a_model_smaller_than_the_tokenizer_is_refused(tmp_path, corpus_dir, tok
 
 
 def test_validate_checks_the_whole_job(tmp_path, corpus_dir, tokenizer_dir, capsys):
-    assert main(["validate", _job(tmp_path, corpus_dir, tokenizer_dir, training="global_batch_size = 16\nstesp = 4"), "--no-count"]) == 2
+    assert (
+        main(
+            [
+                "validate",
+                _job(tmp_path, corpus_dir, tokenizer_dir, training="global_batch_size = 16\nstesp = 4"),
+                "--no-count",
+            ]
+        )
+        == 2
+    )
     assert "unknown key 'stesp' in [training]; did you mean 'steps'?" in capsys.readouterr().err
     assert main(["validate", _job(tmp_path, corpus_dir, tokenizer_dir, model="vocab_size = 100"), "--no-count"]) == 2
     assert "smaller than the tokenizer's" in capsys.readouterr().err
@@ -140,8 +175,11 @@ def test_a_model_only_checkpoint_names_last_save_model_only(tmp_path, corpus_dir
     dcp.save({"train_state": _Step()}, checkpoint_id=checkpoint)  # what last_save_model_only writes, minus weights
     loader = _loader(corpus_dir, tokenizer_dir)
     load = with_lane_check(dcp.load, 8)
-    with pytest.raises(ResumeError, match=r"saved model-only.*last_save_model_only.*--checkpoint.exclude_from_loading "
-                                          r"dataloader"):
+    with pytest.raises(
+        ResumeError,
+        match=r"saved model-only.*last_save_model_only.*--checkpoint.exclude_from_loading "
+        r"dataloader",
+    ):
         load({"dataloader": loader, "train_state": _Step()}, checkpoint_id=checkpoint)
 
 
@@ -165,7 +203,9 @@ def test_verify_compares_every_field(tmp_path, capsys):
 
 def test_error_messages_for_huge_batches_are_computed_in_bounded_time():
     # rows per rank 2**40 with local_batch_size 3: listing the valid local sizes must not walk 2**40 numbers.
-    code = ("from zephon_titan.engine import validate_batch_layout\n"
-            "try:\n    validate_batch_layout(8, 2**40 * 8, 8, 3)\nexcept Exception as e:\n    print(e)\n")
+    code = (
+        "from zephon_titan.engine import validate_batch_layout\n"
+        "try:\n    validate_batch_layout(8, 2**40 * 8, 8, 3)\nexcept Exception as e:\n    print(e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "use a local_batch_size in [1, 2, 4, 8, 16" in out

@@ -46,15 +46,26 @@ def test_extends_overrides_table_by_table(tmp_path):
 
 
 def test_command_line_overrides_apply_on_top_of_the_file():
-    config = parse_args(["--job.config_file", os.path.join(CONFIGS, "debug_cpu.toml"), "--training.steps", "3",
-                         "--training.global_batch_size", "32", "--dataloader.seed", "9"]).config
+    config = parse_args(
+        [
+            "--job.config_file",
+            os.path.join(CONFIGS, "debug_cpu.toml"),
+            "--training.steps",
+            "3",
+            "--training.global_batch_size",
+            "32",
+            "--dataloader.seed",
+            "9",
+        ]
+    ).config
     assert config.training.steps == 3 and config.dataloader.seed == 9
     assert config.dataloader.global_batch_size == 32  # follows training.global_batch_size
 
 
 def test_reachable_from_torchtitans_registry():
-    config = ConfigManager().parse_args(["--module", "zephon_titan.recipes", "--config", "llama3_debugmodel",
-                                         "--dataloader.num_lanes", "4"])
+    config = ConfigManager().parse_args(
+        ["--module", "zephon_titan.recipes", "--config", "llama3_debugmodel", "--dataloader.num_lanes", "4"]
+    )
     assert isinstance(config.dataloader, ZephonDataLoader.Config) and config.dataloader.num_lanes == 4
 
 
@@ -71,7 +82,7 @@ _OK = '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n[dataloader.sou
     "extra, message",
     [
         ("[training]\nstesp = 3\n", r"unknown key 'stesp' in \[training\]; did you mean 'steps'\?"),
-        ("[training]\nsteps = \"3\"\n", r"\[training\] steps must be int \(like 10\), got '3'"),
+        ('[training]\nsteps = "3"\n', r"\[training\] steps must be int \(like 10\), got '3'"),
         ("[checkpoint]\nenable = 1\n", r"\[checkpoint\] enable must be bool"),
         ("[dataloader]\nnum_lanes = 0\n", r"num_lanes must be >= 1, got 0"),
     ],

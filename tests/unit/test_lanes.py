@@ -1,10 +1,17 @@
 import hashlib
 
 import pytest
-
 from helpers import make_spec
+
 from zephon_titan.engine import (
-    ConfigError, LaneGroup, LaneStream, batch_digest, lane_digest, lanes_of_rank, rows_per_lane, valid_world_sizes,
+    ConfigError,
+    LaneGroup,
+    LaneStream,
+    batch_digest,
+    lane_digest,
+    lanes_of_rank,
+    rows_per_lane,
+    valid_world_sizes,
 )
 
 STEPS, GLOBAL_BATCH = 4, 16

@@ -16,8 +16,9 @@ from zephon_titan.errors import DataError
 
 
 def _entry(step: int) -> LedgerEntry:
-    return LedgerEntry(step=step, sha256=f"{step:064x}", rows=16, tokens={"code": 600 + step, "prose": 1400},
-                       padding=step % 3)
+    return LedgerEntry(
+        step=step, sha256=f"{step:064x}", rows=16, tokens={"code": 600 + step, "prose": 1400}, padding=step % 3
+    )
 
 
 def _run(path: str, steps: range, resume_step: int = 0) -> None:

@@ -1,8 +1,8 @@
 import pytest
+from helpers import make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import make_spec
 from zephon_titan.engine import LaneStream
 from zephon_titan.engine.mixing import choose_source, mixture_error_bound
 

@@ -12,10 +12,10 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import data_table, make_spec, rows_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import data_table, make_spec, rows_digest
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine import LaneStream
 from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
@@ -45,8 +45,9 @@ def test_every_block_in_the_bucket_equals_the_same_block_on_disk(s3_corpus, corp
     remote = open_source(SourceConfig(name=name, paths=[f"{s3_corpus}/{name}/{pattern}"], **options))
     assert remote.num_blocks == local.num_blocks > 3
     assert all(f.path.startswith(f"{s3_corpus}/{name}/") for f in remote.files)
-    assert [(os.path.basename(f.path), f.size, f.num_blocks) for f in remote.files] == \
-        [(os.path.basename(f.path), f.size, f.num_blocks) for f in local.files]
+    assert [(os.path.basename(f.path), f.size, f.num_blocks) for f in remote.files] == [
+        (os.path.basename(f.path), f.size, f.num_blocks) for f in local.files
+    ]
     for block in range(local.num_blocks):
         mine, theirs = remote.read_block(block), local.read_block(block)
         assert (mine.texts, mine.rows) == (theirs.texts, theirs.rows), f"block {block}"
@@ -54,7 +55,9 @@ def test_every_block_in_the_bucket_equals_the_same_block_on_disk(s3_corpus, corp
 
 def test_lane_rows_from_the_bucket_equal_the_rows_from_disk(s3_corpus, corpus_dir, tokenizer_dir):
     def sources(root):
-        return {name: {"paths": [f"{root}/{name}/{pattern}"], **options} for name, (pattern, options) in SOURCES.items()}
+        return {
+            name: {"paths": [f"{root}/{name}/{pattern}"], **options} for name, (pattern, options) in SOURCES.items()
+        }
 
     local = make_spec(corpus_dir, tokenizer_dir, sources=sources(corpus_dir))
     remote = make_spec(corpus_dir, tokenizer_dir, sources=sources(s3_corpus))
@@ -118,13 +121,25 @@ def test_a_parquet_row_group_costs_the_footer_and_its_column_chunk(s3, tmp_path,
         assert fetched < size / 4, (fetched, size)
 
 
-@pytest.mark.parametrize("pattern", ["*/*.jsonl", "**/*.parquet", "prose/part-0000[01].jsonl",
-                                     "prose/part-?????.jsonl", "**/part-00001.*", "code/*", "*.jsonl"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "*/*.jsonl",
+        "**/*.parquet",
+        "prose/part-0000[01].jsonl",
+        "prose/part-?????.jsonl",
+        "**/part-00001.*",
+        "code/*",
+        "*.jsonl",
+    ],
+)
 def test_globs_in_the_bucket_match_what_local_globs_match(s3_corpus, corpus_dir, pattern):
     def names(root):
         try:
-            return [os.path.relpath(f.path, root) if not storage.is_uri(f.path) else f.path[len(root) + 1 :]
-                    for f in expand_paths("s", [f"{root}/{pattern}"])]
+            return [
+                os.path.relpath(f.path, root) if not storage.is_uri(f.path) else f.path[len(root) + 1 :]
+                for f in expand_paths("s", [f"{root}/{pattern}"])
+            ]
         except ConfigError:
             return "no match"
 
@@ -136,29 +151,37 @@ def test_unknown_locations_are_named(s3, s3_corpus):
         expand_paths("s", ["s3://zephon-test/nothing/*.jsonl"])
     with pytest.raises(ConfigError, match="cannot open 'nosuchfs://x'"):
         expand_paths("s", ["nosuchfs://x/y.jsonl"])
-    with pytest.raises(ConfigError, match=r"cannot list 's3://no-such-bucket/x/\*.jsonl': bucket 'no-such-bucket' does not "
-                                          r"exist; check the bucket name, "
-                                          rf"the endpoint \({s3.endpoint}\) and the credentials"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot list 's3://no-such-bucket/x/\*.jsonl': bucket 'no-such-bucket' does not "
+        r"exist; check the bucket name, "
+        rf"the endpoint \({s3.endpoint}\) and the credentials",
+    ):
         expand_paths("s", ["s3://no-such-bucket/x/*.jsonl"])
 
 
 def test_with_an_index_startup_reads_one_object_per_source(s3, s3_corpus, corpus_dir, tokenizer_dir):
-    sources = {name: {"paths": [f"{s3_corpus}/{name}/{pattern}"], "index": f"s3://zephon-test/indexes/{name}.json",
-                      **options} for name, (pattern, options) in SOURCES.items()}
+    sources = {
+        name: {"paths": [f"{s3_corpus}/{name}/{pattern}"], "index": f"s3://zephon-test/indexes/{name}.json", **options}
+        for name, (pattern, options) in SOURCES.items()
+    }
     _forget_open_files()
     s3.clear_requests()
     listed = make_spec(corpus_dir, tokenizer_dir, sources=sources)  # no index yet: lists, reads footers, writes it
     first = s3.requests()
     assert sum(1 for r in first if "list-type" in r["query"]) >= 2
     assert len(_gets(first, ".parquet")) == 3  # one footer per Parquet file
-    assert {r["key"] for r in first if r["method"] == "PUT"} == {"/zephon-test/indexes/code.json",
-                                                                  "/zephon-test/indexes/prose.json"}
+    assert {r["key"] for r in first if r["method"] == "PUT"} == {
+        "/zephon-test/indexes/code.json",
+        "/zephon-test/indexes/prose.json",
+    }
     _forget_open_files()
     s3.clear_requests()
     indexed = make_spec(corpus_dir, tokenizer_dir, sources=sources)
     # Per source one object: its index (a HEAD for the size and one GET); no listing, no footer.
     assert sorted((r["method"], r["key"]) for r in s3.requests()) == sorted(
-        (method, f"/zephon-test/indexes/{name}.json") for name in SOURCES for method in ("GET", "HEAD"))
+        (method, f"/zephon-test/indexes/{name}.json") for name in SOURCES for method in ("GET", "HEAD")
+    )
     assert fingerprint(indexed) == fingerprint(listed)
     for lane in (0, 3):
         assert rows_digest(LaneStream(indexed, lane).take(20)) == rows_digest(LaneStream(listed, lane).take(20))
@@ -179,10 +202,41 @@ def test_a_lance_dataset_in_the_bucket_equals_the_same_dataset_on_disk(s3, tmp_p
         assert remote.read_block(block).texts == local.read_block(block).texts
 
 
-_TREE = ["a/b/x1.txt", "a/x2.txt", "ab/c/d/y.txt", "b.txt", "a/b/c/z1.txt", "ab/x1.jsonl", "c/a/b/x3.txt",
-         ".h.txt", "a/.x1.txt", "a/.b/x1.txt", ".a/b.txt", "ab/.c/d/y.txt"]  # dot-names: hidden from wildcards
-_SEGMENTS = ["a", "b", "ab", "*", "?", "**", "x*", "*.txt", "[ab]", "[!a]*", "a?", "*1*", "c", "x?.txt",
-             ".*", ".a", ".b", "[.]h.txt", "?h.txt"]
+_TREE = [
+    "a/b/x1.txt",
+    "a/x2.txt",
+    "ab/c/d/y.txt",
+    "b.txt",
+    "a/b/c/z1.txt",
+    "ab/x1.jsonl",
+    "c/a/b/x3.txt",
+    ".h.txt",
+    "a/.x1.txt",
+    "a/.b/x1.txt",
+    ".a/b.txt",
+    "ab/.c/d/y.txt",
+]  # dot-names: hidden from wildcards
+_SEGMENTS = [
+    "a",
+    "b",
+    "ab",
+    "*",
+    "?",
+    "**",
+    "x*",
+    "*.txt",
+    "[ab]",
+    "[!a]*",
+    "a?",
+    "*1*",
+    "c",
+    "x?.txt",
+    ".*",
+    ".a",
+    ".b",
+    "[.]h.txt",
+    "?h.txt",
+]
 
 
 @settings(max_examples=150, deadline=None)
@@ -207,7 +261,8 @@ def test_a_naive_key_matcher_would_fail_the_glob_property():
     import fnmatch
 
     assert re_match(fnmatch.translate("a/*.txt"), "a/b/x1.txt") and not storage._glob_regex("a/*.txt").fullmatch(
-        "a/b/x1.txt")
+        "a/b/x1.txt"
+    )
 
 
 def re_match(regex: str, text: str) -> bool:
@@ -216,8 +271,9 @@ def re_match(regex: str, text: str) -> bool:
     return re.fullmatch(regex, text) is not None
 
 
-def test_a_bad_line_read_ahead_in_the_background_is_raised_where_it_is_needed(s3, tmp_path, corpus_dir,
-                                                                              tokenizer_dir, prose_docs):
+def test_a_bad_line_read_ahead_in_the_background_is_raised_where_it_is_needed(
+    s3, tmp_path, corpus_dir, tokenizer_dir, prose_docs
+):
     from zephon_titan.engine import DataError
 
     data = tmp_path / "bad"
@@ -227,8 +283,13 @@ def test_a_bad_line_read_ahead_in_the_background_is_raised_where_it_is_needed(s3
     (data / "bad.jsonl").write_text("".join(lines))
     bad_offset = sum(len(line.encode()) for line in lines[:30])
     uri = s3.upload(str(data), "bad_jsonl")
-    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=1, shuffle_window_blocks=1,
-                     sources={"web": {"paths": [f"{uri}/bad.jsonl"], "block_bytes": 4096}})
+    spec = make_spec(
+        corpus_dir,
+        tokenizer_dir,
+        num_lanes=1,
+        shuffle_window_blocks=1,
+        sources={"web": {"paths": [f"{uri}/bad.jsonl"], "block_bytes": 4096}},
+    )
     assert spec.sources[0].remote and spec.sources[0].num_blocks > 4
     stream = LaneStream(spec, 0)
     with pytest.raises(DataError, match=rf"{uri}/bad.jsonl at byte {bad_offset}: line is not valid JSON"):
@@ -241,8 +302,10 @@ def test_building_the_loader_reads_no_document(s3, s3_corpus, corpus_dir, tokeni
     from zephon_titan.config import config_from_dict
     from zephon_titan.titan.dataloader import ZephonDataLoader
 
-    sources = {"prose": {"paths": [f"{s3_corpus}/prose/*.jsonl"], "block_bytes": 16384},
-               "code": {"paths": [f"{s3_corpus}/code/*.parquet"]}}
+    sources = {
+        "prose": {"paths": [f"{s3_corpus}/prose/*.jsonl"], "block_bytes": 16384},
+        "code": {"paths": [f"{s3_corpus}/code/*.parquet"]},
+    }
     config = config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources), cls=ZephonDataLoader.Config)
     config.global_batch_size = 16
     _forget_open_files()

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-
 from helpers import make_spec
+
 from zephon_titan.engine import IGNORE_INDEX, LaneStream
 from zephon_titan.engine.packing import Piece, make_row
 
@@ -57,7 +57,7 @@ def test_best_fit_keeps_documents_whole_and_ignores_padding(corpus_dir, tokenize
         for piece in row.pieces:
             assert piece.doc_offset % spec.row_tokens == 0  # pieces are whole documents or row-sized chunks
         used = spec.row_tokens - row.padding
-        assert (row.labels[used - 1:] == IGNORE_INDEX).all() if row.padding else (row.labels != IGNORE_INDEX).all()
+        assert (row.labels[used - 1 :] == IGNORE_INDEX).all() if row.padding else (row.labels != IGNORE_INDEX).all()
         n = min(used - 1, spec.seq_len - 1)
         assert (row.labels[:n] == row.inputs[1 : n + 1]).all()
         assert (row.positions == _expected_positions(row)).all()

@@ -21,8 +21,12 @@ def test_other_keys_give_other_orders():
     # Negative control: the shuffle actually depends on seed, purpose and epoch.
     base = list(Permutation(1000, derive_key(3, "blocks", "code", 0)))
     assert base != list(range(1000))
-    for other in (derive_key(4, "blocks", "code", 0), derive_key(3, "blocks", "code", 1),
-                  derive_key(3, "blocks", "prose", 0), derive_key(3, "docs", "code", 0)):
+    for other in (
+        derive_key(4, "blocks", "code", 0),
+        derive_key(3, "blocks", "code", 1),
+        derive_key(3, "blocks", "prose", 0),
+        derive_key(3, "docs", "code", 0),
+    ):
         assert list(Permutation(1000, other)) != base
 
 

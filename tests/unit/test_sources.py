@@ -23,8 +23,9 @@ def _all_docs(source):
 @given(block_bytes=st.integers(1024, 40_000))
 @settings(max_examples=25, deadline=None)
 def test_jsonl_blocks_partition_the_lines_exactly(corpus_dir, prose_docs, block_bytes):
-    source = open_source(SourceConfig(name="prose", paths=[os.path.join(corpus_dir, "prose", "*.jsonl")],
-                                      block_bytes=block_bytes))
+    source = open_source(
+        SourceConfig(name="prose", paths=[os.path.join(corpus_dir, "prose", "*.jsonl")], block_bytes=block_bytes)
+    )
     docs = _all_docs(source)
     assert [text for _, _, text in docs] == prose_docs  # every line once, in file order
     for path, offset, text in docs[:5]:  # rows are byte offsets of the line

@@ -1,15 +1,14 @@
 """Loader state from a checkpoint is untrusted bytes: every change is refused, naming the lane and field."""
 
 import glob
-import json
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import data_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import data_table
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ResumeError
 from zephon_titan.titan.dataloader import ZephonDataLoader
@@ -78,9 +77,18 @@ def test_a_lane_copied_to_another_lane_is_refused(corpus_dir, tokenizer_dir, sav
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (lambda e: e["state"].__setitem__("unit_offset", -129), r"lane 3 .*field 'unit_offset' must be an integer >= 0, got -129"),
-        (lambda e: e["state"].__setitem__("unit_open", ""), r"lane 3 .*field 'unit_open' must be true or false, got ''"),
-        (lambda e: e["state"]["cursors"][0].__setitem__(1, -5), r"lane 3 .*field 'cursors.position' must be an integer >= 0"),
+        (
+            lambda e: e["state"].__setitem__("unit_offset", -129),
+            r"lane 3 .*field 'unit_offset' must be an integer >= 0, got -129",
+        ),
+        (
+            lambda e: e["state"].__setitem__("unit_open", ""),
+            r"lane 3 .*field 'unit_open' must be true or false, got ''",
+        ),
+        (
+            lambda e: e["state"]["cursors"][0].__setitem__(1, -5),
+            r"lane 3 .*field 'cursors.position' must be an integer >= 0",
+        ),
         (lambda e: e["state"].__setitem__("lane_id", 4), r"lane 3 .*field 'lane_id' is 4, not 3"),
         (lambda e: e.__setitem__("tokens", [1]), r"lane 3 .*field 'tokens' must be 2 counts >= 0"),
         (lambda e: e["state"]["cursors"].pop(), r"lane 3 .*field 'cursors' has 1 sources, the run has 2"),

@@ -5,10 +5,10 @@ import sys
 from collections import defaultdict
 
 import pytest
+from helpers import assert_each_document_once, assert_restores_exactly, data_table, drain_pieces, make_spec, rows_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_each_document_once, assert_restores_exactly, data_table, drain_pieces, make_spec, rows_digest
 from zephon_titan.engine import LaneExhausted, LaneState, LaneStream, open_lane_group
 
 
@@ -17,7 +17,9 @@ from zephon_titan.engine import LaneExhausted, LaneState, LaneStream, open_lane_
 @settings(max_examples=20, deadline=None)
 def test_restore_is_exact_at_random_cuts(corpus_dir, tokenizer_dir, packing, lane, cut, after):
     # Each side builds its own engine (fresh spec, sources and tokenizer objects).
-    factory = lambda: make_spec(corpus_dir, tokenizer_dir, seq_len=48, packing=packing, best_fit_window_docs=8)
+    def factory():
+        return make_spec(corpus_dir, tokenizer_dir, seq_len=48, packing=packing, best_fit_window_docs=8)
+
     assert_restores_exactly(factory, lane, cut, after)
 
 
@@ -58,8 +60,7 @@ def test_restore_in_a_fresh_process(corpus_dir, tokenizer_dir):
     stream.take(23)
     state = json.dumps(stream.state().to_dict())
     expected = rows_digest(stream.take(6))
-    code = _CHILD.format(tests=os.path.dirname(os.path.dirname(__file__)), table=json.dumps(table), lane=6,
-                         state=state)
+    code = _CHILD.format(tests=os.path.dirname(os.path.dirname(__file__)), table=json.dumps(table), lane=6, state=state)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == expected
 
@@ -136,10 +137,14 @@ def test_a_lane_reads_only_its_own_blocks(corpus_dir, tokenizer_dir):
         stream = LaneStream(spec, lane)
         for reader in stream.feed.readers:  # record, then forward to the real reader
             original = reader.source.read_block
-            reader.source = type("Recorder", (), {
-                "read_block": lambda self, b, o=original, s=reader.source_index: calls.append((s, b)) or o(b),
-                "__getattr__": lambda self, name, src=reader.source: getattr(src, name),
-            })()
+            reader.source = type(
+                "Recorder",
+                (),
+                {
+                    "read_block": lambda self, b, o=original, s=reader.source_index, c=calls: c.append((s, b)) or o(b),
+                    "__getattr__": lambda self, name, src=reader.source: getattr(src, name),
+                },
+            )()
         try:
             while True:
                 stream.next_row()

@@ -1,10 +1,10 @@
 """Long sweeps, off by default: `pytest -m slow`."""
 
 import pytest
+from helpers import assert_restores_exactly, make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import assert_restores_exactly, make_spec
 from zephon_titan.engine import LaneStream, lanes_of_rank, open_lane_group
 
 pytestmark = pytest.mark.slow

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from helpers import data_table
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from helpers import data_table
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ConfigError, ResumeError
 from zephon_titan.titan.dataloader import HEADER_KEY, ZephonDataLoader, lane_key
@@ -96,7 +96,9 @@ def test_fingerprint_mismatch_names_the_change(corpus_dir, tokenizer_dir):
 def test_trainer_tokenizer_is_the_default(corpus_dir, tokenizer_dir):
     titan_tokenizer = HuggingFaceTokenizer(HuggingFaceTokenizer.Config(), tokenizer_path=tokenizer_dir)
     explicit = _steps([_build(_config(corpus_dir, tokenizer_dir), 1, 0)], 2)
-    default = _steps([_build(_config(corpus_dir, tokenizer_dir, tokenizer_path=""), 1, 0, tokenizer=titan_tokenizer)], 2)
+    default = _steps(
+        [_build(_config(corpus_dir, tokenizer_dir, tokenizer_path=""), 1, 0, tokenizer=titan_tokenizer)], 2
+    )
     assert all(torch.equal(a, b) for a, b in zip(explicit, default))
 
 
@@ -104,9 +106,19 @@ def test_trainer_tokenizer_is_the_default(corpus_dir, tokenizer_dir):
     "global_batch, world, local, message",
     [
         (-1, 2, 2, r"training.global_batch_size must be set explicitly"),
-        (16, 3, 2, r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel sizes: \[1, 2, 4, 8\]"),
+        (
+            16,
+            3,
+            2,
+            r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel sizes: \[1, 2, 4, 8\]",
+        ),
         (20, 2, 2, r"global batch size 20 is not a positive multiple of num_lanes 8"),
-        (16, 4, 3, r"global_batch_size / 4 = 4 rows per step, which is not a multiple of training.local_batch_size = 3; use a local_batch_size in \[1, 2, 4\]"),
+        (
+            16,
+            4,
+            3,
+            r"global_batch_size / 4 = 4 rows per step, which is not a multiple of training.local_batch_size = 3; use a local_batch_size in \[1, 2, 4\]",
+        ),
     ],
 )
 def test_startup_validation(corpus_dir, tokenizer_dir, global_batch, world, local, message):

@@ -11,19 +11,25 @@ import os
 import shutil
 
 import pytest
+from corpus import BOS, EOS
+from helpers import REAL_TOKENIZERS, real_tokenizer, special_token_strings, with_special_tokens
 from tokenizers import Tokenizer, processors
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
-from helpers import REAL_TOKENIZERS, real_tokenizer, special_token_strings, with_special_tokens
-from corpus import BOS, EOS
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
 EXTRA = ["<|im_start|>", "<|image|>", "<|begin_of_text|>"]
 
 
 def _documents(specials: list[str]) -> list[str]:
-    docs = ["", "plain text", "  leading spaces\tand tabs\n\n", "emoji \U0001F600 and \u00e9\u0301 accents",
-            "x" * 3000, "def f(x):\n    return x  # code\n"]
+    docs = [
+        "",
+        "plain text",
+        "  leading spaces\tand tabs\n\n",
+        "emoji \U0001f600 and \u00e9\u0301 accents",
+        "x" * 3000,
+        "def f(x):\n    return x  # code\n",
+    ]
     for s in specials:
         docs += [s, f"before {s} after", f"{s}{s}glued{s}", f"line\n{s}\n"]
     return docs

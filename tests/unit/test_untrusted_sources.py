@@ -15,8 +15,8 @@ import shutil
 import tracemalloc
 
 import pytest
-
 from bounded import run_bounded
+
 from zephon_titan.config import SourceConfig, config_from_dict
 from zephon_titan.engine.sources import guards, open_source
 from zephon_titan.errors import ConfigError, DataError
@@ -32,6 +32,7 @@ def corpus(tmp_path, corpus_dir) -> str:
 
 def _bounded(fn, fifos=(), timeout: float = 20):
     """fn() bounded in time; a thread blocked opening one of `fifos` is freed afterwards."""
+
     def release():
         for fifo in fifos:  # a reader blocked in open() returns once a writer opens the FIFO
             try:
@@ -59,8 +60,10 @@ def test_a_fifo_matched_by_a_glob_is_refused_not_opened(corpus):
     os.mkfifo(fifo)
     _, error = _bounded(lambda: _read_all(open_source(_prose(corpus))), [fifo])
     assert isinstance(error, ConfigError), error
-    assert str(error) == (f"{fifo} is a FIFO (named pipe), not a regular file: zephon reads only regular files; "
-                          "point the source at regular files (or narrow its glob)")
+    assert str(error) == (
+        f"{fifo} is a FIFO (named pipe), not a regular file: zephon reads only regular files; "
+        "point the source at regular files (or narrow its glob)"
+    )
 
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null", "/dev/urandom"])
@@ -79,7 +82,7 @@ def test_a_file_replaced_by_a_fifo_during_the_run_is_refused(corpus):
         os.mkfifo(path)
     blocks = {first: 0, second: source.files[0].num_blocks}
     for path, block in blocks.items():
-        _, error = _bounded(lambda: source.read_block(block), [path])
+        _, error = _bounded(lambda b=block: source.read_block(b), [path])
         assert isinstance(error, DataError) and str(error).startswith(f"{path} is a FIFO (named pipe), not a regular")
 
 
@@ -128,8 +131,10 @@ def test_a_symlink_loop_under_a_double_star_glob_is_refused_naming_the_file(corp
     with pytest.raises(ConfigError) as caught:
         open_source(source)
     message = str(caught.value)
-    assert f"are one file, {os.path.realpath(corpus)}/prose/part-00000.jsonl ({corpus}/prose/part-00000.jsonl, " \
-           f"{corpus}/prose/loop/part-00000.jsonl, " in message
+    assert (
+        f"are one file, {os.path.realpath(corpus)}/prose/part-00000.jsonl ({corpus}/prose/part-00000.jsonl, "
+        f"{corpus}/prose/loop/part-00000.jsonl, " in message
+    )
     assert "a symlink (or a symlink loop under `**`) reaches it more than once" in message
     assert "\n" not in message
 
@@ -152,18 +157,24 @@ def _doctor(corpus: str, source: SourceConfig, change) -> SourceConfig:
 
 
 DOCTORED = {
-    "foreign file": (lambda d: d["files"].insert(0, ["/etc/passwd", 100, 0, 1, []]),
-                     r"record 0 \(/etc/passwd\): is outside the source's configured paths"),
+    "foreign file": (
+        lambda d: d["files"].insert(0, ["/etc/passwd", 100, 0, 1, []]),
+        r"record 0 \(/etc/passwd\): is outside the source's configured paths",
+    ),
     "doubled record": (lambda d: d["files"].insert(1, d["files"][0]), r"record 1 \(.*\) repeats the file"),
     "out of order": (lambda d: d["files"].reverse(), r"record 1 \(.*\) is out of sorted order"),
     "no blocks": (lambda d: d["files"][0].__setitem__(3, 0), r"record 0 \(.*\): num_blocks is 0, but [0-9,]+ bytes"),
     "one block": (lambda d: d["files"][0].__setitem__(3, 1), r"record 0 \(.*\): num_blocks is 1, but"),
-    "negative blocks": (lambda d: d["files"][0].__setitem__(3, -10),
-                        r"record 0: num_blocks must be an integer >= 0, got -10"),
+    "negative blocks": (
+        lambda d: d["files"][0].__setitem__(3, -10),
+        r"record 0: num_blocks must be an integer >= 0, got -10",
+    ),
     "size as text": (lambda d: d["files"][0].__setitem__(1, "123"), r"record 0: size must be an integer >= 0"),
     "bool blocks": (lambda d: d["files"][0].__setitem__(3, True), r"num_blocks must be an integer >= 0, got True"),
-    "short record": (lambda d: d["files"][0].pop(),
-                     r"record 0: a record must be \[path, size, mtime_ns, num_blocks, block_rows\], got \["),
+    "short record": (
+        lambda d: d["files"][0].pop(),
+        r"record 0: a record must be \[path, size, mtime_ns, num_blocks, block_rows\], got \[",
+    ),
     "files a dict": (lambda d: d.__setitem__("files", {}), r"is not a zephon index \('files' is dict, not a list\)"),
     "path a number": (lambda d: d["files"][0].__setitem__(0, 5), r"record 0: path must be a non-empty string"),
     "unknown format": (lambda d: d.__setitem__("format", "evil"), r"has format 'evil', not one of"),
@@ -174,8 +185,11 @@ DOCTORED = {
 def test_a_doctored_index_is_refused_naming_file_and_record(corpus, doctoring):
     change, message = DOCTORED[doctoring]
     source = _doctor(corpus, _prose(corpus, index=f"{corpus}/prose.index.json"), change)
-    with pytest.raises(ConfigError, match=rf"^\[dataloader\.sources\.prose\] index {corpus}/prose\.index\.json .*"
-                                          rf"{message}") as caught:
+    with pytest.raises(
+        ConfigError,
+        match=rf"^\[dataloader\.sources\.prose\] index {corpus}/prose\.index\.json .*"
+        rf"{message}",
+    ) as caught:
         open_source(source)
     assert "\n" not in str(caught.value)
 
@@ -190,8 +204,9 @@ def test_too_many_row_groups_in_a_parquet_index_record_are_refused(corpus):
 
 
 def test_an_index_of_another_format_is_refused(corpus):
-    source = SourceConfig(name="prose", paths=[f"{corpus}/prose/*.jsonl"], block_bytes=16384,
-                          index=f"{corpus}/prose.index.json")
+    source = SourceConfig(
+        name="prose", paths=[f"{corpus}/prose/*.jsonl"], block_bytes=16384, index=f"{corpus}/prose.index.json"
+    )
 
     def change(document):  # a Parquet-shaped index for JSONL files
         document["format"] = "parquet"
@@ -207,8 +222,9 @@ def test_the_honest_index_is_accepted_and_gives_the_listing(corpus):
     listed = open_source(_prose(corpus))
     indexed = open_source(_doctor(corpus, _prose(corpus, index=f"{corpus}/prose.index.json"), lambda d: None))
     assert indexed.files == listed.files
-    assert [indexed.read_block(b).texts for b in range(indexed.num_blocks)] == \
-           [listed.read_block(b).texts for b in range(listed.num_blocks)]
+    assert [indexed.read_block(b).texts for b in range(indexed.num_blocks)] == [
+        listed.read_block(b).texts for b in range(listed.num_blocks)
+    ]
 
 
 # --- credentials in URLs (item 10) ----------------------------------------------------------------
@@ -221,19 +237,27 @@ def test_a_uri_with_credentials_is_refused_without_printing_the_secret():
     with pytest.raises(ConfigError) as caught:
         open_source(source)
     message = str(caught.value)
-    assert message.startswith("[dataloader.sources.web] path 's3://***@bucket/web/*.jsonl' has credentials in it; "
-                              "credentials belong in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY")
+    assert message.startswith(
+        "[dataloader.sources.web] path 's3://***@bucket/web/*.jsonl' has credentials in it; "
+        "credentials belong in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY"
+    )
     assert SECRET not in message and "AKIAEXAMPLE" not in message
     indexed = SourceConfig(name="web", paths=["s3://bucket/web/*.jsonl"], index=f"s3://K:{SECRET}@bucket/web.idx")
-    with pytest.raises(ConfigError, match=r"^\[dataloader\.sources\.web\] index 's3://\*\*\*@bucket/web\.idx' has "
-                                          r"credentials in it; credentials belong in the environment") as caught:
+    with pytest.raises(
+        ConfigError,
+        match=r"^\[dataloader\.sources\.web\] index 's3://\*\*\*@bucket/web\.idx' has "
+        r"credentials in it; credentials belong in the environment",
+    ) as caught:
         open_source(indexed)
     assert SECRET not in str(caught.value)
 
 
 def test_an_endpoint_url_with_credentials_is_refused_by_the_config(tokenizer_dir):
-    table = {"tokenizer_path": tokenizer_dir, "s3_endpoint_url": f"http://minio:{SECRET}@localhost:9000",
-             "sources": {"a": {"paths": ["a.jsonl"]}}}
+    table = {
+        "tokenizer_path": tokenizer_dir,
+        "s3_endpoint_url": f"http://minio:{SECRET}@localhost:9000",
+        "sources": {"a": {"paths": ["a.jsonl"]}},
+    }
     with pytest.raises(ConfigError) as caught:
         config_from_dict(table)
     assert str(caught.value).startswith("[dataloader] s3_endpoint_url 'http://***@localhost:9000' has credentials")
@@ -275,7 +299,8 @@ def test_a_line_over_the_document_limit_is_refused_without_reading_it_whole(tmp_
     where = " of its decompressed text" if name.endswith(".gz") else ""
     assert str(caught.value).startswith(
         f"{path} line 3 (at byte 44{where}): the line is longer than 77,536 bytes, more than a document of "
-        "[dataloader] max_document_chars = 1,000 can take (reading stopped there)")
+        "[dataloader] max_document_chars = 1,000 can take (reading stopped there)"
+    )
     assert peak < 3_000_000, f"peak {peak:,} bytes for a {LONG:,}-byte line"
 
 

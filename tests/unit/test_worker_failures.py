@@ -17,9 +17,9 @@ import termios
 import time
 
 import pytest
-
 from bounded import run_bounded
 from helpers import make_spec, rows_digest
+
 from zephon_titan.engine import DataError, LaneStream, open_lane_group
 
 F_GETPIPE_SZ = 1032  # linux/fcntl.h
@@ -90,8 +90,11 @@ def test_a_workers_error_arrives_as_its_one_line_with_the_lane(tmp_path, corpus_
             group.next_step()
     message = str(caught.value)
     assert "\n" not in message and "Traceback" not in message
-    assert re.fullmatch(r"\S*bad\.jsonl at byte 17: line is not valid JSON \(.*\); fix or remove it "
-                        r"\(in loader worker 0, lane 0\)", message), message
+    assert re.fullmatch(
+        r"\S*bad\.jsonl at byte 17: line is not valid JSON \(.*\); fix or remove it "
+        r"\(in loader worker 0, lane 0\)",
+        message,
+    ), message
 
 
 def test_a_bug_inside_a_worker_keeps_its_traceback(corpus_dir, tokenizer_dir):
@@ -136,8 +139,12 @@ def _gone(pid: int) -> bool:
 def test_workers_exit_when_their_parent_is_killed(corpus_dir, tokenizer_dir, in_thread):
     """main-thread: the parent-death signal; other-thread: the signal cannot be armed (it would fire when
     that thread exits), so the parent-pid watcher alone must do it."""
-    code = _ORPHAN.format(tests=os.path.dirname(os.path.dirname(__file__)), in_thread=in_thread,
-                          corpus=corpus_dir, tokenizer=tokenizer_dir)
+    code = _ORPHAN.format(
+        tests=os.path.dirname(os.path.dirname(__file__)),
+        in_thread=in_thread,
+        corpus=corpus_dir,
+        tokenizer=tokenizer_dir,
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pids = []
     try:

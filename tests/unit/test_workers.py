@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-
 from helpers import data_table, make_spec, rows_digest
+
 from zephon_titan.engine import DataError, LaneStream, open_lane_group
 
 
@@ -85,8 +85,9 @@ print("stopping early without close()", flush=True)
 def test_stopping_early_does_not_hang(corpus_dir, tokenizer_dir):
     import json
 
-    code = _ABANDON.format(tests=os.path.dirname(os.path.dirname(__file__)),
-                           table=json.dumps(data_table(corpus_dir, tokenizer_dir)))
+    code = _ABANDON.format(
+        tests=os.path.dirname(os.path.dirname(__file__)), table=json.dumps(data_table(corpus_dir, tokenizer_dir))
+    )
     started = time.time()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -15,7 +15,7 @@ import os
 import pickle
 import select
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 _HEADER = struct.Struct("!Q")  # payload length
 _READ_BYTES = 1 << 20
@@ -27,7 +27,7 @@ def send(fd: int, message) -> None:
     for part in (_HEADER.pack(len(data)), data):
         view = memoryview(part)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
 
 
 class Inbox:
@@ -45,7 +45,7 @@ class Inbox:
                 (size,) = _HEADER.unpack_from(self._buffer)
                 end = _HEADER.size + size
                 if len(self._buffer) >= end:
-                    data = bytes(self._buffer[_HEADER.size:end])
+                    data = bytes(self._buffer[_HEADER.size : end])
                     del self._buffer[:end]
                     return pickle.loads(data)
             ready, _, _ = select.select([self.fd], [], [], poll_seconds)

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_titan.errors import DataError
 from zephon_titan.engine.mixing import choose_source
 from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import SourceCursor, initial_cursors
+from zephon_titan.errors import DataError
 
 # Documents tokenized together in one encode_batch call (a speed knob only). Batches
 # start small and double, so the first row (and a restore) waits for a few documents only.
@@ -167,6 +167,7 @@ class LaneSourceReader:
     def document(self, cursor: SourceCursor) -> Document:
         """The document at a normalized cursor."""
         window = self.window(cursor.window)
+        assert window is not None, "document() needs a normalized cursor"  # normalize() checked it has a window
         p = cursor.position
         if p not in self._tokens:
             stop = min(p + self._batch, len(window.texts))

@@ -12,10 +12,10 @@ import json
 import posixpath
 
 from zephon_titan.config import ALLOWED_CHANGES  # noqa: F401  (what resume_allow may name)
-from zephon_titan.errors import ResumeError
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION
+from zephon_titan.errors import ResumeError
 
 
 def _sha(obj) -> str:
@@ -28,7 +28,8 @@ def _source_components(spec: EngineSpec) -> dict[str, str]:
         d = source.describe()
         files = d["files"]  # [path, size, mtime_ns, blocks] per file
         out[f"files.{source.name}"] = (
-            f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {source.num_blocks} blocks")
+            f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {source.num_blocks} blocks"
+        )
         layout = {k: v for k, v in d.items() if k != "files"}
         # A file's name (and its order, size, blocks) is layout; the directory or bucket it is read
         # from is its location, so data moved elsewhere can be allowed without allowing other changes.
@@ -66,8 +67,9 @@ def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: lis
     if changed:
         raise ResumeError(
             "the checkpoint's data stream differs from this run's config, so resuming would change "
-            "the data; changed: " + "; ".join(changed)
+            "the data; changed: "
+            + "; ".join(changed)
             + ". Restore the old settings, or start a new run (without the checkpoint's dataloader state). "
             "If the same data was only copied or moved, set [dataloader] resume_allow to the kinds that changed: "
-            "\"mtimes\" (new modification times), \"locations\" (another directory, bucket or prefix)"
+            '"mtimes" (new modification times), "locations" (another directory, bucket or prefix)'
         )

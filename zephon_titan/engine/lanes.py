@@ -8,11 +8,11 @@ every valid W.
 
 from __future__ import annotations
 
-from zephon_titan.errors import ConfigError
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.engine.stream import LaneStream
+from zephon_titan.errors import ConfigError
 
 
 def valid_world_sizes(num_lanes: int) -> list[int]:
@@ -69,7 +69,8 @@ def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size:
 
 def divisors(n: int, limit: int = 16) -> list[int]:
     """The first `limit` divisors of n, in O(sqrt n) (n may be huge in a mistaken config)."""
-    small, large = [], []
+    small: list[int] = []
+    large: list[int] = []
     d = 1
     while d * d <= n and len(small) < limit:
         if n % d == 0:
@@ -109,7 +110,7 @@ class LaneGroup:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "LaneGroup":
+    def __enter__(self) -> LaneGroup:
         return self
 
     def __exit__(self, *exc) -> None:

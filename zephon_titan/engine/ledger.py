@@ -36,10 +36,9 @@ class LedgerEntry:
     padding: int
 
     @classmethod
-    def of(cls, step: int, sha256: str, rows: int, source_names: list[str], counts: list[int]) -> "LedgerEntry":
+    def of(cls, step: int, sha256: str, rows: int, source_names: list[str], counts: list[int]) -> LedgerEntry:
         """From `tally()` counts: per source, then padding (last)."""
-        return cls(step=step, sha256=sha256, rows=rows, tokens=dict(zip(source_names, counts[:-1])),
-                   padding=counts[-1])
+        return cls(step=step, sha256=sha256, rows=rows, tokens=dict(zip(source_names, counts[:-1])), padding=counts[-1])
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -64,17 +63,21 @@ def _read(path: str, drop_torn_tail: bool) -> tuple[list[LedgerEntry], int]:
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             if bad is not None:  # a bad line with more after it: not a torn append
-                raise DataError(f"{path} line {bad[0]}: not a ledger entry ({bad[1]}); the ledger is corrupt there "
-                                "(not an interrupted append, which only ever tears the last line): fix or delete "
-                                "that line, or delete the file (`zephon-titan plan` recomputes the entries)")
+                raise DataError(
+                    f"{path} line {bad[0]}: not a ledger entry ({bad[1]}); the ledger is corrupt there "
+                    "(not an interrupted append, which only ever tears the last line): fix or delete "
+                    "that line, or delete the file (`zephon-titan plan` recomputes the entries)"
+                )
             if raw.strip():  # NUL bytes (what a crash can leave of an unflushed append) are a bad line
                 try:
                     entries.append(_entry(raw))
                 except ValueError as e:
                     bad = (number, e)
     if bad is not None and not drop_torn_tail:
-        raise DataError(f"{path} line {bad[0]}: not a ledger entry ({bad[1]}); it is the last line: a run was "
-                        "interrupted while appending it? Delete that line to compare the steps before it")
+        raise DataError(
+            f"{path} line {bad[0]}: not a ledger entry ({bad[1]}); it is the last line: a run was "
+            "interrupted while appending it? Delete that line to compare the steps before it"
+        )
     return entries, bad[0] if bad else 0
 
 
@@ -92,13 +95,22 @@ class LedgerWriter:
         if resume_step > 0 and os.path.exists(path):  # a fresh run keeps nothing: no need to read
             entries, torn = _read(path, drop_torn_tail=True)
             if torn:
-                log.warning("zephon: %s line %d was incomplete (a crash or a full disk while appending it); dropped "
-                            "it, the run resumes at step %d and writes that step again", path, torn, resume_step)
+                log.warning(
+                    "zephon: %s line %d was incomplete (a crash or a full disk while appending it); dropped "
+                    "it, the run resumes at step %d and writes that step again",
+                    path,
+                    torn,
+                    resume_step,
+                )
             kept = [e for e in entries if e.step <= resume_step]
             if not kept or kept[-1].step != resume_step:
-                log.warning("zephon: %s ends at step %d but the run resumes after step %d: the steps between are "
-                            "missing from it (`zephon-titan plan` computes them)", path,
-                            kept[-1].step if kept else 0, resume_step)
+                log.warning(
+                    "zephon: %s ends at step %d but the run resumes after step %d: the steps between are "
+                    "missing from it (`zephon-titan plan` computes them)",
+                    path,
+                    kept[-1].step if kept else 0,
+                    resume_step,
+                )
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w", encoding="utf-8") as f:  # replaced whole: a crash leaves the old or the new file
             f.writelines(e.to_json() + "\n" for e in kept)
@@ -116,7 +128,9 @@ class LedgerWriter:
                 raise
             if written != len(line):
                 os.ftruncate(fd, size)  # never leave half a line for the next append to follow
-                raise OSError(f"{self.path}: only {written} of the {len(line)} bytes of step {entry.step}'s "
-                              "ledger line could be written (disk full?); removed them")
+                raise OSError(
+                    f"{self.path}: only {written} of the {len(line)} bytes of step {entry.step}'s "
+                    "ledger line could be written (disk full?); removed them"
+                )
         finally:
             os.close(fd)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.state import SourceCursor
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 
 IGNORE_INDEX = -100
 _ROW_DTYPE = np.dtype("<i4")  # fixed byte order: row bytes (and hashes) are platform-independent
@@ -83,20 +84,39 @@ def make_row(parts: list[tuple[np.ndarray, Piece]], row_tokens: int, pad_id: int
     return Row(tokens[:-1], labels, positions[:-1], tuple(p for _, p in parts), padding)
 
 
-# The packing registry: `[dataloader] packing = "<name>"` picks a class here. A packer is one class with
-# `name`, `from_spec(feed, spec)`, `fingerprint(config)` (its settings the rows depend on) and the
-# methods next_row / unit / restore; adding one is the class plus one `register_packer` line.
-_PACKERS: dict[str, type] = {}
+class Packer(Protocol):
+    """A packing mode: documents of a lane's feed -> rows; its state is the open unit (see state.py)."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    def from_spec(cls, feed: DocumentFeed, spec: Any) -> Packer: ...
+
+    @staticmethod
+    def fingerprint(config: Any) -> str:
+        """The packer's settings that the rows depend on, for the resume fingerprint."""
+        ...
+
+    def next_row(self) -> Row: ...
+
+    def unit(self) -> tuple[tuple[SourceCursor, ...], bool, int]: ...
+
+    def restore(self, unit_open: bool, unit_offset: int) -> None: ...
 
 
-def register_packer(cls: type) -> type:
+# The packing registry: `[dataloader] packing = "<name>"` picks a class here. Adding a mode is one
+# class (the Packer protocol) plus one `register_packer` line.
+_PACKERS: dict[str, type[Packer]] = {}
+
+
+def register_packer(cls: type[Packer]) -> type[Packer]:
     if cls.name in _PACKERS:
         raise ValueError(f"packing {cls.name!r} is registered already")
     _PACKERS[cls.name] = cls
     return cls
 
 
-def packer_class(name: str) -> type:
+def packer_class(name: str) -> type[Packer]:
     if name not in _PACKERS:
         raise ConfigError(f"[dataloader] packing must be one of {', '.join(_PACKERS)}, got {name!r}")
     return _PACKERS[name]
@@ -108,10 +128,10 @@ class WrapPacker:
     Unit = the document being emitted; unit_offset = its tokens already in rows.
     """
 
-    name = "wrap"
+    name: ClassVar[str] = "wrap"
 
     @classmethod
-    def from_spec(cls, feed: DocumentFeed, spec) -> "WrapPacker":
+    def from_spec(cls, feed: DocumentFeed, spec) -> WrapPacker:
         return cls(feed, spec.row_tokens, spec.pad_id)
 
     @staticmethod
@@ -132,7 +152,9 @@ class WrapPacker:
         self._doc = self.feed.next_document() if unit_open else None
         self._offset = unit_offset
         if unit_open and (self._doc is None or unit_offset > len(self._doc.tokens)):
-            raise ResumeError(f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?")
+            raise ResumeError(
+                f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?"
+            )
 
     def unit(self) -> tuple[tuple[SourceCursor, ...], bool, int]:
         if self._doc is None:
@@ -151,7 +173,9 @@ class WrapPacker:
                     break
             doc = self._doc
             n = min(need, len(doc.tokens) - self._offset)
-            parts.append((doc.tokens[self._offset : self._offset + n], Piece(doc.source, doc.file, doc.row, self._offset, n)))
+            parts.append(
+                (doc.tokens[self._offset : self._offset + n], Piece(doc.source, doc.file, doc.row, self._offset, n))
+            )
             self._offset += n
             need -= n
         if not parts:
@@ -166,10 +190,10 @@ class BestFitPacker:
     window of documents; unit_offset = its rows already emitted.
     """
 
-    name = "best_fit"
+    name: ClassVar[str] = "best_fit"
 
     @classmethod
-    def from_spec(cls, feed: DocumentFeed, spec) -> "BestFitPacker":
+    def from_spec(cls, feed: DocumentFeed, spec) -> BestFitPacker:
         return cls(feed, spec.row_tokens, spec.pad_id, spec.config.best_fit_window_docs)
 
     @staticmethod
@@ -190,7 +214,9 @@ class BestFitPacker:
         self._rows = self._pack_window() if unit_open else []
         self._emitted = unit_offset
         if unit_offset > len(self._rows):
-            raise ResumeError(f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?")
+            raise ResumeError(
+                f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?"
+            )
 
     def unit(self) -> tuple[tuple[SourceCursor, ...], bool, int]:
         if self._emitted == len(self._rows):

@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass
 
 from zephon_titan.config import DataConfig, SourceConfig, validate
-from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, Source
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenize import DocumentTokenizer
+from zephon_titan.errors import ConfigError
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -55,8 +55,9 @@ class EngineSpec:
         return [s.name for s in self.sources]
 
 
-def build_engine(config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer,
-                 listings: dict[str, list] | None = None) -> EngineSpec:
+def build_engine(
+    config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer, listings: dict[str, list] | None = None
+) -> EngineSpec:
     """Validate the config against its files and open every source.
 
     `listings` (source name -> FileBlocks records) skips listing and scanning: worker processes
@@ -99,14 +100,16 @@ def spec_from_portable(data: dict) -> EngineSpec:
 
     from zephon_titan.engine.tokenize import SpecialTokenChoice
 
-    tokenizer = DocumentTokenizer(Tokenizer.from_str(data["tokenizer"]), SpecialTokenChoice(*data["bos"]),
-                                  SpecialTokenChoice(*data["eos"]))
+    tokenizer = DocumentTokenizer(
+        Tokenizer.from_str(data["tokenizer"]), SpecialTokenChoice(*data["bos"]), SpecialTokenChoice(*data["eos"])
+    )
     return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
 
 
 def _open(source: SourceConfig, config: DataConfig, listed: list[FileBlocks] | None) -> Source:
-    opened = open_source(source, max_document_chars=config.max_document_chars, options=StorageOptions.of(config),
-                         listed=listed)
+    opened = open_source(
+        source, max_document_chars=config.max_document_chars, options=StorageOptions.of(config), listed=listed
+    )
     if opened.num_blocks == 0:
         files = ", ".join(os.path.basename(f.path) for f in opened.files)
         raise ConfigError(

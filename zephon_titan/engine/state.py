@@ -49,7 +49,7 @@ class LaneState:
     version: int = STATE_VERSION
 
     @classmethod
-    def initial(cls, lane_id: int, num_sources: int) -> "LaneState":
+    def initial(cls, lane_id: int, num_sources: int) -> LaneState:
         """The state of a lane before its first row (no data needs to be read to know it)."""
         return cls(lane_id=lane_id, rows=0, cursors=initial_cursors(num_sources), unit_open=False, unit_offset=0)
 
@@ -64,7 +64,7 @@ class LaneState:
         }
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "lane state") -> "LaneState":
+    def from_dict(cls, data: dict, where: str = "lane state") -> LaneState:
         """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
         if not isinstance(data, dict) or set(data) != expected:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from zephon_titan.errors import ResumeError
 from zephon_titan.engine.feed import DocumentFeed
 from zephon_titan.engine.packing import Row, packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
+from zephon_titan.errors import ResumeError
 
 
 class LaneStream:

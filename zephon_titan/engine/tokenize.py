@@ -32,8 +32,12 @@ class SpecialTokenChoice:
 class DocumentTokenizer:
     """Turns texts into int32 token arrays: [BOS] + encode(text) + [EOS]."""
 
-    def __init__(self, tokenizer: Tokenizer, bos: SpecialTokenChoice | int | None = None,
-                 eos: SpecialTokenChoice | int | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        bos: SpecialTokenChoice | int | None = None,
+        eos: SpecialTokenChoice | int | None = None,
+    ):
         self.tokenizer = tokenizer
         self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
         self.eos = eos if isinstance(eos, SpecialTokenChoice) else SpecialTokenChoice(eos, "given")
@@ -57,8 +61,11 @@ class DocumentTokenizer:
             if isinstance(t, str):
                 out.append(np.array(self._prefix + next(encodings).ids + self._suffix, dtype=TOKEN_DTYPE))
             else:
-                out.append(np.concatenate([np.array(self._prefix, dtype=TOKEN_DTYPE), t,
-                                           np.array(self._suffix, dtype=TOKEN_DTYPE)]))
+                out.append(
+                    np.concatenate(
+                        [np.array(self._prefix, dtype=TOKEN_DTYPE), t, np.array(self._suffix, dtype=TOKEN_DTYPE)]
+                    )
+                )
         return out
 
     @property

@@ -41,8 +41,17 @@ _POLL_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def _worker_main(spec_data: dict, lanes: list[int], states: dict, rows_per_step: int, writer, credits, stop,
-                 parent_pid: int, arm_pdeathsig: bool) -> None:
+def _worker_main(
+    spec_data: dict,
+    lanes: list[int],
+    states: dict,
+    rows_per_step: int,
+    writer,
+    credits,
+    stop,
+    parent_pid: int,
+    arm_pdeathsig: bool,
+) -> None:
     _exit_with_parent(parent_pid, arm_pdeathsig)
     fd, lane = writer.fileno(), None
     try:
@@ -53,6 +62,7 @@ def _worker_main(spec_data: dict, lanes: list[int], states: dict, rows_per_step:
         while not stop.is_set():
             for stream in streams:
                 lane = stream.lane_id
+                message: tuple[str, int, list | None]
                 try:
                     message = ("rows", lane, stream.take_with_states(rows_per_step))
                 except LaneExhausted:
@@ -128,8 +138,17 @@ class ProcessLaneGroup:
             credits = ctx.Semaphore(prefetch_steps * len(mine))
             proc = ctx.Process(
                 target=_worker_main,
-                args=(data, mine, {lane: states[lane] for lane in mine if lane in states}, rows_per_step, writer,
-                      credits, self._stop, os.getpid(), arm_pdeathsig),
+                args=(
+                    data,
+                    mine,
+                    {lane: states[lane] for lane in mine if lane in states},
+                    rows_per_step,
+                    writer,
+                    credits,
+                    self._stop,
+                    os.getpid(),
+                    arm_pdeathsig,
+                ),
                 name=f"zephon-lanes-{w}",
                 daemon=True,
             )
@@ -184,7 +203,7 @@ class ProcessLaneGroup:
     def close(self) -> None:
         self._finalizer()
 
-    def __enter__(self) -> "ProcessLaneGroup":
+    def __enter__(self) -> ProcessLaneGroup:
         return self
 
     def __exit__(self, *exc) -> None:

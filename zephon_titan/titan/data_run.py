@@ -48,8 +48,13 @@ def _builtin_loader(job: Job, world: int, rank: int, tokenizer):
 
     directory = os.path.dirname(job.data.sources[-1].paths[0])
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=directory, infinite=True)
-    return config.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=job.seq_len,
-                        local_batch_size=job.local_batch_size)
+    return config.build(
+        dp_world_size=world,
+        dp_rank=rank,
+        tokenizer=tokenizer,
+        seq_len=job.seq_len,
+        local_batch_size=job.local_batch_size,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,8 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.builtin:
             loader = _builtin_loader(job, world, rank, tokenizer)
         else:
-            loader = job.data.build(dp_world_size=world, dp_rank=rank, tokenizer=tokenizer, seq_len=job.seq_len,
-                                    local_batch_size=job.local_batch_size)
+            loader = job.data.build(
+                dp_world_size=world,
+                dp_rank=rank,
+                tokenizer=tokenizer,
+                seq_len=job.seq_len,
+                local_batch_size=job.local_batch_size,
+            )
         counter = StepCounter()
         if args.resume:
             load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.num_lanes)
@@ -109,9 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_reduce(rss[:1], op=dist.ReduceOp.MAX)
         dist.all_reduce(rss[1:], op=dist.ReduceOp.SUM)
         if rank == 0:
-            print(f"data_run: {steps} steps on {world} ranks; rank 0 spent {data_seconds / steps * 1e3:.1f} ms "
-                  f"per step producing its batches, {ledger_seconds / steps * 1e3:.2f} ms per step on the ledger "
-                  f"(gather + write); peak RSS {rss[0]:.0f} MB max per rank, {rss[1]:.0f} MB summed", flush=True)
+            print(
+                f"data_run: {steps} steps on {world} ranks; rank 0 spent {data_seconds / steps * 1e3:.1f} ms "
+                f"per step producing its batches, {ledger_seconds / steps * 1e3:.2f} ms per step on the ledger "
+                f"(gather + write); peak RSS {rss[0]:.0f} MB max per rank, {rss[1]:.0f} MB summed",
+                flush=True,
+            )
     except ZephonError as e:
         report_once(e)
         return EXIT_USER_ERROR

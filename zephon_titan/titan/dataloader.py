@@ -22,17 +22,34 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine import (
-    DocumentTokenizer, LaneState, Row, build_engine, check_fingerprint, fingerprint, lane_digest,
-    lanes_of_rank, open_lane_group, tally, validate_batch_layout,
+    DocumentTokenizer,
+    LaneState,
+    Row,
+    build_engine,
+    check_fingerprint,
+    fingerprint,
+    lane_digest,
+    lanes_of_rank,
+    open_lane_group,
+    tally,
+    validate_batch_layout,
 )
-from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
+from zephon_titan.errors import LaneExhausted, ResumeError
 from zephon_titan.titan.state_codec import (
-    HEADER_CAPACITY, HEADER_KEY, HEADER_VERSION, encode_entry, lane_capacity, lane_key, read_header, read_lane, seal,
+    HEADER_CAPACITY,
+    HEADER_KEY,
+    HEADER_VERSION,
+    encode_entry,
+    lane_capacity,
+    lane_key,
+    read_header,
+    read_lane,
+    seal,
 )
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
 
-def _engine_tokenizer(config: "ZephonDataLoader.Config", trainer_tokenizer: Any) -> DocumentTokenizer:
+def _engine_tokenizer(config: ZephonDataLoader.Config, trainer_tokenizer: Any) -> DocumentTokenizer:
     """The [dataloader] tokenizer if set, else the trainer's own (both through titan/tokenizer.py)."""
     if config.tokenizer_path:
         return load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos)
@@ -48,7 +65,7 @@ class StepRecord:
     """Per source, then padding (last)."""
 
     @classmethod
-    def of(cls, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> "StepRecord":
+    def of(cls, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> StepRecord:
         totals = tally((row for rows in step for row, _ in rows), num_sources)
         return cls([lane_digest(row for row, _ in rows) for rows in step], totals)
 
@@ -101,13 +118,19 @@ class ZephonDataLoader(BaseDataLoader):
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         num_sources = len(self.spec.sources)
         if self._group is None:
-            self._group = open_lane_group(self.spec, self.lane_ids, self.rows_per_lane, self.config.workers,
-                                          self.config.prefetch_steps, self._consumed)
+            self._group = open_lane_group(
+                self.spec,
+                self.lane_ids,
+                self.rows_per_lane,
+                self.config.workers,
+                self.config.prefetch_steps,
+                self._consumed,
+            )
         while True:
             step = self._next_step_everywhere()
             if step is None:
                 logger.warning(
-                    f"zephon_titan: a lane ran out of data under exhaustion = \"{self.config.exhaustion}\" after "
+                    f'zephon_titan: a lane ran out of data under exhaustion = "{self.config.exhaustion}" after '
                     f"{self._consumed[self.lane_ids[0]].rows // self.rows_per_lane} steps; every rank stops here"
                 )
                 return
@@ -161,18 +184,25 @@ class ZephonDataLoader(BaseDataLoader):
 
     def _header(self) -> dict:
         # num_lanes and seq_len are fingerprint components; G is checked on its own (load_state_dict).
-        return {"version": HEADER_VERSION, "global_batch_size": self.config.global_batch_size,
-                "fingerprint": self.fingerprint}
+        return {
+            "version": HEADER_VERSION,
+            "global_batch_size": self.config.global_batch_size,
+            "fingerprint": self.fingerprint,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         num_sources = len(self.spec.sources)
         header = seal(self._header(), HEADER_KEY)
         state = {HEADER_KEY: encode_entry(header, HEADER_CAPACITY)}
         for lane in self.lane_ids:
-            entry = {"state": self._consumed[lane].to_dict(), "tokens": self._tokens[lane],
-                     "padding": self._padding[lane]}
-            state[lane_key(lane)] = encode_entry(seal(entry, lane_key(lane), header["seal"]),
-                                                 lane_capacity(num_sources))
+            entry = {
+                "state": self._consumed[lane].to_dict(),
+                "tokens": self._tokens[lane],
+                "padding": self._padding[lane],
+            }
+            state[lane_key(lane)] = encode_entry(
+                seal(entry, lane_key(lane), header["seal"]), lane_capacity(num_sources)
+            )
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -190,14 +220,17 @@ class ZephonDataLoader(BaseDataLoader):
             self._group = None
 
 
-def read_lane_states(state: dict[str, Any], lane_ids, header: dict, num_sources: int,
-                     rows_per_lane: int) -> dict[int, tuple[LaneState, list[int], int]]:
+def read_lane_states(
+    state: dict[str, Any], lane_ids, header: dict, num_sources: int, rows_per_lane: int
+) -> dict[int, tuple[LaneState, list[int], int]]:
     """The checked entries of `lane_ids`; every lane must stand at the same whole step."""
     entries = {lane: read_lane(state, lane, header, num_sources) for lane in lane_ids}
     rows = {entry[0].rows for entry in entries.values()}
     if len(rows) != 1 or next(iter(rows)) % rows_per_lane:
-        raise ResumeError(f"the checkpoint's lanes stand at rows {sorted(rows)}, not at one whole step of "
-                          f"{rows_per_lane} rows per lane; the checkpoint is damaged")
+        raise ResumeError(
+            f"the checkpoint's lanes stand at rows {sorted(rows)}, not at one whole step of "
+            f"{rows_per_lane} rows per lane; the checkpoint is damaged"
+        )
     return entries
 
 

@@ -40,12 +40,12 @@ from typing import Any
 from torchtitan.trainer import Trainer
 
 from zephon_titan.config import config_from_dict, short_repr
-from zephon_titan.toml_file import load_toml
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.tokenizer import document_tokenizer, load_hf_tokenizer, load_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
+from zephon_titan.toml_file import load_toml
 
 _MODEL_KEYS = ("module", "config", "flavor", "vocab_size")
 # [dataloader] keys that belong elsewhere in the job, and where.
@@ -129,8 +129,9 @@ class Job:
     def check_layout(self, dp_world_size: int) -> int:
         """The batch layout at this data-parallel size; returns rows per lane per step."""
         try:
-            return validate_batch_layout(self.data.num_lanes, self.global_batch_size, dp_world_size,
-                                         self.local_batch_size)
+            return validate_batch_layout(
+                self.data.num_lanes, self.global_batch_size, dp_world_size, self.local_batch_size
+            )
         except ConfigError as e:
             raise ConfigError(f"{self.path}: {e}") from None
 
@@ -178,14 +179,19 @@ def base_config(model: dict, path: str) -> Trainer.Config:
         if key not in _MODEL_KEYS:
             raise ConfigError(f"{path}: unknown key {key!r} in [model]; valid keys: {', '.join(_MODEL_KEYS)}")
     if "module" not in model or "config" not in model:
-        raise ConfigError(f"{path}: [model] needs `module` (e.g. \"llama3\") and `config` (e.g. \"llama3_debugmodel\")")
+        raise ConfigError(f'{path}: [model] needs `module` (e.g. "llama3") and `config` (e.g. "llama3_debugmodel")')
     package = _import_recipe_module(model["module"], path)
-    registry = importlib.import_module(f"{package.__name__}.config_registry") if hasattr(
-        package, "__path__") else package
+    registry = (
+        importlib.import_module(f"{package.__name__}.config_registry") if hasattr(package, "__path__") else package
+    )
     recipe = getattr(registry, model["config"], None)
     if not callable(recipe):
-        choices = [n for n in dir(registry) if not n.startswith("_") and n[0].islower() and callable(getattr(registry, n))]
-        raise ConfigError(f"{path}: [model] config = {model['config']!r} is not in {registry.__name__}; choices: {choices}")
+        choices = [
+            n for n in dir(registry) if not n.startswith("_") and n[0].islower() and callable(getattr(registry, n))
+        ]
+        raise ConfigError(
+            f"{path}: [model] config = {model['config']!r} is not in {registry.__name__}; choices: {choices}"
+        )
     config = recipe()
     if "flavor" in model and model["flavor"] != config.model_spec.flavor:
         config.model_spec = package.model_registry(model["flavor"])
@@ -224,8 +230,10 @@ def _apply(target: Any, table: dict, where: str, path: str) -> None:
         table_name = f"[{where.strip('[]')}.{key}]" if where != "the top level" else f"[{key}]"
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
-                raise ConfigError(f"{path}: {table_name[1:-1]} must be a table ({table_name} with its settings), "
-                                  f"got {short_repr(value)}")
+                raise ConfigError(
+                    f"{path}: {table_name[1:-1]} must be a table ({table_name} with its settings), "
+                    f"got {short_repr(value)}"
+                )
             _apply(current, value, table_name, path)
             continue
         if isinstance(value, dict) and current is not None and not isinstance(current, dict):
@@ -265,8 +273,10 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
     if "dataloader" not in document:
         raise ConfigError(f"{path} has no [dataloader] table")
     if not isinstance(document["model"], dict):
-        raise ConfigError(f"{path}: model must be a table ([model] with module, config, optional flavor), "
-                          f"got {short_repr(document['model'])}")
+        raise ConfigError(
+            f"{path}: model must be a table ([model] with module, config, optional flavor), "
+            f"got {short_repr(document['model'])}"
+        )
     base = base_config(document.pop("model"), path)
     table = document.pop("dataloader")
     for key, fix in _MISPLACED.items():

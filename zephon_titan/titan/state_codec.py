@@ -18,7 +18,6 @@ import torch
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 
-
 HEADER_KEY = "header"
 HEADER_VERSION = 2
 
@@ -58,9 +57,11 @@ def seal(obj: dict, key: str, bound_to: str = "") -> dict:
 
 def _check_seal(obj: Any, key: str, bound_to: str) -> dict:
     if not isinstance(obj, dict) or not isinstance(obj.get("seal"), str):
-        raise ResumeError(f"dataloader state {key!r} is not a sealed zephon_titan entry (got "
-                          f"{type(obj).__name__}{' without a seal' if isinstance(obj, dict) else ''}); it was "
-                          "written by another version or damaged: resume from an earlier checkpoint")
+        raise ResumeError(
+            f"dataloader state {key!r} is not a sealed zephon_titan entry (got "
+            f"{type(obj).__name__}{' without a seal' if isinstance(obj, dict) else ''}); it was "
+            "written by another version or damaged: resume from an earlier checkpoint"
+        )
     if obj["seal"] != _seal_of(obj, key, bound_to):
         raise ResumeError(
             f"dataloader state {key!r} fails its integrity check: it was changed or damaged after it was written"
@@ -94,11 +95,15 @@ def _field(entry: dict, name: str, kind: type, where: str) -> Any:
 
 
 def _counts(value: Any, length: int, field: str, where: str) -> list[int]:
-    ok = isinstance(value, list) and len(value) == length and all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in value)
+    ok = (
+        isinstance(value, list)
+        and len(value) == length
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in value)
+    )
     if not ok:
-        raise ResumeError(f"{where}: field {field!r} must be {length} counts >= 0, got {value!r}; the checkpoint "
-                          "is damaged")
+        raise ResumeError(
+            f"{where}: field {field!r} must be {length} counts >= 0, got {value!r}; the checkpoint is damaged"
+        )
     return value
 
 
@@ -123,8 +128,10 @@ def read_lane(state: dict[str, Any], lane: int, header: dict, num_sources: int) 
     if lane_state.lane_id != lane:
         raise ResumeError(f"{where}: field 'lane_id' is {lane_state.lane_id}, not {lane}; the checkpoint is damaged")
     if len(lane_state.cursors) != num_sources:
-        raise ResumeError(f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the run has "
-                          f"{num_sources}; the checkpoint belongs to another config")
+        raise ResumeError(
+            f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the run has "
+            f"{num_sources}; the checkpoint belongs to another config"
+        )
     tokens = _counts(entry.get("tokens"), num_sources, "tokens", where)
     padding = _counts([entry.get("padding")], 1, "padding", where)[0]
     return lane_state, tokens, padding

@@ -25,8 +25,9 @@ from zephon_titan.engine.tokenize import DocumentTokenizer, SpecialTokenChoice
 from zephon_titan.errors import ConfigError
 
 
-def load_tokenizer(path: str, add_bos: bool | None = None, add_eos: bool | None = None,
-                   key: str = "[dataloader] tokenizer_path") -> DocumentTokenizer:
+def load_tokenizer(
+    path: str, add_bos: bool | None = None, add_eos: bool | None = None, key: str = "[dataloader] tokenizer_path"
+) -> DocumentTokenizer:
     """Load the tokenizer directory `path` exactly as TorchTitan's trainer does (`key` names the
     setting it came from, for errors)."""
     return document_tokenizer(load_hf_tokenizer(path, key), add_bos, add_eos)
@@ -41,10 +42,15 @@ def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None
 
     where = f"{key} = {path!r}" + (f" ({os.path.abspath(path)})" if path and not os.path.isabs(path) else "")
     if not path or not os.path.isdir(path):
-        hint = ("is a file: point it at the directory holding tokenizer.json" if path and os.path.isfile(path)
-                else "does not exist")
-        raise ConfigError(f"{where} {hint}; it must name a directory holding tokenizer.json and "
-                          "tokenizer_config.json (relative paths start from the current directory)")
+        hint = (
+            "is a file: point it at the directory holding tokenizer.json"
+            if path and os.path.isfile(path)
+            else "does not exist"
+        )
+        raise ConfigError(
+            f"{where} {hint}; it must name a directory holding tokenizer.json and "
+            "tokenizer_config.json (relative paths start from the current directory)"
+        )
     try:
         return config.build(tokenizer_path=path)
     except FileNotFoundError as e:
@@ -53,8 +59,10 @@ def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None
         raise ConfigError(f"{where}: tokenizer_config.json is not valid JSON ({e}); restore it") from None
     except Exception as e:  # the tokenizers library reports a corrupt tokenizer.json as a plain Exception
         first = str(e).splitlines()[0] if str(e) else repr(e)
-        raise ConfigError(f"{where}: cannot load the tokenizer ({type(e).__name__}: {first}); "
-                          "restore tokenizer.json and tokenizer_config.json") from None
+        raise ConfigError(
+            f"{where}: cannot load the tokenizer ({type(e).__name__}: {first}); "
+            "restore tokenizer.json and tokenizer_config.json"
+        ) from None
 
 
 def document_tokenizer(hf: Any, add_bos: bool | None = None, add_eos: bool | None = None) -> DocumentTokenizer:
@@ -71,8 +79,9 @@ def document_tokenizer(hf: Any, add_bos: bool | None = None, add_eos: bool | Non
     return DocumentTokenizer(inner, bos, eos)
 
 
-def _choose(name: str, token_id: int | None, post_processor_adds: bool, settings: dict,
-            override: bool | None) -> SpecialTokenChoice:
+def _choose(
+    name: str, token_id: int | None, post_processor_adds: bool, settings: dict, override: bool | None
+) -> SpecialTokenChoice:
     if token_id is None:
         return SpecialTokenChoice(None, f"the tokenizer defines no {name.upper()} token")
     if override is not None:
@@ -81,6 +90,7 @@ def _choose(name: str, token_id: int | None, post_processor_adds: bool, settings
         return SpecialTokenChoice(token_id, "the tokenizer's post-processor adds it")
     setting = settings.get(f"add_{name}_token")
     if setting is not None:
-        return SpecialTokenChoice(token_id if setting else None,
-                                  f"tokenizer_config.json add_{name}_token = {str(bool(setting)).lower()}")
+        return SpecialTokenChoice(
+            token_id if setting else None, f"tokenizer_config.json add_{name}_token = {str(bool(setting)).lower()}"
+        )
     return SpecialTokenChoice(token_id, f"default (tokenizer_config.json has no add_{name}_token)")

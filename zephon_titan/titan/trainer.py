@@ -10,9 +10,8 @@ and turns a checkpoint written with another lane count into an error that says s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import os
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -79,7 +78,8 @@ class ZephonTrainer(Trainer):
         metrics["zephon/tokens_total"] = sum(values[:-1])
         metrics["zephon/padding_tokens"] = values[-1]
         logger.info(
-            "zephon tokens consumed: " + ", ".join(f"{n} {v}" for n, v in zip(names, values))
+            "zephon tokens consumed: "
+            + ", ".join(f"{n} {v}" for n, v in zip(names, values))
             + f" (total {metrics['zephon/tokens_total']}, padding {values[-1]})"
         )
         return metrics

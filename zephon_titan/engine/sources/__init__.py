@@ -4,7 +4,6 @@ format registry (formats.py): a new format is one module plus one `register_form
 from __future__ import annotations
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
 from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, register_format
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
@@ -12,15 +11,21 @@ from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
 from zephon_titan.engine.sources.lance import LANCE
 from zephon_titan.engine.sources.parquet import PARQUET, ParquetSource
 from zephon_titan.engine.sources.storage import StorageOptions
+from zephon_titan.errors import ConfigError
 
 register_format(JSONL)
 register_format(PARQUET)
 register_format(LANCE)
 
 
-def open_source(source: SourceConfig, base_dir: str | None = None, max_document_chars: int = 64 << 20,
-                options: StorageOptions = StorageOptions(), listed: list[FileBlocks] | None = None,
-                use_index: bool = True) -> Source:
+def open_source(
+    source: SourceConfig,
+    base_dir: str | None = None,
+    max_document_chars: int = 64 << 20,
+    options: StorageOptions = StorageOptions(),
+    listed: list[FileBlocks] | None = None,
+    use_index: bool = True,
+) -> Source:
     """Open a source: from `listed` (files already scanned by another process of this job), from
     its index, or by listing and scanning its files (then writing the index if one is configured)."""
     write_index = False
@@ -31,7 +36,7 @@ def open_source(source: SourceConfig, base_dir: str | None = None, max_document_
             _check_index_format(source, *indexed)
             listed = indexed[1]
     datasets = dataset_format(source)
-    if datasets is not None:
+    if datasets is not None and datasets.list_datasets is not None:
         names = listed if listed is not None else datasets.list_datasets(source.name, source.paths)
         opened = datasets.open(source, names, max_document_chars, options)
     else:
@@ -47,12 +52,19 @@ def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks])
     datasets = dataset_format(source)
     actual = datasets.name if datasets else format_of_file(source, files[0].path).name if files else fmt
     if fmt != actual:
-        raise ConfigError(f"[dataloader.sources.{source.name}] index {source.index} describes {fmt} files, but the "
-                          f"source's are {actual}; rebuild it with `zephon-titan index <job.toml>`")
+        raise ConfigError(
+            f"[dataloader.sources.{source.name}] index {source.index} describes {fmt} files, but the "
+            f"source's are {actual}; rebuild it with `zephon-titan index <job.toml>`"
+        )
 
 
-def _open_files(source: SourceConfig, listed: list[FileBlocks] | None, base_dir: str | None, max_document_chars: int,
-                options: StorageOptions) -> Source:
+def _open_files(
+    source: SourceConfig,
+    listed: list[FileBlocks] | None,
+    base_dir: str | None,
+    max_document_chars: int,
+    options: StorageOptions,
+) -> Source:
     files = listed if listed is not None else expand_paths(source.name, source.paths, base_dir, options)
     formats = {format_of_file(source, f.path).name: format_of_file(source, f.path) for f in files}
     if len(formats) > 1:
@@ -69,5 +81,13 @@ def _open_files(source: SourceConfig, listed: list[FileBlocks] | None, base_dir:
     return fmt.open(source, files, max_document_chars, options)
 
 
-__all__ = ["BlockDocuments", "Format", "Source", "open_source", "register_format", "JsonlSource", "ParquetSource",
-           "StorageOptions"]
+__all__ = [
+    "BlockDocuments",
+    "Format",
+    "Source",
+    "open_source",
+    "register_format",
+    "JsonlSource",
+    "ParquetSource",
+    "StorageOptions",
+]

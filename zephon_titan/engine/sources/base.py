@@ -12,10 +12,9 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
-
+from zephon_titan.errors import ConfigError, DataError
 
 SCAN_THREADS = 16
 
@@ -61,8 +60,14 @@ class Source(ABC):
     token_field: str = ""
     """Columnar formats: a column of token-id lists used instead of text_field."""
 
-    def __init__(self, name: str, files: list[FileStat] | list[FileBlocks], text_field: str,
-                 max_document_chars: int = 64 << 20, storage_options: StorageOptions = StorageOptions()):
+    def __init__(
+        self,
+        name: str,
+        files: list[FileStat] | list[FileBlocks],
+        text_field: str,
+        max_document_chars: int = 64 << 20,
+        storage_options: StorageOptions = StorageOptions(),
+    ):
         """`files`: the listed files, scanned here, or FileBlocks from an index (trusted as is)."""
         self.name = name
         self.text_field = text_field
@@ -79,12 +84,13 @@ class Source(ABC):
 
     def _scan_all(self, files: list[FileStat] | list[FileBlocks]) -> list[FileBlocks]:
         if all(isinstance(f, FileBlocks) for f in files):
-            return list(files)
-        if not any(storage.is_uri(f.path) for f in files):
-            return [self._scan(f) for f in files]  # local reads are quicker than handing them to threads
+            return [f for f in files if isinstance(f, FileBlocks)]
+        stats = [f for f in files if isinstance(f, FileStat)]
+        if not any(storage.is_uri(f.path) for f in stats):
+            return [self._scan(f) for f in stats]  # local reads are quicker than handing them to threads
         # Footer reads are latency-bound on object storage: overlap them (results keep file order).
-        with ThreadPoolExecutor(max_workers=min(SCAN_THREADS, len(files))) as pool:
-            return list(pool.map(self._scan, files))
+        with ThreadPoolExecutor(max_workers=min(SCAN_THREADS, len(stats))) as pool:
+            return list(pool.map(self._scan, stats))
 
     @abstractmethod
     def _scan(self, file: FileStat) -> FileBlocks:
@@ -121,8 +127,7 @@ class Source(ABC):
         if self.column not in names:
             which = "token_field" if self.token_field else "text_field"
             raise DataError(
-                f"{path}: no column {self.column!r} (columns: {', '.join(names)}); "
-                f"set {which} for source {self.name!r}"
+                f"{path}: no column {self.column!r} (columns: {', '.join(names)}); set {which} for source {self.name!r}"
             )
 
     def check_size(self, text: str, where: str) -> None:
@@ -165,8 +170,9 @@ class Source(ABC):
     def format_name(self) -> str: ...
 
 
-def expand_paths(source_name: str, patterns: list[str], base_dir: str | None = None,
-                 options: StorageOptions = StorageOptions()) -> list[FileStat]:
+def expand_paths(
+    source_name: str, patterns: list[str], base_dir: str | None = None, options: StorageOptions = StorageOptions()
+) -> list[FileStat]:
     """Expand globs (relative to base_dir; or URIs) into a sorted, de-duplicated file list.
 
     Sorting makes the block numbering independent of listing order.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from zephon_titan.errors import DataError
 from zephon_titan.engine.sources.base import BlockDocuments
+from zephon_titan.errors import DataError
 
 
 def column_documents(source, column: pa.ChunkedArray, path: str, first_row: int) -> BlockDocuments:
@@ -28,7 +28,8 @@ def column_documents(source, column: pa.ChunkedArray, path: str, first_row: int)
 def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> list[np.ndarray]:
     """Each row's token ids as an int32 array, sliced from the column's flat values (no Python lists)."""
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or not pa.types.is_integer(
-            column.type.value_type):
+        column.type.value_type
+    ):
         raise DataError(f"{path}: column {name!r} has type {column.type}, expected lists of integer token ids")
     array = column.combine_chunks()
     offsets = array.offsets.to_numpy()

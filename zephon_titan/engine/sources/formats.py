@@ -72,8 +72,10 @@ def format_of_file(source: SourceConfig, path: str) -> Format:
         if path.endswith(fmt.extensions):
             return fmt
     known = ", ".join(e for f in _FORMATS.values() for e in f.extensions)
-    raise ConfigError(f"{where}: cannot tell the format of {path} from its extension (known: {known}); set "
-                      f"format to one of {', '.join(format_names())}")
+    raise ConfigError(
+        f"{where}: cannot tell the format of {path} from its extension (known: {known}); set "
+        f"format to one of {', '.join(format_names())}"
+    )
 
 
 def dataset_format(source: SourceConfig) -> Format | None:

@@ -21,12 +21,16 @@ from zephon_titan.urls import redact, refuse_credentials, userinfo  # noqa: F401
 PSEUDO_ROOTS = ("/proc/", "/sys/")
 
 
-
 def _kind(mode: int) -> str | None:
     """What a non-regular file is, or None for a regular file."""
-    for test, name in ((stat.S_ISREG, None), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISREG, None),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -36,12 +40,16 @@ def check_regular(path: str, st: os.stat_result, error=DataError) -> None:
     """Refuse anything but a regular file on a real filesystem (one line naming the path)."""
     kind = _kind(st.st_mode)
     if kind is not None:
-        raise error(f"{path} is {kind}, not a regular file: zephon reads only regular files; point the source "
-                    "at regular files (or narrow its glob)")
+        raise error(
+            f"{path} is {kind}, not a regular file: zephon reads only regular files; point the source "
+            "at regular files (or narrow its glob)"
+        )
     real = os.path.realpath(path)
     if real.startswith(PSEUDO_ROOTS):
-        raise error(f"{path} is not a regular file: it is {real}, on a kernel pseudo-filesystem whose sizes are not "
-                    "the bytes it holds; copy the data to a regular file")
+        raise error(
+            f"{path} is not a regular file: it is {real}, on a kernel pseudo-filesystem whose sizes are not "
+            "the bytes it holds; copy the data to a regular file"
+        )
 
 
 def open_regular(path: str, error=DataError) -> int:

@@ -24,11 +24,11 @@ import logging
 import socket
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks, Source
 from zephon_titan.engine.sources.index_records import check_records
 from zephon_titan.engine.sources.storage import StorageOptions
+from zephon_titan.errors import ConfigError
 
 INDEX_VERSION = 1
 log = logging.getLogger("zephon_titan")
@@ -36,7 +36,7 @@ log = logging.getLogger("zephon_titan")
 
 def _key(source: SourceConfig, fmt: str) -> dict:
     """What the block numbering depends on besides the files themselves."""
-    key = {"paths": list(source.paths), "format": fmt}
+    key: dict[str, object] = {"paths": list(source.paths), "format": fmt}
     if fmt == "jsonl":
         key["block_bytes"] = source.block_bytes
     if fmt == "lance":
@@ -73,7 +73,9 @@ def read_index(source: SourceConfig, options: StorageOptions) -> tuple[str, list
         if not isinstance(records, list):
             raise TypeError(f"'files' is {type(records).__name__}, not a list")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(f"{where} is not a zephon index ({e}); delete it or rebuild it with `zephon-titan index`")
+        raise ConfigError(
+            f"{where} is not a zephon index ({e}); delete it or rebuild it with `zephon-titan index`"
+        ) from None
     if version != INDEX_VERSION:
         raise ConfigError(f"{where} has version {version}, this loader reads {INDEX_VERSION}; rebuild it")
     expected, recorded = _key(source, fmt), {k: document.get(k) for k in _key(source, fmt)}
@@ -93,5 +95,10 @@ def save_index_after_first_use(source: SourceConfig, opened: Source, options: St
         write_index(source, opened, options)
         log.info("zephon: wrote the index of source %r to %s (%d files)", source.name, source.index, len(opened.files))
     except OSError as e:
-        log.warning("zephon: could not write the index of source %r to %s (%s); startup lists the files "
-                    "until one is written (`zephon-titan index`)", source.name, source.index, e)
+        log.warning(
+            "zephon: could not write the index of source %r to %s (%s); startup lists the files "
+            "until one is written (`zephon-titan index`)",
+            source.name,
+            source.index,
+            e,
+        )

@@ -10,24 +10,26 @@ also compared with the file itself when it is read (Source.check_unchanged).
 from __future__ import annotations
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.errors import ConfigError
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks
 from zephon_titan.engine.sources.formats import format_names, get_format
 from zephon_titan.engine.sources.lance import parse_block_name
+from zephon_titan.errors import ConfigError
+
 _FIX = "the index was edited or is corrupt: rebuild it with `zephon-titan index <job.toml>`"
 
 
 def check_records(records: list, source: SourceConfig, fmt: str, where: str) -> list[FileBlocks]:
     if fmt not in format_names():
         raise ConfigError(f"{where} has format {_show(fmt)}, not one of {', '.join(format_names())}; {_FIX}")
-    files, keys = [], []
+    files: list[FileBlocks] = []
+    keys: list[tuple] = []
     for n, record in enumerate(records):
         problem, f = _parse(record)
         if f is not None:
             guards.refuse_credentials_in_path(f.path, f"{where} record {n} path")
             problem = _blocks_problem(f, source, fmt) or _outside(f, source, fmt)
-        if problem:
+        if problem or f is None:
             raise ConfigError(f"{where} record {n}{f' ({f.path})' if f else ''}: {problem}; {_FIX}")
         key = _order_key(f, fmt)
         if keys and key <= keys[-1]:
@@ -73,7 +75,8 @@ def _outside(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
 
 def _order_key(f: FileBlocks, fmt: str):
     """Files are listed in sorted path order; Lance fragments by dataset, then fragment id."""
-    if fmt == "lance":
-        uri, _, fragment = parse_block_name(f.path)
+    parsed = parse_block_name(f.path) if fmt == "lance" else None
+    if parsed is not None:
+        uri, _, fragment = parsed
         return (uri, fragment)
     return (f.path, 0)

@@ -17,11 +17,11 @@ import os
 
 import pyarrow as pa
 
-from zephon_titan.errors import DataError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.storage import FileStat
+from zephon_titan.errors import DataError
 
 # The line crossing a block's end is completed in reads of this size, so a block costs at
 # most block_bytes + 1 + (its last line's tail rounded up to this) bytes of requests.
@@ -32,8 +32,15 @@ class JsonlSource(Source):
     row_unit = "byte offset"
     format_name = "jsonl"
 
-    def __init__(self, name: str, files: list, text_field: str, block_bytes: int, max_document_chars: int,
-                 storage_options=storage.StorageOptions()):
+    def __init__(
+        self,
+        name: str,
+        files: list,
+        text_field: str,
+        block_bytes: int,
+        max_document_chars: int,
+        storage_options=storage.StorageOptions(),
+    ):
         self.block_bytes = block_bytes
         super().__init__(name, files, text_field, max_document_chars, storage_options)
 
@@ -84,7 +91,8 @@ class JsonlSource(Source):
                 return b"", start
             data, first = data[newline + 1 :], first + newline + 1
         last = data.rfind(b"\n") + 1  # where the line crossing the block's end starts, in data
-        tail, pos, length = [], end, len(data) - last
+        tail: list[bytes] = []
+        pos, length = end, len(data) - last
         while data and not (tail[-1] if tail else data).endswith(b"\n") and pos < f.size:
             more = self._read_exactly(handle, f, pos, min(pos + TAIL_READ_BYTES, f.size))
             newline = more.find(b"\n")
@@ -108,7 +116,8 @@ class JsonlSource(Source):
         """A compressed file is one block: all of it, decompressed."""
         handle = self._open_checked(f)
         compressed = self._read_exactly(handle, f, 0, f.size)
-        chunks, total, line = [], 0, 0  # line: bytes of the unfinished last line so far
+        chunks: list[bytes] = []
+        total = line = 0  # line: bytes of the unfinished last line so far
         try:
             with pa.input_stream(pa.py_buffer(compressed), compression=codec) as stream:
                 while chunk := stream.read(16 * TAIL_READ_BYTES):
@@ -160,8 +169,7 @@ class JsonlSource(Source):
         if self.text_field not in record:
             keys = ", ".join(sorted(record)[:10])
             raise DataError(
-                f"{where}: no field {self.text_field!r} (fields: {keys}); "
-                f"set text_field for source {self.name!r}"
+                f"{where}: no field {self.text_field!r} (fields: {keys}); set text_field for source {self.name!r}"
             )
         text = record[self.text_field]
         if not isinstance(text, str):
@@ -185,15 +193,18 @@ def _compression(path: str) -> str | None:
 def _check_record(f: FileBlocks, source) -> str:
     expected = num_blocks(f.path, f.size, source.block_bytes)
     if f.num_blocks != expected:
-        return (f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of JSONL in blocks of "
-                f"{source.block_bytes:,} bytes make {expected}")
+        return (
+            f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of JSONL in blocks of "
+            f"{source.block_bytes:,} bytes make {expected}"
+        )
     return "block_rows must be empty for JSONL (its blocks are byte ranges)" if f.block_rows else ""
 
 
 JSONL = Format(
     name="jsonl",
     extensions=tuple(f"{ext}{z}" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")),
-    open=lambda source, files, max_chars, options: JsonlSource(source.name, files, source.text_field,
-                                                               source.block_bytes, max_chars, options),
+    open=lambda source, files, max_chars, options: JsonlSource(
+        source.name, files, source.text_field, source.block_bytes, max_chars, options
+    ),
     check_record=_check_record,
 )

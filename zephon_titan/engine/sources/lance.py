@@ -14,12 +14,12 @@ from __future__ import annotations
 from functools import lru_cache
 from urllib.parse import parse_qs
 
-from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
 from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.guards import refuse_credentials_in_path
 from zephon_titan.engine.sources.storage import StorageOptions, is_uri, s3_endpoint
+from zephon_titan.errors import ConfigError, DataError
 
 
 def _lance():
@@ -79,8 +79,16 @@ def parse_block_name(name: str) -> tuple[str, int, int] | None:
 class LanceSource(Source):
     format_name = "lance"
 
-    def __init__(self, name: str, datasets: list, text_field: str, block_rows: int, max_document_chars: int,
-                 token_field: str = "", storage_options: StorageOptions = StorageOptions()):
+    def __init__(
+        self,
+        name: str,
+        datasets: list,
+        text_field: str,
+        block_rows: int,
+        max_document_chars: int,
+        token_field: str = "",
+        storage_options: StorageOptions = StorageOptions(),
+    ):
         """`datasets`: dataset URIs/paths to list, or FileBlocks (one per fragment) from an index."""
         self.block_rows = block_rows
         self.token_field = token_field
@@ -98,8 +106,9 @@ class LanceSource(Source):
         out = []
         for fragment in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id):
             rows = fragment.count_rows()  # after deletions, at this version
-            out.append(FileBlocks(block_name(uri, dataset.version, fragment.fragment_id), rows, 0,
-                                  -(-rows // self.block_rows)))
+            out.append(
+                FileBlocks(block_name(uri, dataset.version, fragment.fragment_id), rows, 0, -(-rows // self.block_rows))
+            )
         return out
 
     def _scan_all(self, datasets: list) -> list[FileBlocks]:
@@ -118,8 +127,9 @@ class LanceSource(Source):
             fragment = _dataset(uri, version, self.storage_options).get_fragment(fragment_id)
             table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)
         except (OSError, ValueError) as e:
-            raise DataError(f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the "
-                            "dataset cleaned up?") from None
+            raise DataError(
+                f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the dataset cleaned up?"
+            ) from None
         expected = min(self.block_rows, f.size - first_row)
         if table.num_rows != expected:
             raise self.changed_file(f, f"block {local_block} has {table.num_rows} rows instead of {expected}")
@@ -139,8 +149,10 @@ def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
             continue
         matches = [m for m in glob.glob(pattern) if os.path.isdir(m)]
         if not matches:
-            raise ConfigError(f"source {source_name!r}: path {pattern!r} matches no Lance dataset directory; "
-                              f"fix the path or remove it from [dataloader.sources.{source_name}] paths")
+            raise ConfigError(
+                f"source {source_name!r}: path {pattern!r} matches no Lance dataset directory; "
+                f"fix the path or remove it from [dataloader.sources.{source_name}] paths"
+            )
         out.update(os.path.normpath(m) for m in matches)
     return sorted(out)
 
@@ -150,16 +162,18 @@ def _check_record(f: FileBlocks, source) -> str:
         return "is not a Lance block name (<dataset>?version=<v>&fragment=<id>)"
     expected = -(-f.size // source.block_rows)
     if f.num_blocks != expected:
-        return f"num_blocks is {f.num_blocks}, but {f.size:,} rows in blocks of {source.block_rows:,} rows make {expected}"
+        return (
+            f"num_blocks is {f.num_blocks}, but {f.size:,} rows in blocks of {source.block_rows:,} rows make {expected}"
+        )
     return ""
 
 
 LANCE = Format(
     name="lance",
     extensions=(".lance",),
-    open=lambda source, datasets, max_chars, options: LanceSource(source.name, datasets, source.text_field,
-                                                                  source.block_rows, max_chars, source.token_field,
-                                                                  options),
+    open=lambda source, datasets, max_chars, options: LanceSource(
+        source.name, datasets, source.text_field, source.block_rows, max_chars, source.token_field, options
+    ),
     check_record=_check_record,
     token_field=True,
     datasets=True,

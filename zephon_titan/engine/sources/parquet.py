@@ -13,12 +13,12 @@ from itertools import accumulate
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from zephon_titan.errors import DataError
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
-from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.columns import column_documents
+from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
+from zephon_titan.errors import DataError
 
 
 @lru_cache(maxsize=32)
@@ -43,8 +43,15 @@ def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
 class ParquetSource(Source):
     format_name = "parquet"
 
-    def __init__(self, name: str, files: list, text_field: str, max_document_chars: int, token_field: str = "",
-                 storage_options: StorageOptions = StorageOptions()):
+    def __init__(
+        self,
+        name: str,
+        files: list,
+        text_field: str,
+        max_document_chars: int,
+        token_field: str = "",
+        storage_options: StorageOptions = StorageOptions(),
+    ):
         self.token_field = token_field
         super().__init__(name, files, text_field, max_document_chars, storage_options)
 
@@ -92,8 +99,9 @@ def _check_record(f: FileBlocks, source) -> str:
 PARQUET = Format(
     name="parquet",
     extensions=(".parquet", ".pq"),
-    open=lambda source, files, max_chars, options: ParquetSource(source.name, files, source.text_field, max_chars,
-                                                                 source.token_field, options),
+    open=lambda source, files, max_chars, options: ParquetSource(
+        source.name, files, source.text_field, max_chars, source.token_field, options
+    ),
     check_record=_check_record,
     token_field=True,
 )

@@ -19,12 +19,12 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from pyarrow import fs as pafs
 
-from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.engine.sources import guards
+from zephon_titan.errors import ConfigError, DataError
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -38,7 +38,7 @@ class StorageOptions:
     s3_anonymous: bool = False
 
     @classmethod
-    def of(cls, config) -> "StorageOptions":
+    def of(cls, config) -> StorageOptions:
         """The options of a DataConfig."""
         return cls(config.s3_endpoint_url, config.s3_region, config.s3_anonymous)
 
@@ -63,12 +63,12 @@ def s3_endpoint(options: StorageOptions) -> str:
     return options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _filesystem(root: str, options: StorageOptions) -> pafs.FileSystem:
     """One filesystem (and connection pool) per scheme://bucket and settings, per process."""
     scheme = _scheme(root)
     if scheme == "s3":
-        kwargs = {}
+        kwargs: dict[str, str | bool] = {}
         endpoint = s3_endpoint(options)
         if endpoint:
             scheme_part, _, host = endpoint.rpartition("://")
