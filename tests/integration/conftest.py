@@ -26,6 +26,12 @@ def workdir(tmp_path_factory) -> str:
     return root
 
 
+def cpu_job_args(run: str, steps: int, *extra: str) -> list[str]:
+    """Arguments of a CPU debug-job run writing to the run folder `run`."""
+    return ["--job.config_file", CPU_CONFIG, "--dump_folder", run, "--training.steps", str(steps),
+            "--metrics.disable_color_printing", *extra]  # fmt: skip
+
+
 def torchrun(
     workdir: str, module: str, nproc: int, args: list[str], timeout: int = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:

@@ -4,24 +4,14 @@ complete checkpoint and its ledger equals the uninterrupted run's, step for step
 import os
 
 import pytest
-from conftest import CPU_CONFIG, check, ledger, losses, torchrun
+from conftest import check, cpu_job_args, ledger, losses, torchrun
 
 pytestmark = pytest.mark.integration
 STEPS = 6
 
 
 def _train(workdir, run, kill=None):
-    args = [
-        "--job.config_file",
-        CPU_CONFIG,
-        "--dump_folder",
-        run,
-        "--training.steps",
-        str(STEPS),
-        "--metrics.disable_color_printing",
-        "--comm.init_timeout_seconds",
-        "60",
-    ]
+    args = cpu_job_args(run, STEPS, "--comm.init_timeout_seconds", "60")
     env = {"ZEPHON_TEST_KILL": kill} if kill else None
     module = (
         os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_train.py") if kill else "zephon_titan.train_cpu"

@@ -5,7 +5,7 @@ import os
 import re
 
 import pytest
-from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, losses, torchrun
+from conftest import CPU_CONFIG, check, copy_checkpoint, cpu_job_args, ledger, losses, torchrun
 
 from zephon_titan.engine.ledger import read_ledger
 
@@ -17,16 +17,7 @@ _TOKENS = re.compile(r"zephon tokens consumed: code (\d+), prose (\d+) \(total (
 
 
 def train(workdir, run, nproc, *extra):
-    args = [
-        "--job.config_file",
-        CPU_CONFIG,
-        "--dump_folder",
-        run,
-        "--training.steps",
-        str(STEPS),
-        "--metrics.disable_color_printing",
-        *extra,
-    ]
+    args = cpu_job_args(run, STEPS, *extra)
     result = check(torchrun(workdir, "zephon_titan.train_cpu", nproc, args))
     output = result.stdout + result.stderr
     token_lines = _TOKENS.findall(output)
@@ -116,17 +107,9 @@ def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):
 def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted):
     # Negative control: the same checkpoint with another data seed must be refused, naming the change.
     copy_checkpoint(workdir, "runs/w2", 2, "runs/other_seed")
-    args = [
-        "--job.config_file",
-        CPU_CONFIG,
-        "--dump_folder",
-        "runs/other_seed",
-        "--training.steps",
-        str(STEPS),
-        "--dataloader.seed",
-        "7",
-    ]
-    result = torchrun(workdir, "zephon_titan.train_cpu", 2, args)
+    result = torchrun(
+        workdir, "zephon_titan.train_cpu", 2, cpu_job_args("runs/other_seed", STEPS, "--dataloader.seed", "7")
+    )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "seed: 2026 -> 7" in output
