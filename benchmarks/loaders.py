@@ -70,13 +70,16 @@ def _zephon_titan_spec(args, sources=None, lanes=None):
 
 
 def run_zephon_titan(args, workers: int) -> dict:
+    """`workers` processes producing rows; 1 = inside this process (num_workers = 0)."""
     from zephon_titan.engine import LaneState, open_lane_group
 
     started = time.perf_counter()
     spec = _zephon_titan_spec(args)
     per_lane = 8
     steps = max(2, args.rows // (per_lane * args.lanes))
-    with open_lane_group(spec, range(args.lanes), per_lane, workers=workers, prefetch_steps=2) as group:
+    with open_lane_group(
+        spec, range(args.lanes), per_lane, num_workers=0 if workers == 1 else workers, prefetch_factor=2
+    ) as group:
         group.next_step()
         first = time.perf_counter()
         for _ in range(steps - 1):
@@ -90,7 +93,7 @@ def run_zephon_titan(args, workers: int) -> dict:
         _zephon_titan_spec(args),
         range(args.lanes),
         per_lane,
-        workers=workers,
+        num_workers=0 if workers == 1 else workers,
         states={int(k): v for k, v in states.items()},
     ) as group:
         group.next_step()

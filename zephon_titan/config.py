@@ -38,8 +38,8 @@ BOUNDS = {
     "seed": (0, (1 << 63) - 1, "shuffle keys and checkpoint fields are 63-bit integers"),
     "shuffle_window_blocks": (1, 1 << 12, "the documents of a window are read into memory together"),
     "best_fit_window_docs": (1, 1 << 16, "the window's documents are held in memory and searched per row"),
-    "workers": (1, 1024, "one process each"),
-    "prefetch_steps": (1, 1024, "each step ahead is held in memory"),
+    "num_workers": (0, 1024, "one process each"),
+    "prefetch_factor": (1, 1024, "each step ahead is held in memory"),
     "max_document_chars": (1, 1 << 31, "a document is tokenized at once, ~10x its size in memory"),
 }
 SOURCE_BOUNDS = {
@@ -129,12 +129,13 @@ class DataConfig:
     """Append the tokenizer's EOS token to each document. Unset: as the tokenizer says (its
     post-processor, else `add_eos_token` in tokenizer_config.json, else yes); see README."""
 
-    workers: int = 1
-    """Processes producing this rank's lanes (1: inside the training process). A performance
-    knob: rows do not depend on it."""
+    num_workers: int = 0
+    """Worker processes producing this rank's lanes (0: inside the training process), as in PyTorch's
+    DataLoader. A performance knob: rows do not depend on it. (Old name: `workers`, where 1 meant 0.)"""
 
-    prefetch_steps: int = 2
-    """With workers > 1: steps each worker may produce ahead of the trainer (bounded memory)."""
+    prefetch_factor: int = 2
+    """With num_workers > 0: steps each worker may produce ahead of the trainer (bounded memory).
+    (Old name: `prefetch_steps`.)"""
 
     max_document_chars: int = 64 << 20
     """A longer document is an error naming its file and row (tokenizing it at once would need
@@ -291,6 +292,7 @@ def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
     `[dataloader]` table (already parsed TOML)."""
     if not isinstance(table, dict):
         raise ConfigError(f"[dataloader] must be a table, got {table!r}")
+    table = _renamed(table)
     allowed = [f.name for f in dataclasses.fields(cls) if f.name not in _FOREIGN_FIELDS]
     _check_keys(table, allowed, "[dataloader]")
     raw_sources = table.get("sources")
@@ -306,6 +308,33 @@ def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
     config = cls(**kwargs)
     validate(config)
     return config
+
+
+# Old names, still read for one release: (new name, how an old value maps to the new meaning).
+DEPRECATED_KEYS = {
+    "workers": ("num_workers", lambda n: 0 if n == 1 else n),  # workers = 1 meant "in the training process"
+    "prefetch_steps": ("prefetch_factor", lambda n: n),
+}
+
+
+def _renamed(table: dict) -> dict:
+    """The table with deprecated keys renamed (a warning each); both names at once is an error."""
+    import warnings
+
+    out = dict(table)
+    for old, (new, convert) in DEPRECATED_KEYS.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ConfigError(f"[dataloader] sets both {old} (its old name) and {new}; keep {new}")
+        value = out.pop(old)
+        out[new] = convert(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        warnings.warn(
+            f"[dataloader] {old} is deprecated: use {new} = {out[new]!r} (the same setting)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return out
 
 
 def config_to_dict(config: DataConfig) -> dict:

@@ -72,7 +72,7 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
     start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
     names = job.spec.source_names
     with open_lane_group(
-        job.spec, range(job.spec.num_lanes), rows_per_lane, job.data.workers, job.data.prefetch_steps, states
+        job.spec, range(job.spec.num_lanes), rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states
     ) as group:
         for step in range(start + 1, steps + 1):
             try:

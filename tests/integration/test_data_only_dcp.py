@@ -41,7 +41,7 @@ def test_dcp_resume_8_to_2_and_2_to_8(workdir):
 
 def test_worker_processes_change_nothing_even_across_a_resume(workdir):
     reference = data_run(workdir, 2, "data/ref_w1.jsonl")
-    config = _config_with(workdir, "workers.toml", "seed = 2026", "seed = 2026\nworkers = 2\nprefetch_steps = 3")
+    config = _config_with(workdir, "workers.toml", "seed = 2026", "seed = 2026\nnum_workers = 2\nprefetch_factor = 3")
     args = [
         "--job.config_file",
         config,

@@ -33,7 +33,7 @@ def bucket_job(s3, workdir, tmp_path_factory):
     with open(os.path.join(job, "job.toml"), "w") as f:
         f.write(text)
     with open(os.path.join(job, "job_workers.toml"), "w") as f:
-        f.write(text.replace("seed = 2026", "seed = 2026\nworkers = 2"))
+        f.write(text.replace("seed = 2026", "seed = 2026\nnum_workers = 2"))
     return job
 
 

@@ -42,7 +42,7 @@ paths = "{corpus_dir}/code/*.parquet"
         ({"sources": {"a": {"paths": []}}}, r"paths must be a non-empty list"),
         ({"s3_endpoint_url": "localhost:9000"}, r"s3_endpoint_url must start with http:// or https://"),
         ({"sources": {"a": {"paths": ["x"], "block_bytes": 10}}}, r"block_bytes must be >= 1024, got 10"),
-        ({"workers": 0}, r"workers must be >= 1, got 0"),
+        ({"prefetch_factor": 0}, r"prefetch_factor must be >= 1, got 0"),
         ({"resume_allow": ["seed"]}, r"resume_allow: 'seed' cannot be allowed"),
     ],
 )
@@ -94,3 +94,13 @@ def test_missing_toml_table(tmp_path):
     path.write_text("[training]\nsteps = 3\n")
     with pytest.raises(ConfigError, match=r"job.toml has no \[dataloader\] table"):
         load_data_config(str(path))
+
+
+def test_old_worker_knob_names_are_read_with_a_warning(corpus_dir, tokenizer_dir):
+    with pytest.warns(DeprecationWarning, match=r"workers is deprecated: use num_workers = 0"):
+        config = config_from_dict(data_table(corpus_dir, tokenizer_dir, workers=1, prefetch_steps=3))
+    assert (config.num_workers, config.prefetch_factor) == (0, 3)
+    with pytest.warns(DeprecationWarning):
+        assert config_from_dict(data_table(corpus_dir, tokenizer_dir, workers=4)).num_workers == 4
+    with pytest.raises(ConfigError, match=r"sets both workers \(its old name\) and num_workers; keep num_workers"):
+        config_from_dict(data_table(corpus_dir, tokenizer_dir, workers=2, num_workers=2))

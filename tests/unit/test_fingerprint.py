@@ -6,7 +6,7 @@ from zephon_titan.engine import ResumeError, check_fingerprint, fingerprint
 
 def test_same_config_same_fingerprint(corpus_dir, tokenizer_dir):
     a = fingerprint(make_spec(corpus_dir, tokenizer_dir))
-    check_fingerprint(a, fingerprint(make_spec(corpus_dir, tokenizer_dir, workers=3)))  # workers are free
+    check_fingerprint(a, fingerprint(make_spec(corpus_dir, tokenizer_dir, num_workers=3)))  # workers are free
 
 
 @pytest.mark.parametrize(

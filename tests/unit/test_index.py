@@ -52,10 +52,10 @@ def test_written_on_first_use_then_read_instead_of_listing(corpus, tokenizer_dir
 
 def test_worker_processes_use_the_listing_of_the_process_that_started_them(corpus, tokenizer_dir):
     spec = make_spec(corpus, tokenizer_dir)  # no index: listed once, here
-    with open_lane_group(spec, range(8), 2, workers=1) as group:
+    with open_lane_group(spec, range(8), 2, num_workers=0) as group:
         expected = [group.next_step() for _ in range(3)]
     shutil.copy(f"{corpus}/prose/part-00000.jsonl", f"{corpus}/prose/part-00009.jsonl")  # a listing would see it
-    with open_lane_group(spec, range(8), 2, workers=2) as group:
+    with open_lane_group(spec, range(8), 2, num_workers=2) as group:
         got = [group.next_step() for _ in range(3)]
     assert [[rows_digest(r) for r in step] for step in got] == [[rows_digest(r) for r in step] for step in expected]
 

@@ -65,13 +65,13 @@ def test_restore_in_a_fresh_process(corpus_dir, tokenizer_dir):
     assert out.stdout.strip() == expected
 
 
-@given(workers=st.integers(1, 3), prefetch=st.integers(1, 3), lanes=st.sets(st.integers(0, 7), min_size=1, max_size=8))
+@given(workers=st.integers(0, 3), prefetch=st.integers(1, 3), lanes=st.sets(st.integers(0, 7), min_size=1, max_size=8))
 @settings(max_examples=8, deadline=None)
 def test_lane_purity_alone_or_beside_others_with_any_workers(corpus_dir, tokenizer_dir, workers, prefetch, lanes):
     spec = make_spec(corpus_dir, tokenizer_dir)
     lane = min(lanes)
     alone = LaneStream(spec, lane).take(12)
-    with open_lane_group(spec, sorted(lanes), 3, workers=workers, prefetch_steps=prefetch) as group:
+    with open_lane_group(spec, sorted(lanes), 3, num_workers=workers, prefetch_factor=prefetch) as group:
         steps = [group.next_step() for _ in range(4)]
     beside = [row for step in steps for row in step[0]]
     assert [r.to_bytes() for r in beside] == [r.to_bytes() for r in alone]

@@ -26,7 +26,7 @@ def test_world_size_sweep(corpus_dir, tokenizer_dir, num_lanes, seed, seq_len):
     for w in [w for w in range(1, num_lanes + 1) if num_lanes % w == 0]:
         rows = {lane: [] for lane in range(num_lanes)}
         for r in range(w):
-            with open_lane_group(spec, lanes_of_rank(num_lanes, w, r), 2, workers=2) as g:
+            with open_lane_group(spec, lanes_of_rank(num_lanes, w, r), 2, num_workers=2) as g:
                 for _ in range(3):
                     for lane, lane_rows in zip(lanes_of_rank(num_lanes, w, r), g.next_step()):
                         rows[lane].extend(lane_rows)

@@ -51,7 +51,7 @@ SIZES = [(64, 2), (4096, 4), (16384, 4)]
 @pytest.mark.parametrize("seq_len,rows", SIZES, ids=["1KiB", "192KiB", "768KiB"])
 def test_a_worker_killed_while_writing_is_an_error_not_a_hang(corpus_dir, tokenizer_dir, seq_len, rows):
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=seq_len)
-    group = open_lane_group(spec, range(4), rows, workers=2, prefetch_steps=1)
+    group = open_lane_group(spec, range(4), rows, num_workers=2, prefetch_factor=1)
     try:
         group.next_step()
         fd, victim = group._readers[1].fileno(), group._procs[1]
@@ -74,7 +74,7 @@ def test_a_worker_killed_while_writing_is_an_error_not_a_hang(corpus_dir, tokeni
 def test_large_messages_arrive_whole_and_in_order(corpus_dir, tokenizer_dir):
     """The negative control: the same sizes with no kill give the rows of the in-process stream."""
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=4096)
-    with open_lane_group(spec, range(4), 4, workers=2, prefetch_steps=1) as group:
+    with open_lane_group(spec, range(4), 4, num_workers=2, prefetch_factor=1) as group:
         got = [group.next_step() for _ in range(3)]
     streams = [LaneStream(spec, lane) for lane in range(4)]
     expected = [[s.take(4) for s in streams] for _ in range(3)]
@@ -85,7 +85,7 @@ def test_a_workers_error_arrives_as_its_one_line_with_the_lane(tmp_path, corpus_
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"text": broken}\n')
     spec = make_spec(corpus_dir, tokenizer_dir, sources={"bad": {"paths": [str(bad)]}}, num_lanes=2)
-    with open_lane_group(spec, range(2), 2, workers=2) as group:
+    with open_lane_group(spec, range(2), 2, num_workers=2) as group:
         with pytest.raises(DataError) as caught:
             group.next_step()
     message = str(caught.value)
@@ -100,7 +100,7 @@ def test_a_workers_error_arrives_as_its_one_line_with_the_lane(tmp_path, corpus_
 def test_a_bug_inside_a_worker_keeps_its_traceback(corpus_dir, tokenizer_dir):
     """Not a ZephonError (here: a state that is no LaneState): the worker's traceback is the useful part."""
     spec = make_spec(corpus_dir, tokenizer_dir)
-    with open_lane_group(spec, range(2), 2, workers=2, states={0: "not a state", 1: "not a state"}) as group:
+    with open_lane_group(spec, range(2), 2, num_workers=2, states={0: "not a state", 1: "not a state"}) as group:
         with pytest.raises(RuntimeError, match=r"(?s)loader worker 0 \(lanes \[0\]\) failed:\nTraceback"):
             group.next_step()
 
@@ -113,7 +113,7 @@ from helpers import make_spec
 spec = make_spec({corpus!r}, {tokenizer!r})
 groups = []
 def start():
-    groups.append(open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1))
+    groups.append(open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1))
     groups[0].next_step()
 if {in_thread!r}:
     thread = threading.Thread(target=start)  # a thread that exits once the group is started

@@ -15,7 +15,7 @@ from zephon_titan.engine import DataError, LaneStream, open_lane_group
 
 def test_state_is_the_consumers_not_the_prefetchers(corpus_dir, tokenizer_dir):
     spec = make_spec(corpus_dir, tokenizer_dir)
-    with open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=3) as group:
+    with open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=3) as group:
         group.next_step()
         time.sleep(1.0)  # let the workers run ahead
         states = group.state()
@@ -28,12 +28,12 @@ def test_state_is_the_consumers_not_the_prefetchers(corpus_dir, tokenizer_dir):
 
 def test_restart_from_consumed_state_continues_exactly(corpus_dir, tokenizer_dir):
     spec = make_spec(corpus_dir, tokenizer_dir)
-    with open_lane_group(spec, range(8), 2, workers=1) as reference:
+    with open_lane_group(spec, range(8), 2, num_workers=0) as reference:
         steps = [reference.next_step() for _ in range(4)]
-    with open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=2) as first:
+    with open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=2) as first:
         first.next_step(), first.next_step()
         saved = first.state()
-    with open_lane_group(spec, range(8), 2, workers=3, states=saved) as second:
+    with open_lane_group(spec, range(8), 2, num_workers=3, states=saved) as second:
         resumed = [second.next_step() for _ in range(2)]
     for got, want in zip(resumed, steps[2:]):
         assert [rows_digest(r) for r in got] == [rows_digest(r) for r in want]
@@ -41,7 +41,7 @@ def test_restart_from_consumed_state_continues_exactly(corpus_dir, tokenizer_dir
 
 def test_close_leaves_no_process(corpus_dir, tokenizer_dir):
     spec = make_spec(corpus_dir, tokenizer_dir)
-    group = open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1)
+    group = open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1)
     group.next_step()  # workers now block on their full queues
     group.close()
     assert not mp.active_children()
@@ -49,7 +49,7 @@ def test_close_leaves_no_process(corpus_dir, tokenizer_dir):
 
 def test_a_killed_worker_is_a_clear_error_not_a_hang(corpus_dir, tokenizer_dir):
     spec = make_spec(corpus_dir, tokenizer_dir)
-    with open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1) as group:
+    with open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1) as group:
         group.next_step()
         victim = group._procs[1]
         os.kill(victim.pid, signal.SIGKILL)
@@ -64,7 +64,7 @@ def test_an_error_inside_a_worker_reaches_the_consumer(tmp_path, corpus_dir, tok
     bad.write_text('{"text": "fine"}\n{"text": broken}\n')
     sources = {"bad": {"paths": [str(bad)]}}
     spec = make_spec(corpus_dir, tokenizer_dir, sources=sources, num_lanes=2)
-    with open_lane_group(spec, range(2), 2, workers=2) as group:
+    with open_lane_group(spec, range(2), 2, num_workers=2) as group:
         with pytest.raises(DataError, match=r"bad.jsonl at byte 17: line is not valid JSON"):
             group.next_step()
 
@@ -76,7 +76,7 @@ from zephon_titan.config import config_from_dict
 from zephon_titan.engine import open_lane_group
 from helpers import spec_of
 spec = spec_of(config_from_dict(json.loads({table!r})), 64)
-group = open_lane_group(spec, range(8), 2, workers=2, prefetch_steps=1)
+group = open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1)
 group.next_step()
 print("stopping early without close()", flush=True)
 """

@@ -121,14 +121,14 @@ def open_lane_group(
     spec: EngineSpec,
     lane_ids: range | list[int],
     rows_per_step: int,
-    workers: int = 1,
-    prefetch_steps: int = 2,
+    num_workers: int = 0,
+    prefetch_factor: int = 2,
     states: dict[int, LaneState] | None = None,
 ):
-    """LaneGroup in this process (workers <= 1), else lanes produced by `workers` processes
-    with `prefetch_steps` steps of bounded prefetch. Rows never depend on either knob."""
-    if workers <= 1:
+    """LaneGroup in this process (num_workers = 0), else lanes produced by `num_workers` processes,
+    each at most `prefetch_factor` steps ahead. Rows never depend on either knob."""
+    if num_workers == 0:
         return LaneGroup(spec, lane_ids, rows_per_step, states)
     from zephon_titan.engine.workers import ProcessLaneGroup
 
-    return ProcessLaneGroup(spec, list(lane_ids), rows_per_step, workers, prefetch_steps, states)
+    return ProcessLaneGroup(spec, list(lane_ids), rows_per_step, num_workers, prefetch_factor, states)

@@ -122,7 +122,8 @@ class ProcessLaneGroup:
         states = dict(states or {})
         self.lane_ids = list(lane_ids)
         self.rows_per_step = rows_per_step
-        self._consumed = {lane: states.get(lane) or _initial_state(spec, lane) for lane in self.lane_ids}
+        num_sources = len(spec.sources)
+        self._consumed = {lane: states.get(lane) or LaneState.initial(lane, num_sources) for lane in self.lane_ids}
         workers = min(workers, len(self.lane_ids))
         self._worker_of = {lane: i % workers for i, lane in enumerate(self.lane_ids)}
         ctx = mp.get_context("spawn")
@@ -171,7 +172,7 @@ class ProcessLaneGroup:
             self._procs[w].join(timeout=5)  # it closed its pipe by exiting: collect the exit code
             raise DataError(
                 f"loader worker {w} (lanes {self._lanes_of(w)}) died with exit code {self._procs[w].exitcode} "
-                "(killed? out of memory?); restart from the last checkpoint, or set [dataloader] workers = 1 to debug"
+                "(killed? out of memory?); restart from the last checkpoint, or set [dataloader] num_workers = 0 to debug"
             ) from None
         self._credits[w].release()
         if kind == "error":
@@ -208,12 +209,6 @@ class ProcessLaneGroup:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _initial_state(spec: EngineSpec, lane: int) -> LaneState:
-    from zephon_titan.engine.stream import LaneStream
-
-    return LaneStream(spec, lane).state()
 
 
 def _shutdown(stop, readers, procs) -> None:

@@ -122,8 +122,8 @@ class ZephonDataLoader(BaseDataLoader):
                 self.spec,
                 self.lane_ids,
                 self.rows_per_lane,
-                self.config.workers,
-                self.config.prefetch_steps,
+                self.config.num_workers,
+                self.config.prefetch_factor,
                 self._consumed,
             )
         while True:

@@ -162,14 +162,15 @@ def _import_recipe_module(name: str, path: str):
 
     candidates = [f"torchtitan.models.{name}"] if name in _supported_models else []
     candidates.append(name)
+    causes = []
     for candidate in candidates:
         try:
             return importlib.import_module(candidate)
-        except ImportError:
-            continue
+        except ImportError as e:  # keep the cause: the module may exist and fail to import something else
+            causes.append(f"{candidate}: {e}")
     raise ConfigError(
-        f"{path} [model] module = {name!r} cannot be imported; use one of {sorted(_supported_models)} "
-        "or an importable module path"
+        f"{path} [model] module = {name!r} cannot be imported ({'; '.join(causes)}); use one of "
+        f"{sorted(_supported_models)} or an importable module path"
     )
 
 

@@ -7,6 +7,7 @@ order, so the numbering is a pure function of the files.
 
 from __future__ import annotations
 
+import bisect
 import os
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
@@ -108,15 +109,9 @@ class Source(ABC):
     def read_block(self, block_id: int) -> BlockDocuments:
         if not 0 <= block_id < self.num_blocks:
             raise IndexError(f"source {self.name!r} has {self.num_blocks} blocks, asked for {block_id}")
-        # Binary search over file starts: a source may have many files.
-        lo, hi = 0, len(self._first_block) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._first_block[mid] <= block_id:
-                lo = mid
-            else:
-                hi = mid - 1
-        return self._read(lo, block_id - self._first_block[lo])
+        # The last file starting at or before block_id (binary search: a source may have many files).
+        file_index = bisect.bisect_right(self._first_block, block_id) - 1
+        return self._read(file_index, block_id - self._first_block[file_index])
 
     @property
     def column(self) -> str:

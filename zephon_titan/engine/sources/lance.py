@@ -25,10 +25,10 @@ from zephon_titan.errors import ConfigError, DataError
 def _lance():
     try:
         import lance
-    except ImportError:
+    except ImportError as e:  # keep the cause: pylance may be installed but broken
         raise ConfigError(
-            "a source uses Lance datasets, which need pylance: pip install 'zephon-titan[lance]'"
-        ) from None
+            f"a source uses Lance datasets, which need pylance: pip install 'zephon-titan[lance]' ({e})"
+        ) from e
     return lance
 
 
