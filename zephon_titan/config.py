@@ -49,8 +49,6 @@ SOURCE_BOUNDS = {
 }
 # Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
 _OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
-# Fields of TorchTitan's BaseDataLoader.Config that mean nothing to this loader.
-_FOREIGN_FIELDS = ("dataset", "dataset_path")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -88,9 +86,7 @@ class SourceConfig:
     by the first run that does not find it."""
 
 
-# No slots: the TorchTitan loader's Config inherits from both this and TorchTitan's
-# slotted BaseDataLoader.Config, and two slotted bases cannot be combined.
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, slots=True)
 class DataConfig:
     """Everything the row streams depend on, except the tokenizer object and seq_len."""
 
@@ -287,25 +283,24 @@ def validate_resume_allow(allow: list[str]) -> None:
             )
 
 
-def config_from_dict(table: dict, cls: type = DataConfig) -> DataConfig:
-    """Build a DataConfig (or a subclass, like the TorchTitan loader's Config) from the
-    `[dataloader]` table (already parsed TOML)."""
+def config_from_dict(table: dict) -> DataConfig:
+    """Build a DataConfig from the `[dataloader]` table (already parsed TOML)."""
     if not isinstance(table, dict):
         raise ConfigError(f"[dataloader] must be a table, got {table!r}")
     table = _renamed(table)
-    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in _FOREIGN_FIELDS]
+    allowed = [f.name for f in dataclasses.fields(DataConfig)]
     _check_keys(table, allowed, "[dataloader]")
     raw_sources = table.get("sources")
     if not isinstance(raw_sources, dict) or not raw_sources:
         raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
     sources = [_source_from_table(name, raw_sources[name]) for name in sorted(raw_sources)]
-    defaults = cls(sources=sources)
+    defaults = DataConfig(sources=sources)
     kwargs: dict[str, Any] = {"sources": sources}
     for name in allowed:
         if name != "sources" and name in table:
             kind = _OPTIONAL_TYPES.get(name) or type(getattr(defaults, name))
             kwargs[name] = _typed(table[name], kind, name, "[dataloader]")
-    config = cls(**kwargs)
+    config = DataConfig(**kwargs)
     validate(config)
     return config
 
@@ -339,7 +334,7 @@ def _renamed(table: dict) -> dict:
 
 def config_to_dict(config: DataConfig) -> dict:
     """The inverse of config_from_dict (JSON/TOML friendly)."""
-    names = [f.name for f in dataclasses.fields(config) if f.name not in _FOREIGN_FIELDS + ("sources",)]
+    names = [f.name for f in dataclasses.fields(config) if f.name != "sources"]
     table = {name: getattr(config, name) for name in names if getattr(config, name) is not None}  # TOML has no null
     table["sources"] = {
         s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}

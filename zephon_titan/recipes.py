@@ -17,7 +17,7 @@ import sys
 
 from torchtitan.models.llama3.config_registry import llama3_debugmodel as _titan_debugmodel
 
-from zephon_titan.config import SourceConfig
+from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.job import load_job
@@ -49,11 +49,13 @@ def llama3_debugmodel() -> ZephonTrainer.Config:
     base.training.global_batch_size = 16
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name != "dataloader"}
     values["dataloader"] = ZephonDataLoader.Config(
-        num_lanes=8,
-        seed=2026,
-        sources=[
-            SourceConfig(name="code", paths=["demo_out/code/*.parquet"], weight=0.3),
-            SourceConfig(name="prose", paths=["demo_out/prose/*.jsonl"], weight=0.7, block_bytes=32768),
-        ],
+        data=DataConfig(
+            num_lanes=8,
+            seed=2026,
+            sources=[
+                SourceConfig(name="code", paths=["demo_out/code/*.parquet"], weight=0.3),
+                SourceConfig(name="prose", paths=["demo_out/prose/*.jsonl"], weight=0.7, block_bytes=32768),
+            ],
+        )
     )
     return ZephonTrainer.Config(**values)

@@ -133,8 +133,9 @@ def test_validate_checks_the_whole_job(tmp_path, corpus_dir, tokenizer_dir, caps
 
 
 def _loader(corpus_dir, tokenizer_dir, global_batch_size=16, **overrides):
-    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides), cls=ZephonDataLoader.Config)
-    config.global_batch_size = global_batch_size
+    config = ZephonDataLoader.Config(
+        data=config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides)), global_batch_size=global_batch_size
+    )
     return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=2)
 
 

@@ -17,7 +17,7 @@ def test_cpu_debug_config():
     config = load_job_config(os.path.join(CONFIGS, "debug_cpu.toml"))
     assert isinstance(config.dataloader, ZephonDataLoader.Config)
     assert config.training.global_batch_size == config.dataloader.global_batch_size == 16
-    assert [s.name for s in config.dataloader.sources] == ["code", "prose"]
+    assert [s.name for s in config.dataloader.data.sources] == ["code", "prose"]
     assert config.checkpoint.enable and config.model_spec.flavor == "debugmodel"
 
 
@@ -26,7 +26,7 @@ def test_gpu_configs_differ_only_in_parallelism_and_local_batch():
     base = configs[16]
     assert base.model_spec.flavor == "1B" and base.model_spec.model.vocab_size == 128256
     assert base.loss.loss_fn.global_vocab_size == 128256
-    assert base.dataloader.num_lanes == 64 and base.dataloader.global_batch_size == 512
+    assert base.dataloader.data.num_lanes == 64 and base.dataloader.global_batch_size == 512
     for gpus, config in configs.items():
         assert config.parallelism.data_parallel_shard_degree == gpus
         assert config.dataloader == base.dataloader and config.training.seq_len == base.training.seq_len
@@ -58,7 +58,7 @@ def test_command_line_overrides_apply_on_top_of_the_file():
             "9",
         ]
     ).config
-    assert config.training.steps == 3 and config.dataloader.seed == 9
+    assert config.training.steps == 3 and config.dataloader.data.seed == 9
     assert config.dataloader.global_batch_size == 32  # follows training.global_batch_size
 
 
@@ -66,7 +66,7 @@ def test_reachable_from_torchtitans_registry():
     config = ConfigManager().parse_args(
         ["--module", "zephon_titan.recipes", "--config", "llama3_debugmodel", "--dataloader.num_lanes", "4"]
     )
-    assert isinstance(config.dataloader, ZephonDataLoader.Config) and config.dataloader.num_lanes == 4
+    assert isinstance(config.dataloader, ZephonDataLoader.Config) and config.dataloader.data.num_lanes == 4
 
 
 def _write(tmp_path, text):

@@ -306,8 +306,9 @@ def test_building_the_loader_reads_no_document(s3, s3_corpus, corpus_dir, tokeni
         "prose": {"paths": [f"{s3_corpus}/prose/*.jsonl"], "block_bytes": 16384},
         "code": {"paths": [f"{s3_corpus}/code/*.parquet"]},
     }
-    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources), cls=ZephonDataLoader.Config)
-    config.global_batch_size = 16
+    config = ZephonDataLoader.Config(
+        data=config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources)), global_batch_size=16
+    )
     _forget_open_files()
     s3.clear_requests()
     loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=2)

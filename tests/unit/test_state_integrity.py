@@ -18,8 +18,7 @@ SEQ = 32
 
 
 def _loader(corpus_dir, tokenizer_dir):
-    config = config_from_dict(data_table(corpus_dir, tokenizer_dir), cls=ZephonDataLoader.Config)
-    config.global_batch_size = 16
+    config = ZephonDataLoader.Config(data=config_from_dict(data_table(corpus_dir, tokenizer_dir)), global_batch_size=16)
     return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ, local_batch_size=2)
 
 

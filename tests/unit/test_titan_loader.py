@@ -14,9 +14,8 @@ SEQ = 32
 
 
 def _config(corpus_dir, tokenizer_dir, global_batch_size=16, **overrides):
-    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides), cls=ZephonDataLoader.Config)
-    config.global_batch_size = global_batch_size
-    return config
+    data = config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides))
+    return ZephonDataLoader.Config(data=data, global_batch_size=global_batch_size)
 
 
 def _build(config, world, rank, local=2, tokenizer=None):

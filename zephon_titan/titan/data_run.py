@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         counter = StepCounter()
         if args.resume:
-            load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.num_lanes)
+            load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.data.num_lanes)
             load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
         ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)

@@ -20,7 +20,7 @@ import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
-from zephon_titan.config import DataConfig, SourceConfig
+from zephon_titan.config import DataConfig
 from zephon_titan.engine import (
     DocumentTokenizer,
     LaneState,
@@ -49,7 +49,7 @@ from zephon_titan.titan.state_codec import (
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
 
-def _engine_tokenizer(config: ZephonDataLoader.Config, trainer_tokenizer: Any) -> DocumentTokenizer:
+def _engine_tokenizer(config: DataConfig, trainer_tokenizer: Any) -> DocumentTokenizer:
     """The [dataloader] tokenizer if set, else the trainer's own (both through titan/tokenizer.py)."""
     if config.tokenizer_path:
         return load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos)
@@ -72,9 +72,10 @@ class StepRecord:
 
 class ZephonDataLoader(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
-    class Config(BaseDataLoader.Config, DataConfig):
-        # Sources are set in the TOML file; tyro cannot express a list of tables on a command line.
-        sources: Annotated[list[SourceConfig], tyro.conf.Suppress] = field(default_factory=list)
+    class Config(BaseDataLoader.Config):
+        # Flat on the command line (--dataloader.seed) and in the TOML [dataloader] table, as before.
+        data: Annotated[DataConfig, tyro.conf.arg(name="")] = field(default_factory=DataConfig)
+        """What the rows depend on: sources, lanes, seed, packing, ... (the [dataloader] table)."""
 
         # Not a user setting: ZephonTrainer copies training.global_batch_size here (one truth).
         global_batch_size: Annotated[int, tyro.conf.Suppress] = -1
@@ -95,14 +96,14 @@ class ZephonDataLoader(BaseDataLoader):
         **_unused: Any,  # snapshot_every_n_steps: state is always exact, no snapshots needed
     ):
         self.config = config
-        self.rows_per_lane = validate_batch_layout(
-            config.num_lanes, config.global_batch_size, dp_world_size, local_batch_size
-        )
+        data = config.data
+        self.rows_per_lane = validate_batch_layout(data.num_lanes, config.global_batch_size, dp_world_size,
+                                                   local_batch_size)  # fmt: skip
         self.local_batch_size = local_batch_size
-        self.spec = build_engine(config, seq_len, _engine_tokenizer(config, tokenizer))
+        self.spec = build_engine(data, seq_len, _engine_tokenizer(data, tokenizer))
         self.fingerprint = fingerprint(self.spec)
         encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
-        self.lane_ids = list(lanes_of_rank(config.num_lanes, dp_world_size, dp_rank))
+        self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
         num_sources = len(self.spec.sources)
         # Workers start at the first batch, after a checkpoint (if any) has been loaded.
         self._group = None
@@ -122,15 +123,15 @@ class ZephonDataLoader(BaseDataLoader):
                 self.spec,
                 self.lane_ids,
                 self.rows_per_lane,
-                self.config.num_workers,
-                self.config.prefetch_factor,
+                self.config.data.num_workers,
+                self.config.data.prefetch_factor,
                 self._consumed,
             )
         while True:
             step = self._next_step_everywhere()
             if step is None:
                 logger.warning(
-                    f'zephon_titan: a lane ran out of data under exhaustion = "{self.config.exhaustion}" after '
+                    f'zephon_titan: a lane ran out of data under exhaustion = "{self.config.data.exhaustion}" after '
                     f"{self._consumed[self.lane_ids[0]].rows // self.rows_per_lane} steps; every rank stops here"
                 )
                 return
@@ -207,7 +208,7 @@ class ZephonDataLoader(BaseDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         header = read_header(state_dict)
-        check_header(header, self.fingerprint, self.config.global_batch_size, self.config.resume_allow)
+        check_header(header, self.fingerprint, self.config.global_batch_size, self.config.data.resume_allow)
         entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources), self.rows_per_lane)
         self.close()  # a group started before the load would continue from the old position
         self._consumed = {lane: entry[0] for lane, entry in entries.items()}

@@ -39,7 +39,7 @@ from typing import Any
 
 from torchtitan.trainer import Trainer
 
-from zephon_titan.config import config_from_dict, short_repr
+from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader
@@ -64,8 +64,8 @@ class Job:
     config: ZephonTrainer.Config
 
     @property
-    def data(self) -> ZephonDataLoader.Config:
-        return self.config.dataloader
+    def data(self) -> DataConfig:
+        return self.config.dataloader.data
 
     @property
     def seq_len(self) -> int:
@@ -155,6 +155,17 @@ class Job:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def _loader_config(table: Any) -> ZephonDataLoader.Config:
+    """The [dataloader] table: the data settings (config.py) plus the TorchTitan loader's own (`ledger`)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[dataloader] must be a table, got {short_repr(table)}")
+    table = dict(table)
+    ledger = table.pop("ledger", True)
+    if not isinstance(ledger, bool):
+        raise ConfigError(f"[dataloader] ledger must be true or false, got {short_repr(ledger)}")
+    return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
 
 
 def _import_recipe_module(name: str, path: str):
@@ -284,7 +295,7 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
         if isinstance(table, dict) and key in table:
             raise ConfigError(f"{path}: [dataloader] {key} is not a loader setting; {fix}")
     try:
-        loader = config_from_dict(table, cls=ZephonDataLoader.Config)
+        loader = _loader_config(table)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     _apply(base, document, "the top level", path)

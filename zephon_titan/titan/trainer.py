@@ -94,4 +94,4 @@ class ZephonTrainer(Trainer):
         self.metrics_processor.log = log_with_tokens
 
     def _wrap_checkpoint_load(self) -> None:
-        self.checkpointer.load = with_lane_check(self.checkpointer.load, self.dataloader.config.num_lanes)
+        self.checkpointer.load = with_lane_check(self.checkpointer.load, self.dataloader.config.data.num_lanes)
