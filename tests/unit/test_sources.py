@@ -1,5 +1,6 @@
 import json
 import os
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,8 +44,14 @@ def test_parquet_row_groups_are_blocks(corpus_dir, code_docs):
     assert pq.read_table(path).column("text")[row].as_py() == text
 
 
-def test_glob_matching_nothing_names_source_and_pattern(tmp_path):
-    with pytest.raises(ConfigError, match=r"source 'web': path 'nope/\*.jsonl' matches no file"):
+def test_glob_matching_nothing_names_source_and_pattern(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a relative path is shown resolved against the current directory
+    where = re.escape(str(tmp_path / "nope" / "*.jsonl"))
+    with pytest.raises(
+        ConfigError,
+        match=rf"source 'web': path 'nope/\*.jsonl' matches no file \(relative to the "
+        rf"current directory: {where}\)",
+    ):
         open_source(SourceConfig(name="web", paths=["nope/*.jsonl"]))
 
 

@@ -20,7 +20,6 @@ register_format(LANCE)
 
 def open_source(
     source: SourceConfig,
-    base_dir: str | None = None,
     max_document_chars: int = 64 << 20,
     options: StorageOptions = StorageOptions(),
     listed: list[FileBlocks] | None = None,
@@ -40,7 +39,7 @@ def open_source(
         names = listed if listed is not None else datasets.list_datasets(source.name, source.paths)
         opened = datasets.open(source, names, max_document_chars, options)
     else:
-        opened = _open_files(source, listed, base_dir, max_document_chars, options)
+        opened = _open_files(source, listed, max_document_chars, options)
     if write_index:
         save_index_after_first_use(source, opened, options)
     return opened
@@ -61,11 +60,10 @@ def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks])
 def _open_files(
     source: SourceConfig,
     listed: list[FileBlocks] | None,
-    base_dir: str | None,
     max_document_chars: int,
     options: StorageOptions,
 ) -> Source:
-    files = listed if listed is not None else expand_paths(source.name, source.paths, base_dir, options)
+    files = listed if listed is not None else expand_paths(source.name, source.paths, options)
     formats = {format_of_file(source, f.path).name: format_of_file(source, f.path) for f in files}
     if len(formats) > 1:
         raise ConfigError(

@@ -165,23 +165,19 @@ class Source(ABC):
     def format_name(self) -> str: ...
 
 
-def expand_paths(
-    source_name: str, patterns: list[str], base_dir: str | None = None, options: StorageOptions = StorageOptions()
-) -> list[FileStat]:
-    """Expand globs (relative to base_dir; or URIs) into a sorted, de-duplicated file list.
-
-    Sorting makes the block numbering independent of listing order.
+def expand_paths(source_name: str, patterns: list[str], options: StorageOptions = StorageOptions()) -> list[FileStat]:
+    """Expand globs (relative paths start from the current directory; or URIs) into a sorted,
+    de-duplicated file list. Sorting makes the block numbering independent of listing order.
     """
     files: dict[str, FileStat] = {}
     for pattern in patterns:
         guards.refuse_credentials_in_path(pattern, f"[dataloader.sources.{source_name}] path")
         relative = not (os.path.isabs(pattern) or storage.is_uri(pattern))
-        full = os.path.join(base_dir, pattern) if relative and base_dir is not None else pattern
-        matches = storage.expand(full, options)
+        matches = storage.expand(pattern, options)
         if not matches:
             raise ConfigError(
                 f"source {source_name!r}: path {pattern!r} matches no file"
-                + (f" (looked in {base_dir})" if base_dir and relative else "")
+                + (f" (relative to the current directory: {os.path.abspath(pattern)})" if relative else "")
                 + "; fix the path or remove it from [dataloader.sources."
                 + f"{source_name}] paths"
             )
