@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.builtin:
             loader = _builtin_loader(job, world, rank, tokenizer)
         else:
-            loader = job.data.build(
+            loader = job.config.dataloader.build(
                 dp_world_size=world,
                 dp_rank=rank,
                 tokenizer=tokenizer,
