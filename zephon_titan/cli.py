@@ -151,12 +151,12 @@ def cmd_inspect(args) -> int:
         json.dump(report, sys.stdout, indent=1)
         print()
         return 0
-    for row in report:
+    for item in report:
         print(
-            f"step {row['step']} lane {row['lane']} row {row['lane_row']} (row {row['batch_row']} of the global "
-            f"batch), {row['padding']} padding tokens"
+            f"step {item['step']} lane {item['lane']} row {item['lane_row']} (row {item['batch_row']} of the global "
+            f"batch), {item['padding']} padding tokens"
         )
-        for p in row["pieces"]:
+        for p in item["pieces"]:
             where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k in ("row", "byte_offset"))
             start, end = p["row_tokens"]
             inputs = min(end, job.spec.seq_len) - start  # the row's last token is only a label

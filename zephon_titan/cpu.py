@@ -38,7 +38,8 @@ def install_cpu_device() -> None:
         if not hasattr(cpu, name):
             setattr(cpu, name, fn)
     # torch.cpu.current_device() answers "cpu"; TorchTitan passes it as a barrier device id.
-    cpu.current_device = lambda: 0
+    # TorchTitan needs an int here, where torch's stub says str.
+    cpu.current_device = lambda: 0  # type: ignore[assignment,return-value]
 
 
 def prepare_cpu_config(config):

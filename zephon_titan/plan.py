@@ -37,6 +37,7 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     entries = {k.split(".", 1)[1]: meta for k, meta in keys.items() if k.startswith("dataloader.")}
     if HEADER_KEY not in entries:
         raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
+    sizes = {}
     for key, meta in entries.items():
         if not isinstance(meta, TensorStorageMetadata):  # would be unpickled by dcp.load
             raise ResumeError(
@@ -44,9 +45,10 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
                 "zephon_titan never writes that, so the checkpoint was not written by it (or was "
                 "altered): refusing to load it"
             )
+        sizes[key] = tuple(meta.size)
     import torch
 
-    state = {"dataloader": {k: torch.zeros(tuple(m.size), dtype=torch.uint8) for k, m in entries.items()}}
+    state = {"dataloader": {k: torch.zeros(size, dtype=torch.uint8) for k, size in sizes.items()}}
     import warnings
 
     with warnings.catch_warnings():
@@ -58,8 +60,8 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     header = read_header(loader_state)
     check_header(header, fingerprint(job.spec), job.global_batch_size, job.data.resume_allow)
     rows_per_lane = job.check_layout(1)
-    entries = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources), rows_per_lane)
-    states = {lane: entry[0] for lane, entry in entries.items()}
+    lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources), rows_per_lane)
+    states = {lane: entry[0] for lane, entry in lanes.items()}
     step = states[0].rows // rows_per_lane  # every lane stands at the same whole step (read_lane_states)
     return step, states
 

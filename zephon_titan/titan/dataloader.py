@@ -163,6 +163,7 @@ class ZephonDataLoader(BaseDataLoader):
         a rank that stopped alone would leave the others waiting in a collective. So finite runs
         agree on every step with one tiny all-reduce (MIN of "I have a full step").
         """
+        assert self._group is not None, "__iter__ opens the lane group first"
         try:
             step = self._group.next_step_with_states()
         except LaneExhausted:

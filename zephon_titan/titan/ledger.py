@@ -16,6 +16,8 @@ def gather_ledger_entry(
 ) -> LedgerEntry | None:
     """Collective over the DP `group` (None: a single rank). Returns the entry on global rank 0, else None."""
     record = loader.last_step
+    if record is None:
+        raise RuntimeError("gather_ledger_entry() runs after a step, once its last microbatch was consumed")
     digests = torch.from_numpy(np.frombuffer(b"".join(record.lane_digests), dtype=np.int64).copy())
     digests = digests.reshape(len(record.lane_digests), 4).to(device)
     tokens = torch.tensor(record.tokens, dtype=torch.int64, device=device)
