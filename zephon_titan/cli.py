@@ -292,13 +292,16 @@ def _index_differences(indexed, listed) -> list[str]:
     return problems
 
 
+JOB_HELP = "the job TOML (relative paths inside it start from the current directory)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="zephon-titan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="write the ledger a run of CONFIG will write")
-    plan.add_argument("config")
+    plan.add_argument("config", help=JOB_HELP)
     plan.add_argument("--steps", type=int, required=True, help="last step to plan")
     plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
@@ -319,19 +322,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(run=cmd_verify)
     inspect = sub.add_parser("inspect", help="decode the rows of a step and trace them to files")
-    inspect.add_argument("config")
-    inspect.add_argument("--step", type=int, required=True)
-    inspect.add_argument("--lane", type=int)
+    inspect.add_argument("config", help=JOB_HELP)
+    inspect.add_argument("--step", type=int, required=True, help="the optimizer step to show (from 1)")
+    inspect.add_argument("--lane", type=int, help="only this lane (default: every lane of the step)")
     inspect.add_argument("--json", action="store_true", help="machine-readable, full text")
     inspect.add_argument("--full", action="store_true", help="do not shorten texts")
     inspect.set_defaults(run=cmd_inspect)
     validate = sub.add_parser("validate", help="check a config and its data, list valid data-parallel sizes")
-    validate.add_argument("config")
-    validate.add_argument("--world-sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[])
+    validate.add_argument("config", help=JOB_HELP)
+    validate.add_argument(
+        "--world-sizes",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[],
+        metavar="W1,W2,...",
+        help="data-parallel sizes to check the batch layout for; exit 1 if one is invalid",
+    )
     validate.add_argument("--no-count", action="store_true", help="skip reading every document")
     validate.set_defaults(run=cmd_validate)
     index = sub.add_parser("index", help="list the files of every source with an `index` and write the index")
-    index.add_argument("config")
+    index.add_argument("config", help=JOB_HELP)
     index.add_argument("--check", action="store_true", help="compare the indexes with the files; exit 1 if stale")
     index.set_defaults(run=cmd_index)
     return p

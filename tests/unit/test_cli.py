@@ -139,3 +139,29 @@ def test_user_mistakes_are_one_line_errors(tmp_path, capsys):
     assert err.startswith("zephon-titan: error: config file") and "Traceback" not in err
     assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 2
     assert "ledger" in capsys.readouterr().err
+
+
+def _actions(parser):
+    """Every option and argument of a parser and its subcommands, as (command, action)."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from ((f"{name} {c}".strip(), a) for c, a in _actions(sub))
+        elif not isinstance(action, argparse._HelpAction):
+            yield "", action
+
+
+def test_every_option_has_help_text():
+    import argparse
+
+    from zephon_titan.cli import build_parser
+    from zephon_titan.titan import data_run
+
+    for parser in (build_parser(), data_run.build_parser()):
+        assert [f"{command}: {action.dest}" for command, action in _actions(parser) if not action.help] == []
+    # Negative control: the walk sees an option without help.
+    bare = argparse.ArgumentParser()
+    bare.add_argument("--x")
+    assert [a.dest for _, a in _actions(bare) if not a.help] == ["x"]

@@ -57,9 +57,9 @@ def _builtin_loader(job: Job, world: int, rank: int, tokenizer):
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--job.config_file", dest="config", required=True)
+    p.add_argument("--job.config_file", dest="config", required=True, help="the job TOML, as for zephon_titan.train")
     p.add_argument("--steps", type=int, required=True, help="run until this step (inclusive)")
     p.add_argument("--save-at", type=int, action="append", default=[], help="save a DCP checkpoint after this step")
     p.add_argument("--checkpoint", help="folder for saved checkpoints (step-N subfolders)")
@@ -67,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ledger", help="ledger.jsonl to write (rank 0)")
     p.add_argument("--local-batch-size", type=int, help="override [training] local_batch_size")
     p.add_argument("--builtin", action="store_true", help="use TorchTitan's built-in loader instead")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     world, rank = dist.get_world_size(), dist.get_rank()
