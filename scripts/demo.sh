@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -c "import zephon_titan.titan.trainer" 2>/dev/null || .venv/bin/pip install -q -e '.[test]'
+.venv/bin/python -c "import zephon_titan.titan.trainer" 2>/dev/null || .venv/bin/pip install -e '.[test]'  # several GB on a fresh machine: progress shown
 exec .venv/bin/python examples/demo.py "$@"
