@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,7 +157,7 @@ class DataConfig:
         return [s.name for s in self.sources]
 
 
-def _check_keys(table: dict, allowed: list[str], where: str) -> None:
+def _check_keys(table: dict[str, Any], allowed: list[str], where: str) -> None:
     for key in table:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1)
@@ -202,7 +203,7 @@ def short_repr(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_bounds(obj: Any, bounds: dict, where: str) -> None:
+def _check_bounds(obj: Any, bounds: Mapping[str, tuple[float, float, str]], where: str) -> None:
     for key, (low, high, why) in bounds.items():
         value = getattr(obj, key)
         if value < low:
@@ -283,7 +284,7 @@ def validate_resume_allow(allow: list[str]) -> None:
             )
 
 
-def config_from_dict(table: dict) -> DataConfig:
+def config_from_dict(table: object) -> DataConfig:
     """Build a DataConfig from the `[dataloader]` table (already parsed TOML)."""
     if not isinstance(table, dict):
         raise ConfigError(f"[dataloader] must be a table, got {table!r}")
@@ -306,13 +307,13 @@ def config_from_dict(table: dict) -> DataConfig:
 
 
 # Old names, still read for one release: (new name, how an old value maps to the new meaning).
-DEPRECATED_KEYS = {
+DEPRECATED_KEYS: dict[str, tuple[str, Callable[[int], int]]] = {
     "workers": ("num_workers", lambda n: 0 if n == 1 else n),  # workers = 1 meant "in the training process"
     "prefetch_steps": ("prefetch_factor", lambda n: n),
 }
 
 
-def _renamed(table: dict) -> dict:
+def _renamed(table: dict[str, Any]) -> dict[str, Any]:
     """The table with deprecated keys renamed (a warning each); both names at once is an error."""
     import warnings
 
@@ -332,7 +333,7 @@ def _renamed(table: dict) -> dict:
     return out
 
 
-def config_to_dict(config: DataConfig) -> dict:
+def config_to_dict(config: DataConfig) -> dict[str, Any]:
     """The inverse of config_from_dict (JSON/TOML friendly)."""
     names = [f.name for f in dataclasses.fields(config) if f.name != "sources"]
     table = {name: getattr(config, name) for name in names if getattr(config, name) is not None}  # TOML has no null

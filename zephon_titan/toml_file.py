@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
+from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +26,7 @@ MAX_TOML_BYTES = 1 << 20
 MAX_EXTENDS = 32
 
 
-def load_toml(path: str) -> dict:
+def load_toml(path: str) -> dict[str, Any]:
     """Parse a TOML job file. `[job] extends = "base.toml"` (relative to this file) starts
     from another file and overrides it table by table, so variants of a job (other GPU
     counts, other mixtures) state only what differs."""
@@ -52,7 +53,7 @@ def load_toml(path: str) -> dict:
     return merged
 
 
-def _job_table(document: dict, path: str) -> dict:
+def _job_table(document: dict[str, Any], path: str) -> dict[str, Any]:
     job = document.get("job", {})
     if not isinstance(job, dict):
         raise ConfigError(
@@ -61,7 +62,7 @@ def _job_table(document: dict, path: str) -> dict:
     return job
 
 
-def _read_toml(path: str, where: str) -> dict:
+def _read_toml(path: str, where: str) -> dict[str, Any]:
     """One TOML file: a regular file of at most MAX_TOML_BYTES of UTF-8 text. Never blocks on a FIFO
     (checked before opening, opened non-blocking) and never reads a device or more than the bound."""
     fix = "point it at a TOML file"
@@ -103,7 +104,7 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
-def _merge(base: dict, override: dict) -> dict:
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     """`override` on top of `base`, table by table (iterative: nesting depth costs no stack)."""
     out = dict(base)
     pending = [(out, override)]

@@ -16,12 +16,13 @@ import pickle
 import select
 import struct
 from collections.abc import Callable
+from typing import Any
 
 _HEADER = struct.Struct("!Q")  # payload length
 _READ_BYTES = 1 << 20
 
 
-def send(fd: int, message) -> None:
+def send(fd: int, message: object) -> None:
     """Write one message (blocks while the pipe is full: that is the backpressure)."""
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     for part in (_HEADER.pack(len(data)), data):
@@ -37,9 +38,10 @@ class Inbox:
         self.fd = fd
         self._buffer = bytearray()
 
-    def receive(self, writer_alive: Callable[[], bool], poll_seconds: float):
-        """The next message. Messages already in the pipe are delivered even if the writer has died
-        since; EOFError once it is gone (exited, killed, or closed its end) with no whole message left."""
+    def receive(self, writer_alive: Callable[[], bool], poll_seconds: float) -> Any:
+        """The next message (unpickled: whatever the writer sent). Messages already in the pipe are
+        delivered even if the writer has died since; EOFError once it is gone (exited, killed, or
+        closed its end) with no whole message left."""
         while True:
             if len(self._buffer) >= _HEADER.size:
                 (size,) = _HEADER.unpack_from(self._buffer)

@@ -22,6 +22,7 @@ import numpy as np
 
 from zephon_titan.engine.mixing import choose_source
 from zephon_titan.engine.shuffle import Permutation, derive_key
+from zephon_titan.engine.sources.base import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import SourceCursor, initial_cursors
 from zephon_titan.errors import DataError
@@ -58,7 +59,7 @@ class Document:
 @dataclass(frozen=True, slots=True)
 class _Window:
     index: int
-    texts: list[str]
+    texts: list[str | np.ndarray]
     files: list[str]
     rows: list[int]
     order: Permutation
@@ -77,7 +78,7 @@ class LaneSourceReader:
         self._tokens: dict[int, np.ndarray] = {}
         self._batch = FIRST_TOKENIZE_BATCH
         self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
-        self._ahead: tuple[int, list[Future]] | None = None
+        self._ahead: tuple[int, list[Future[BlockDocuments]]] | None = None
 
     def block_at(self, k: int) -> int | None:
         """The lane's k-th block of this source, or None past the end (non-repeating)."""
@@ -100,7 +101,7 @@ class LaneSourceReader:
         blocks = self._read_window_blocks(w)
         if blocks is None:
             return None
-        texts: list = []  # texts, or token-id arrays for a pre-tokenized source
+        texts: list[str | np.ndarray] = []  # texts, or token-id arrays for a pre-tokenized source
         files: list[str] = []
         rows: list[int] = []
         for docs in blocks:
@@ -128,11 +129,11 @@ class LaneSourceReader:
             ids.append(block)
         return ids
 
-    def _fetch(self, w: int) -> list[Future]:
+    def _fetch(self, w: int) -> list[Future[BlockDocuments]]:
         """Start reading window w's blocks in the background."""
         return [_pool().submit(self.source.read_block, b) for b in self._window_block_ids(w)]
 
-    def _read_window_blocks(self, w: int) -> list | None:
+    def _read_window_blocks(self, w: int) -> list[BlockDocuments] | None:
         """The documents of each block of window w (None if it has none), read ahead or now."""
         if self._ahead is not None and self._ahead[0] == w:
             futures, self._ahead = self._ahead[1], None

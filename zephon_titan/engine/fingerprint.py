@@ -18,7 +18,7 @@ from zephon_titan.engine.state import STATE_VERSION
 from zephon_titan.errors import ResumeError
 
 
-def _sha(obj) -> str:
+def _sha(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
@@ -57,7 +57,7 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
     }
 
 
-def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple = ()) -> None:
+def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> None:
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`."""
     changed = [
         f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"

@@ -8,6 +8,8 @@ every valid W.
 
 from __future__ import annotations
 
+from typing import Any
+
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
@@ -113,7 +115,7 @@ class LaneGroup:
     def __enter__(self) -> LaneGroup:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -124,9 +126,11 @@ def open_lane_group(
     num_workers: int = 0,
     prefetch_factor: int = 2,
     states: dict[int, LaneState] | None = None,
-):
+) -> Any:
     """LaneGroup in this process (num_workers = 0), else lanes produced by `num_workers` processes,
     each at most `prefetch_factor` steps ahead. Rows never depend on either knob."""
+    # Returns LaneGroup | ProcessLaneGroup (workers.py). Typed Any for now: the loader
+    # (titan/dataloader.py) stores it where only a LaneGroup is accepted; tighten with it.
     if num_workers == 0:
         return LaneGroup(spec, lane_ids, rows_per_step, states)
     from zephon_titan.engine.workers import ProcessLaneGroup

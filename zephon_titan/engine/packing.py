@@ -14,12 +14,15 @@ finite lane) uses the pad id, positions 0, 1, ... as one block, and label -100.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 
+from zephon_titan.config import DataConfig
 from zephon_titan.engine.feed import Document, DocumentFeed
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import SourceCursor
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 
@@ -54,7 +57,7 @@ class Row:
         return self.inputs.tobytes() + self.labels.tobytes() + self.positions.tobytes()
 
 
-def tally(rows, num_sources: int) -> list[int]:
+def tally(rows: Iterable[Row], num_sources: int) -> list[int]:
     """Tokens per source, then padding (last), over `rows`: the one count behind the ledger and the metrics."""
     counts = [0] * (num_sources + 1)
     for row in rows:
@@ -90,10 +93,10 @@ class Packer(Protocol):
     name: ClassVar[str]
 
     @classmethod
-    def from_spec(cls, feed: DocumentFeed, spec: Any) -> Packer: ...
+    def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> Packer: ...
 
     @staticmethod
-    def fingerprint(config: Any) -> str:
+    def fingerprint(config: DataConfig) -> str:
         """The packer's settings that the rows depend on, for the resume fingerprint."""
         ...
 
@@ -131,11 +134,11 @@ class WrapPacker:
     name: ClassVar[str] = "wrap"
 
     @classmethod
-    def from_spec(cls, feed: DocumentFeed, spec) -> WrapPacker:
+    def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> WrapPacker:
         return cls(feed, spec.row_tokens, spec.pad_id)
 
     @staticmethod
-    def fingerprint(config) -> str:
+    def fingerprint(config: DataConfig) -> str:
         return "wrap"
 
     def __init__(self, feed: DocumentFeed, row_tokens: int, pad_id: int):
@@ -193,11 +196,11 @@ class BestFitPacker:
     name: ClassVar[str] = "best_fit"
 
     @classmethod
-    def from_spec(cls, feed: DocumentFeed, spec) -> BestFitPacker:
+    def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> BestFitPacker:
         return cls(feed, spec.row_tokens, spec.pad_id, spec.config.best_fit_window_docs)
 
     @staticmethod
-    def fingerprint(config) -> str:
+    def fingerprint(config: DataConfig) -> str:
         return f"best_fit(window_docs={config.best_fit_window_docs})"
 
     def __init__(self, feed: DocumentFeed, row_tokens: int, pad_id: int, window_docs: int):

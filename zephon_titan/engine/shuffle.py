@@ -10,6 +10,7 @@ result never changes with the NumPy, Python or platform version.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
@@ -69,5 +70,5 @@ class Permutation:
     def __len__(self) -> int:
         return self.n
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return (self[i] for i in range(self.n))

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, validate
 from zephon_titan.engine.sources import open_source
-from zephon_titan.engine.sources.base import FileBlocks, Source
+from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenize import DocumentTokenizer
 from zephon_titan.errors import ConfigError
@@ -56,7 +57,10 @@ class EngineSpec:
 
 
 def build_engine(
-    config: DataConfig, seq_len: int, tokenizer: DocumentTokenizer, listings: dict[str, list] | None = None
+    config: DataConfig,
+    seq_len: int,
+    tokenizer: DocumentTokenizer,
+    listings: dict[str, list[FileRecord]] | None = None,
 ) -> EngineSpec:
     """Validate the config against its files and open every source.
 
@@ -82,7 +86,18 @@ def build_engine(
     )
 
 
-def portable(spec: EngineSpec) -> dict:
+class PortableSpec(TypedDict):
+    """What a worker process needs to rebuild the same spec (plain data, no open files)."""
+
+    config: dict[str, Any]  # DataConfig's fields by name
+    seq_len: int
+    tokenizer: str  # Tokenizer.to_str()
+    bos: list[Any]  # [token_id, reason] of a SpecialTokenChoice
+    eos: list[Any]
+    listings: dict[str, list[FileRecord]]  # source name -> its files' records
+
+
+def portable(spec: EngineSpec) -> PortableSpec:
     """What a worker process needs to rebuild the same spec (plain data, no open files)."""
     fields = [f.name for f in dataclasses.fields(DataConfig)]
     return {
@@ -95,7 +110,7 @@ def portable(spec: EngineSpec) -> dict:
     }
 
 
-def spec_from_portable(data: dict) -> EngineSpec:
+def spec_from_portable(data: PortableSpec) -> EngineSpec:
     from tokenizers import Tokenizer
 
     from zephon_titan.engine.tokenize import SpecialTokenChoice

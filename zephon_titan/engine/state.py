@@ -53,7 +53,7 @@ class LaneState:
         """The state of a lane before its first row (no data needs to be read to know it)."""
         return cls(lane_id=lane_id, rows=0, cursors=initial_cursors(num_sources), unit_open=False, unit_offset=0)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {
             "version": self.version,
             "lane_id": self.lane_id,
@@ -64,7 +64,7 @@ class LaneState:
         }
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = "lane state") -> LaneState:
+    def from_dict(cls, data: object, where: str = "lane state") -> LaneState:
         """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
         if not isinstance(data, dict) or set(data) != expected:
@@ -100,6 +100,6 @@ def initial_cursors(num_sources: int) -> tuple[SourceCursor, ...]:
     return tuple(SourceCursor(window=0, position=0, tokens=0) for _ in range(num_sources))
 
 
-def _count(value, name: str, where: str) -> None:
+def _count(value: object, name: str, where: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
         raise ResumeError(f"{where}: field {name!r} must be an integer >= 0, got {value!r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,11 +53,11 @@ class DocumentTokenizer:
         self._suffix = [eos_id] if eos_id is not None else []
         self._digest: str | None = None
 
-    def encode(self, texts: list) -> list[np.ndarray]:
+    def encode(self, texts: Sequence[str | np.ndarray]) -> list[np.ndarray]:
         """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized."""
         strings = [t for t in texts if isinstance(t, str)]
         encodings = iter(self.tokenizer.encode_batch_fast(strings, add_special_tokens=False) if strings else [])
-        out = []
+        out: list[np.ndarray] = []
         for t in texts:
             if isinstance(t, str):
                 out.append(np.array(self._prefix + next(encodings).ids + self._suffix, dtype=TOKEN_DTYPE))
@@ -72,7 +73,7 @@ class DocumentTokenizer:
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def digest(self) -> str:

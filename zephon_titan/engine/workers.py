@@ -29,26 +29,33 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from zephon_titan import errors
 from zephon_titan.engine import channel
 from zephon_titan.engine.packing import Row
-from zephon_titan.engine.spec import EngineSpec, portable, spec_from_portable
+from zephon_titan.engine.spec import EngineSpec, PortableSpec, portable, spec_from_portable
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import DataError, LaneExhausted, ZephonError
+
+if TYPE_CHECKING:
+    from multiprocessing import synchronize
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
 
 _POLL_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _worker_main(
-    spec_data: dict,
+    spec_data: PortableSpec,
     lanes: list[int],
-    states: dict,
+    states: dict[int, LaneState],
     rows_per_step: int,
-    writer,
-    credits,
-    stop,
+    writer: Connection[Any, Any],
+    credits: synchronize.Semaphore,
+    stop: synchronize.Event,
     parent_pid: int,
     arm_pdeathsig: bool,
 ) -> None:
@@ -62,7 +69,7 @@ def _worker_main(
         while not stop.is_set():
             for stream in streams:
                 lane = stream.lane_id
-                message: tuple[str, int, list | None]
+                message: tuple[str, int, list[tuple[Row, LaneState]] | None]
                 try:
                     message = ("rows", lane, stream.take_with_states(rows_per_step))
                 except LaneExhausted:
@@ -81,7 +88,7 @@ def _worker_main(
         _report(fd, ("bug", lane, traceback.format_exc()))
 
 
-def _report(fd: int, message) -> None:
+def _report(fd: int, message: object) -> None:
     try:
         channel.send(fd, message)
     except OSError:  # the consumer is gone: nobody to tell
@@ -164,7 +171,7 @@ class ProcessLaneGroup:
     def _lanes_of(self, w: int) -> list[int]:
         return [lane for lane in self.lane_ids if self._worker_of[lane] == w]
 
-    def _receive(self, lane: int):
+    def _receive(self, lane: int) -> list[tuple[Row, LaneState]]:
         w = self._worker_of[lane]
         try:
             kind, got_lane, payload = self._inboxes[w].receive(self._procs[w].is_alive, _POLL_SECONDS)
@@ -187,7 +194,8 @@ class ProcessLaneGroup:
             raise RuntimeError(f"loader worker {w} sent lane {got_lane}, expected lane {lane}")
         if kind == "exhausted":
             raise LaneExhausted
-        return payload
+        rows: list[tuple[Row, LaneState]] = payload  # a "rows" message (unpickled: not checked)
+        return rows
 
     def next_step_with_states(self) -> list[list[tuple[Row, LaneState]]]:
         step = [self._receive(lane) for lane in self.lane_ids]
@@ -207,11 +215,11 @@ class ProcessLaneGroup:
     def __enter__(self) -> ProcessLaneGroup:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def _shutdown(stop, readers, procs) -> None:
+def _shutdown(stop: synchronize.Event, readers: Iterable[Connection[Any, Any]], procs: Iterable[BaseProcess]) -> None:
     stop.set()
     for reader in readers:  # a worker blocked writing to a full pipe gets BrokenPipeError and exits
         reader.close()

@@ -12,6 +12,10 @@ import os
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import numpy as np
+import pyarrow as pa
 
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
@@ -29,9 +33,14 @@ class BlockDocuments:
     """
 
     file: str
-    texts: list
+    texts: list[str] | list[np.ndarray]
     """Document texts (str), or token-id arrays for a pre-tokenized source."""
     rows: list[int]
+
+
+FileRecord: TypeAlias = list[Any]
+"""FileBlocks as a JSON array, [path, size, mtime_ns, num_blocks, block_rows] (index files, worker
+hand-off): parsed JSON, so its items are typed only once `index_records` has checked them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +54,18 @@ class FileBlocks:
     block_rows: tuple[int, ...] = ()
     """Rows per block, for formats whose blocks are row groups (Parquet); empty otherwise."""
 
-    def record(self) -> list:
+    def record(self) -> FileRecord:
         return [self.path, self.size, self.mtime_ns, self.num_blocks, list(self.block_rows)]
 
     @classmethod
-    def from_record(cls, record: list) -> FileBlocks:
+    def from_record(cls, record: FileRecord) -> FileBlocks:
         path, size, mtime_ns, num_blocks, block_rows = record
         return cls(path, size, mtime_ns, num_blocks, tuple(block_rows))
+
+
+Listing: TypeAlias = list[FileStat] | list[FileBlocks] | list[str]
+"""What a source is opened from: listed files to scan (FileStat), records of an index (FileBlocks),
+or, for dataset formats (Lance), dataset names (str)."""
 
 
 class Source(ABC):
@@ -64,7 +78,7 @@ class Source(ABC):
     def __init__(
         self,
         name: str,
-        files: list[FileStat] | list[FileBlocks],
+        files: Listing,
         text_field: str,
         max_document_chars: int = 64 << 20,
         storage_options: StorageOptions = StorageOptions(),
@@ -83,7 +97,7 @@ class Source(ABC):
             total += f.num_blocks
         self.num_blocks = total
 
-    def _scan_all(self, files: list[FileStat] | list[FileBlocks]) -> list[FileBlocks]:
+    def _scan_all(self, files: Listing) -> list[FileBlocks]:
         if all(isinstance(f, FileBlocks) for f in files):
             return [f for f in files if isinstance(f, FileBlocks)]
         stats = [f for f in files if isinstance(f, FileStat)]
@@ -133,7 +147,7 @@ class Source(ABC):
                 "raise the limit if you mean it, or split the document"
             )
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """Everything about the files that the row stream depends on (for the fingerprint)."""
         return {
             "format": self.format_name,
@@ -142,7 +156,7 @@ class Source(ABC):
             "files": [[f.path, f.size, f.mtime_ns, f.num_blocks] for f in self.files],
         }
 
-    def check_unchanged(self, f: FileBlocks, handle) -> None:
+    def check_unchanged(self, f: FileBlocks, handle: pa.NativeFile) -> None:
         """Refuse to read a file that is not the one listed (or indexed): its blocks would differ."""
         try:
             size, mtime_ns = storage.current_version(f.path, handle)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from zephon_titan.engine.sources.base import BlockDocuments
+from zephon_titan.engine.sources.base import BlockDocuments, Source
 from zephon_titan.errors import DataError
 
 
-def column_documents(source, column: pa.ChunkedArray, path: str, first_row: int) -> BlockDocuments:
+def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_row: int) -> BlockDocuments:
     """`column` holds rows first_row.. of `path` in `source.column` (its text_field or token_field)."""
     if column.null_count:
         i = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zephon_titan.config import SourceConfig
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.errors import ConfigError
 
 
@@ -23,10 +25,10 @@ class Format:
     extensions: tuple[str, ...]
     """File name endings this format reads under `format = "auto"`."""
 
-    open: Callable
+    open: Callable[[SourceConfig, Listing, int, StorageOptions], Source]
     """(source config, files or index records, max_document_chars, StorageOptions) -> Source."""
 
-    check_record: Callable = lambda record, source: ""
+    check_record: Callable[[FileBlocks, SourceConfig], str] = lambda record, source: ""
     """(FileBlocks, source config) -> what is wrong with an index record ("" if nothing)."""
 
     token_field: bool = False
@@ -35,7 +37,7 @@ class Format:
     datasets: bool = False
     """Paths name dataset directories (listed by `list_datasets`), not files; blocks carry their own names."""
 
-    list_datasets: Callable | None = None
+    list_datasets: Callable[[str, list[str]], list[str]] | None = None
     """(source name, patterns) -> dataset names, for `datasets` formats."""
 
 

@@ -14,8 +14,10 @@ import os
 import stat
 from collections import defaultdict
 
-from zephon_titan.errors import ConfigError, DataError
-from zephon_titan.urls import redact, refuse_credentials, userinfo  # noqa: F401  (re-exported for sources)
+from zephon_titan.errors import ConfigError, DataError, ZephonError
+from zephon_titan.urls import redact as redact  # re-exported for sources
+from zephon_titan.urls import refuse_credentials as refuse_credentials
+from zephon_titan.urls import userinfo as userinfo
 
 # Kernel pseudo-filesystems: their files are "regular", but sizes are not what reading returns.
 PSEUDO_ROOTS = ("/proc/", "/sys/")
@@ -36,7 +38,7 @@ def _kind(mode: int) -> str | None:
     return "not a regular file"
 
 
-def check_regular(path: str, st: os.stat_result, error=DataError) -> None:
+def check_regular(path: str, st: os.stat_result, error: type[ZephonError] = DataError) -> None:
     """Refuse anything but a regular file on a real filesystem (one line naming the path)."""
     kind = _kind(st.st_mode)
     if kind is not None:
@@ -52,7 +54,7 @@ def check_regular(path: str, st: os.stat_result, error=DataError) -> None:
         )
 
 
-def open_regular(path: str, error=DataError) -> int:
+def open_regular(path: str, error: type[ZephonError] = DataError) -> int:
     """A read-only descriptor of `path`, checked to be a regular file before and after opening.
 
     The stat comes first so that no device is ever opened; O_NONBLOCK closes the race with a
@@ -71,7 +73,7 @@ def open_regular(path: str, error=DataError) -> int:
 
 def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "matched paths") -> None:
     """Refuse local paths that resolve to the same file (each copy would be read as data)."""
-    by_target = defaultdict(list)
+    by_target: defaultdict[str, list[str]] = defaultdict(list)
     for path in paths:
         if "://" not in path:
             by_target[os.path.realpath(path)].append(path)

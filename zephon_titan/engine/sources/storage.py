@@ -21,8 +21,10 @@ import stat
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
+import pyarrow as pa
 from pyarrow import fs as pafs
 
+from zephon_titan.config import DataConfig
 from zephon_titan.engine.sources import guards
 from zephon_titan.errors import ConfigError, DataError
 
@@ -38,7 +40,7 @@ class StorageOptions:
     s3_anonymous: bool = False
 
     @classmethod
-    def of(cls, config) -> StorageOptions:
+    def of(cls, config: DataConfig) -> StorageOptions:
         """The options of a DataConfig."""
         return cls(config.s3_endpoint_url, config.s3_region, config.s3_anonymous)
 
@@ -127,7 +129,7 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
     mtimes come with the listing: no request per file).
     """
     if not is_uri(pattern):
-        out = []
+        out: list[FileStat] = []
         for match in glob.glob(pattern, recursive=True):
             try:
                 st = os.stat(match)
@@ -181,7 +183,7 @@ def matches(pattern: str, path: str) -> bool:
     return is_uri(pattern) and path.startswith(pattern + "/")  # an object-store prefix lists all under it
 
 
-def _glob_regex(pattern: str) -> re.Pattern:
+def _glob_regex(pattern: str) -> re.Pattern[str]:
     """The standard library's glob as a regex where it has one (Python 3.13+), else ours; the property
     test checks whichever runs against glob.glob on disk."""
     translate = getattr(glob, "translate", None)
@@ -190,7 +192,7 @@ def _glob_regex(pattern: str) -> re.Pattern:
     return _own_glob_regex(pattern)
 
 
-def _own_glob_regex(pattern: str) -> re.Pattern:
+def _own_glob_regex(pattern: str) -> re.Pattern[str]:
     """Python's glob semantics (recursive=True) as a regex over object keys: `*`, `?` and `[...]` stay
     within a path segment; a whole `**` segment spans any number of segments (including none); a name
     that starts with "." is matched only by a segment that starts with "." (`**` never matches one)."""
@@ -228,7 +230,7 @@ def _segment_regex(segment: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions = StorageOptions()):
+def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions = StorageOptions()) -> pa.NativeFile:
     """A random-access file, kept open (cached) for the blocks that follow. On object storage,
     opening costs one metadata request; reads are range requests. `listed` (size, mtime_ns as
     listed) is part of the cache key, so a file rewritten under the same name is opened anew."""
@@ -241,7 +243,7 @@ def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions 
         raise DataError(f"{path}: cannot open ({e}); it was listed at startup, check that it still exists") from None
 
 
-def _open_local(path: str):
+def _open_local(path: str) -> pa.NativeFile:
     """A local file checked to be regular (guards.open_regular). pyarrow opens the checked inode
     through /proc/self/fd where Linux has it, not the path, which may have been swapped since."""
     fd = guards.open_regular(path)
@@ -252,7 +254,7 @@ def _open_local(path: str):
         os.close(fd)
 
 
-def current_version(path: str, handle) -> tuple[int, int | None]:
+def current_version(path: str, handle: pa.NativeFile) -> tuple[int, int | None]:
     """(size, mtime_ns or None) of a file now. Locally one stat (the handle caches its size);
     on object storage the size the open request saw (objects are replaced whole)."""
     if not is_uri(path):
@@ -289,7 +291,8 @@ def read_bytes(path: str, options: StorageOptions = StorageOptions()) -> bytes |
     filesystem, inner = resolve(path, options)
     try:
         with filesystem.open_input_stream(inner) as f:
-            return f.read()
+            data: bytes = f.read()  # pyarrow is untyped
+            return data
     except FileNotFoundError:
         return None
     except OSError as e:
