@@ -131,8 +131,8 @@ class DataConfig:
     DataLoader. A performance knob: rows do not depend on it. (Old name: `workers`, where 1 meant 0.)"""
 
     prefetch_factor: int = 2
-    """With num_workers > 0: steps each worker may produce ahead of the trainer (bounded memory).
-    (Old name: `prefetch_steps`.)"""
+    """Steps produced ahead of the trainer (bounded memory): by each worker process, or with
+    num_workers = 0 by a thread of the training process. (Old name: `prefetch_steps`.)"""
 
     max_document_chars: int = 64 << 20
     """A longer document is an error naming its file and row (tokenizing it at once would need

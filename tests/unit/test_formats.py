@@ -157,3 +157,20 @@ def test_lance_mistakes_are_named(tmp_path, plain, corpus_dir, tokenizer_dir, mo
     monkeypatch.setitem(__import__("sys").modules, "lance", None)  # as if pylance were not installed
     with pytest.raises(ConfigError, match=r"need pylance: pip install 'zephon-titan\[lance\]'"):
         make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [uri]}})
+
+
+def test_an_index_naming_a_missing_lance_fragment_is_one_line(tmp_path, plain, corpus_dir, tokenizer_dir):
+    from zephon_titan.engine.sources.lance import block_name
+
+    uri = str(tmp_path / "web.lance")
+    _write_lance(plain, uri)
+    index = tmp_path / "web.index.json"
+    sources = {"web": {"paths": [uri], "block_rows": 10**6, "index": str(index)}}
+    honest = make_spec(corpus_dir, tokenizer_dir, sources=sources)  # writes the index
+    assert honest.sources[0].read_block(0).texts  # negative control: the honest index reads
+    document = json.loads(index.read_text())
+    document["files"][-1][0] = block_name(uri, 3, 99)  # a fragment version 3 does not have
+    index.write_text(json.dumps(document))
+    doctored = make_spec(corpus_dir, tokenizer_dir, sources=sources)
+    with pytest.raises(DataError, match=r"version 3 of the dataset has no fragment 99; .*rebuild it"):
+        doctored.sources[0].read_block(doctored.sources[0].num_blocks - 1)

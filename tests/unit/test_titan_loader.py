@@ -123,3 +123,46 @@ def test_trainer_tokenizer_is_the_default(corpus_dir, tokenizer_dir):
 def test_startup_validation(corpus_dir, tokenizer_dir, global_batch, world, local, message):
     with pytest.raises(ConfigError, match=message):
         _build(_config(corpus_dir, tokenizer_dir, global_batch_size=global_batch), world, 0, local=local)
+
+
+def test_in_process_prefetch_gives_the_rows_of_a_worker_process(corpus_dir, tokenizer_dir):
+    # num_workers = 0 produces steps in a prefetch thread (torchdata's Prefetcher); 1 in a worker process.
+    in_process = _steps([_build(_config(corpus_dir, tokenizer_dir, num_workers=0, prefetch_factor=3), 1, 0)], 4)
+    process = _build(_config(corpus_dir, tokenizer_dir, num_workers=1), 1, 0)
+    assert all(torch.equal(a, b) for a, b in zip(in_process, _steps([process], 4)))
+    process.close()
+
+
+def test_prefetch_thread_is_ahead_but_state_is_what_was_consumed(corpus_dir, tokenizer_dir):
+    import threading
+    import time
+
+    before = threading.active_count()
+    loader = _build(_config(corpus_dir, tokenizer_dir, prefetch_factor=3), 1, 0)
+    batches = iter(loader)
+    next(batches)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and threading.active_count() == before:
+        time.sleep(0.01)
+    assert threading.active_count() > before  # the prefetch thread runs
+    entries = {k: v for k, v in _decoded(loader.state_dict()).items() if k != HEADER_KEY}
+    assert entries[lane_key(0)]["state"]["rows"] == 2 and entries[lane_key(1)]["state"]["rows"] == 0
+    loader.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and threading.active_count() > before:
+        time.sleep(0.01)
+    assert threading.active_count() == before  # close() stops it
+
+
+def test_an_error_in_the_prefetch_thread_is_its_one_line(corpus_dir, tokenizer_dir, tmp_path):
+    from zephon_titan.errors import DataError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": broken\n' * 50)
+    sources = {"bad": {"paths": [str(bad)]}}
+    loader = _build(_config(corpus_dir, tokenizer_dir, sources=sources), 1, 0)
+    with pytest.raises(DataError) as caught:
+        next(iter(loader))
+    assert "bad.jsonl" in str(caught.value) and "not valid JSON" in str(caught.value)
+    assert "Traceback" not in str(caught.value)  # not re-raised wrapped in the thread's traceback
+    loader.close()

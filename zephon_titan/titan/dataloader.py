@@ -35,6 +35,7 @@ from zephon_titan.engine import (
     validate_batch_layout,
 )
 from zephon_titan.errors import LaneExhausted, ResumeError
+from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.titan.state_codec import (
     HEADER_CAPACITY,
     HEADER_KEY,
@@ -106,7 +107,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
         num_sources = len(self.spec.sources)
         # Workers start at the first batch, after a checkpoint (if any) has been loaded.
-        self._group = None
+        self._group: StepSource | None = None
         # What the trainer has consumed, per lane: engine state and tokens per source.
         # Known without reading data: building the loader costs no request to the sources.
         self._consumed: dict[int, LaneState] = {lane: LaneState.initial(lane, num_sources) for lane in self.lane_ids}
@@ -119,14 +120,12 @@ class ZephonDataLoader(BaseDataLoader):
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         num_sources = len(self.spec.sources)
         if self._group is None:
-            self._group = open_lane_group(
-                self.spec,
-                self.lane_ids,
-                self.rows_per_lane,
-                self.config.data.num_workers,
-                self.config.data.prefetch_factor,
-                self._consumed,
+            data = self.config.data
+            group = open_lane_group(
+                self.spec, self.lane_ids, self.rows_per_lane, data.num_workers, data.prefetch_factor, self._consumed
             )
+            # In process, a thread produces the next steps while the trainer computes (titan/prefetch.py).
+            self._group = group if data.num_workers else PrefetchedSteps(group, data.prefetch_factor)
         while True:
             step = self._next_step_everywhere()
             if step is None:

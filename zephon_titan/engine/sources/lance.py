@@ -133,8 +133,12 @@ class LanceSource(Source):
         first_row = local_block * self.block_rows
         try:
             fragment = _dataset(uri, version, self.storage_options).get_fragment(fragment_id)
-            # get_fragment returns None for an id the dataset lacks (a doctored index): not handled yet.
-            table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)  # type: ignore[union-attr]
+            if fragment is None:  # an id the dataset lacks: a doctored or stale index
+                raise DataError(
+                    f"{f.path}: version {version} of the dataset has no fragment {fragment_id}; the source's index "
+                    "does not describe this dataset: rebuild it with `zephon-titan index <job.toml>`"
+                )
+            table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)
         except (OSError, ValueError) as e:
             raise DataError(
                 f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the dataset cleaned up?"
