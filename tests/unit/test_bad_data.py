@@ -29,19 +29,19 @@ def test_corrupt_parquet_fails_at_startup_naming_the_file(tmp_path, corpus_dir, 
 
 def test_invalid_utf8_names_file_and_byte(tmp_path, corpus_dir, tokenizer_dir):
     spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "fine"}\n', b'{"text": "caf\xe9"}\n'])
-    with pytest.raises(DataError, match=r"web.jsonl at byte 17: line is not valid UTF-8"):
+    with pytest.raises(DataError, match=r"web.jsonl line 2 \(at byte 17\): line is not valid UTF-8"):
         _first_rows(spec)
 
 
 def test_truncated_last_line_names_file_and_byte(tmp_path, corpus_dir, tokenizer_dir):
     spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "fine"}\n', b'{"text": "cut in the mid'])
-    with pytest.raises(DataError, match=r"web.jsonl at byte 17: line is not valid JSON"):
+    with pytest.raises(DataError, match=r"web.jsonl line 2 \(at byte 17\): line is not valid JSON"):
         _first_rows(spec)
 
 
 def test_non_string_text_is_an_error(tmp_path, corpus_dir, tokenizer_dir):
     spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": null}\n'])
-    with pytest.raises(DataError, match=r"web.jsonl at byte 0: field 'text' is NoneType, expected a string"):
+    with pytest.raises(DataError, match=r"web.jsonl line 1 \(at byte 0\): field 'text' is NoneType, expected a string"):
         _first_rows(spec)
 
 
@@ -67,7 +67,7 @@ def test_a_100_mb_document_is_a_clear_error(tmp_path, corpus_dir, tokenizer_dir)
     spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, [b'{"text": "small"}\n', huge])
     with pytest.raises(
         DataError,
-        match=r"web.jsonl at byte 18: a document of 104,857,600 characters is over "
+        match=r"web.jsonl line 2 \(at byte 18\): a document of 104,857,600 characters is over "
         r"\[dataloader\] max_document_chars = 67,108,864",
     ):
         _first_rows(spec)

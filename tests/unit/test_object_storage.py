@@ -292,7 +292,8 @@ def test_a_bad_line_read_ahead_in_the_background_is_raised_where_it_is_needed(
     )
     assert spec.sources[0].remote and spec.sources[0].num_blocks > 4
     stream = LaneStream(spec, 0)
-    with pytest.raises(DataError, match=rf"{uri}/bad.jsonl at byte {bad_offset}: line is not valid JSON"):
+    # Named by line (31, counted with ranged reads of the object) and byte.
+    with pytest.raises(DataError, match=rf"{uri}/bad.jsonl line 31 \(at byte {bad_offset:,}\): line is not valid JSON"):
         stream.take(10_000)
 
 

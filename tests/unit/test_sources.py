@@ -59,14 +59,14 @@ def test_missing_text_field_names_file_offset_and_fields(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text('{"text": "ok"}\n{"body": "x", "id": 1}\n')
     source = open_source(SourceConfig(name="web", paths=[str(path)]))
-    with pytest.raises(DataError, match=r"a.jsonl at byte 15: no field 'text' \(fields: body, id\)"):
+    with pytest.raises(DataError, match=r"a.jsonl line 2 \(at byte 15\): no field 'text' \(fields: body, id\)"):
         source.read_block(0)
 
 
 def test_invalid_json_line_is_an_error_not_a_skip(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text('{"text": "ok"}\n{"text": "cut\n')
-    with pytest.raises(DataError, match="at byte 15: line is not valid JSON"):
+    with pytest.raises(DataError, match=r"line 2 \(at byte 15\): line is not valid JSON"):
         open_source(SourceConfig(name="web", paths=[str(path)])).read_block(0)
 
 

@@ -91,7 +91,7 @@ def test_a_workers_error_arrives_as_its_one_line_with_the_lane(tmp_path, corpus_
     message = str(caught.value)
     assert "\n" not in message and "Traceback" not in message
     assert re.fullmatch(
-        r"\S*bad\.jsonl at byte 17: line is not valid JSON \(.*\); fix or remove it "
+        r"\S*bad\.jsonl line 2 \(at byte 17\): line is not valid JSON \(.*\); fix or remove it "
         r"\(in loader worker 0, lane 0\)",
         message,
     ), message

@@ -65,7 +65,7 @@ def test_an_error_inside_a_worker_reaches_the_consumer(tmp_path, corpus_dir, tok
     sources = {"bad": {"paths": [str(bad)]}}
     spec = make_spec(corpus_dir, tokenizer_dir, sources=sources, num_lanes=2)
     with open_lane_group(spec, range(2), 2, num_workers=2) as group:
-        with pytest.raises(DataError, match=r"bad.jsonl at byte 17: line is not valid JSON"):
+        with pytest.raises(DataError, match=r"bad.jsonl line 2 \(at byte 17\): line is not valid JSON"):
             group.next_step()
 
 

@@ -140,12 +140,19 @@ class Source(ABC):
             )
 
     def check_size(self, text: str, where: str) -> None:
-        if len(text) > self.max_document_chars:
-            raise DataError(
-                f"{where}: a document of {len(text):,} characters is over [dataloader] max_document_chars = "
-                f"{self.max_document_chars:,} (tokenizing it at once needs ~10x its size in memory); "
-                "raise the limit if you mean it, or split the document"
-            )
+        problem = self.size_problem(text)
+        if problem:
+            raise DataError(f"{where}: {problem}")
+
+    def size_problem(self, text: str) -> str:
+        """What is wrong with a document's size ("" if nothing)."""
+        if len(text) <= self.max_document_chars:
+            return ""
+        return (
+            f"a document of {len(text):,} characters is over [dataloader] max_document_chars = "
+            f"{self.max_document_chars:,} (tokenizing it at once needs ~10x its size in memory); "
+            "raise the limit if you mean it, or split the document"
+        )
 
     def describe(self) -> dict[str, Any]:
         """Everything about the files that the row stream depends on (for the fingerprint)."""

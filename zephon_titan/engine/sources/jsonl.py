@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -65,12 +66,16 @@ class JsonlSource(Source):
         data, offset = self._decompressed(f, codec) if codec else self._block_lines(f, local_block)
         texts: list[str] = []
         rows: list[int] = []
+        start = offset
+
+        def line_number(at: int) -> int:  # only for errors: counts the newlines before `at`
+            return data.count(b"\n", 0, at - start) + 1 if codec else self._line_number(f, at)
+
         for line in data.split(b"\n"):
             if len(line) > self.max_line_bytes:
-                number = data.count(b"\n", 0, offset) + 1 if codec else self._line_number(f, offset)
-                raise self._long_line(f, offset, number)
+                raise self._long_line(f, offset, line_number(offset))
             if line.strip():  # blank lines are not documents
-                texts.append(self._text_of(line, f.path, offset))
+                texts.append(self._text_of(line, f.path, offset, line_number))
                 rows.append(offset)
             offset += len(line) + 1
         return BlockDocuments(f.path, texts, rows)
@@ -158,26 +163,35 @@ class JsonlSource(Source):
         self.check_unchanged(f, handle)
         return handle
 
-    def _text_of(self, line: bytes, path: str, offset: int) -> str:
-        where = f"{path} at byte {offset}"
+    def _text_of(self, line: bytes, path: str, offset: int, line_number: Callable[[int], int]) -> str:
+        try:
+            return self._parse_line(line)
+        except _BadLine as e:  # name the line too (counting lines costs a read, so only on error)
+            raise DataError(f"{path} line {line_number(offset):,} (at byte {offset:,}): {e}") from None
+
+    def _parse_line(self, line: bytes) -> str:
         try:
             record = json.loads(line)
         except UnicodeDecodeError as e:
-            raise DataError(f"{where}: line is not valid UTF-8 ({e}); re-encode the file as UTF-8") from None
+            raise _BadLine(f"line is not valid UTF-8 ({e}); re-encode the file as UTF-8") from None
         except json.JSONDecodeError as e:
-            raise DataError(f"{where}: line is not valid JSON ({e.msg}, column {e.colno}); fix or remove it") from None
+            raise _BadLine(f"line is not valid JSON ({e.msg}, column {e.colno}); fix or remove it") from None
         if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
+            raise _BadLine(f"expected a JSON object per line, got {type(record).__name__}")
         if self.text_field not in record:
             keys = ", ".join(sorted(record)[:10])
-            raise DataError(
-                f"{where}: no field {self.text_field!r} (fields: {keys}); set text_field for source {self.name!r}"
-            )
+            raise _BadLine(f"no field {self.text_field!r} (fields: {keys}); set text_field for source {self.name!r}")
         text = record[self.text_field]
         if not isinstance(text, str):
-            raise DataError(f"{where}: field {self.text_field!r} is {type(text).__name__}, expected a string")
-        self.check_size(text, where)
+            raise _BadLine(f"field {self.text_field!r} is {type(text).__name__}, expected a string")
+        problem = self.size_problem(text)
+        if problem:
+            raise _BadLine(problem)
         return text
+
+
+class _BadLine(Exception):
+    """What is wrong with one line; the caller adds where it is (file, line number, byte)."""
 
 
 _COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
