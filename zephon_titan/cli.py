@@ -36,9 +36,10 @@ def cmd_plan(args) -> int:
     # Written beside the target and renamed at the end: a plan that fails leaves no file behind.
     partial = f"{args.output}.partial"
     try:
-        with open(partial, "w", encoding="utf-8") as out:
-            for entry in tqdm(entries, desc="planning", unit="step", total=args.steps):
+        with open(partial, "w", encoding="utf-8") as out, tqdm(desc="planning", unit="step", total=args.steps) as bar:
+            for entry in entries:
                 out.write(entry.to_json() + "\n")
+                bar.update(entry.step - bar.n)  # from a checkpoint, the bar starts at its step
         os.replace(partial, args.output)
     finally:
         if os.path.exists(partial):
