@@ -11,7 +11,6 @@ import hashlib
 import json
 import posixpath
 
-from zephon_titan.config import ALLOWED_CHANGES  # noqa: F401  (what resume_allow may name)
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION

@@ -22,7 +22,6 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import (
-    DocumentTokenizer,
     LaneState,
     Row,
     build_engine,
@@ -47,14 +46,7 @@ from zephon_titan.titan.state_codec import (
     read_lane,
     seal,
 )
-from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
-
-
-def _engine_tokenizer(config: DataConfig, trainer_tokenizer: Any) -> DocumentTokenizer:
-    """The [dataloader] tokenizer if set, else the trainer's own (both through titan/tokenizer.py)."""
-    if config.tokenizer_path:
-        return load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos)
-    return document_tokenizer(trainer_tokenizer, config.add_bos, config.add_eos)
+from zephon_titan.titan.tokenizer import loader_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +93,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.rows_per_lane = validate_batch_layout(data.num_lanes, config.global_batch_size, dp_world_size,
                                                    local_batch_size)  # fmt: skip
         self.local_batch_size = local_batch_size
-        self.spec = build_engine(data, seq_len, _engine_tokenizer(data, tokenizer))
+        self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
         self.fingerprint = fingerprint(self.spec)
         encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))

@@ -43,7 +43,7 @@ from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.tokenizer import document_tokenizer, load_hf_tokenizer, load_tokenizer
+from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
 from zephon_titan.toml_file import load_toml
 
@@ -97,9 +97,7 @@ class Job:
     @cached_property
     def tokenizer(self) -> DocumentTokenizer:
         """The loader's tokenizer, as ZephonDataLoader builds it from the trainer's (titan/tokenizer.py)."""
-        if self.data.tokenizer_path:
-            return load_tokenizer(self.data.tokenizer_path, self.data.add_bos, self.data.add_eos)
-        return document_tokenizer(self.trainer_tokenizer(), self.data.add_bos, self.data.add_eos)
+        return loader_tokenizer(self.data, self.trainer_tokenizer)
 
     @cached_property
     def spec(self) -> EngineSpec:

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
+from zephon_titan.config import DataConfig
 from zephon_titan.engine.tokenize import DocumentTokenizer, SpecialTokenChoice
 from zephon_titan.errors import ConfigError
 
@@ -31,6 +33,14 @@ def load_tokenizer(
     """Load the tokenizer directory `path` exactly as TorchTitan's trainer does (`key` names the
     setting it came from, for errors)."""
     return document_tokenizer(load_hf_tokenizer(path, key), add_bos, add_eos)
+
+
+def loader_tokenizer(data: DataConfig, trainer_tokenizer: Callable[[], Any]) -> DocumentTokenizer:
+    """The loader's tokenizer: `[dataloader] tokenizer_path` if set, else the trainer's own
+    (`trainer_tokenizer()` is called only then). The trainer and `Job` both come here."""
+    if data.tokenizer_path:
+        return load_tokenizer(data.tokenizer_path, data.add_bos, data.add_eos)
+    return document_tokenizer(trainer_tokenizer(), data.add_bos, data.add_eos)
 
 
 def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None) -> Any:
