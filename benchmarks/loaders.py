@@ -1,14 +1,16 @@
 """Side-by-side loader benchmark: the same text, tokenizer, cores and row shape, in one run.
 
-    python benchmarks/loaders.py --tokenizer ../shared/data/tokenizers/gpt2 \
-        --source c4=../shared/data/corpus/c4_en_sample/part-00000.jsonl:0.6 \
-        --source wiki=../shared/data/corpus/wikipedia_en_sample/part-00000.jsonl:0.4 \
+    python benchmarks/loaders.py                      # the demo corpus and tokenizer, built here
+    python benchmarks/loaders.py --tokenizer path/to/tokenizer_dir \
+        --source c4=path/to/c4.jsonl:0.6 --source wiki=path/to/wiki.jsonl:0.4 \
         --seq-len 2048 --lanes 8 --rows 480 [--sweep-files 1,100,1000]
 
 Each loader runs in its own child process (so peak memory is its own), producing rows
 of seq_len input tokens from both sources:
-  raw          the tokenizer's encode_batch over all documents on all cores: the upper bound
-  zephon_titan with 1 worker (in process) and 2 worker processes; 8 lanes, one rank
+  raw          Hugging Face tokenizers' encode_batch over all documents on all cores: the old bound
+  raw_fast     fastokens' encode_batch_flat over the same documents (same ids)
+  zephon_titan with 1 worker (in process) and 2 worker processes; 8 lanes, one rank; with the
+               tokenizers backend, and (`_fast`) with the fastokens backend
   zephon-0.2   DatologyAI's Zephon 0.2.0 from PyPI, the equivalent pipeline (benchmarks/peer_zephon.py)
   titan        TorchTitan 0.3.0's HuggingFaceTextDataLoader over the same files (no mixing, no shuffle)
 It reports packed tokens/s (input tokens of produced rows), time to first batch, peak RSS,
@@ -54,7 +56,19 @@ def run_raw(args) -> dict:
     return {"tokens_per_s": tokens / (time.perf_counter() - started), "notes": f"{len(texts)} documents, one batch"}
 
 
-def _zephon_titan_spec(args, sources=None, lanes=None):
+def run_raw_fast(args) -> dict:
+    import fastokens
+
+    with open(os.path.join(args.tokenizer, "tokenizer.json"), encoding="utf-8") as f:
+        tokenizer = fastokens.Tokenizer.from_json_str(f.read())
+    texts = _documents(args)
+    started = time.perf_counter()
+    ids, _ = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+    tokens = len(ids) // 4 + len(texts)  # uint32 ids, + EOS
+    return {"tokens_per_s": tokens / (time.perf_counter() - started), "notes": f"{len(texts)} documents, one batch"}
+
+
+def _zephon_titan_spec(args, sources=None, lanes=None, backend="tokenizers"):
     from zephon_titan.config import DataConfig, SourceConfig
     from zephon_titan.engine import build_engine
     from zephon_titan.titan.tokenizer import load_tokenizer
@@ -65,16 +79,19 @@ def _zephon_titan_spec(args, sources=None, lanes=None):
         num_lanes=lanes or args.lanes,
         tokenizer_path=args.tokenizer,
         add_bos=False,
+        tokenizer_backend=backend,
     )  # EOS only, like the peers' GPT-2 setup
-    return build_engine(config, args.seq_len, load_tokenizer(args.tokenizer, add_bos=False))
+    return build_engine(config, args.seq_len, load_tokenizer(args.tokenizer, add_bos=False, backend=backend))
 
 
-def run_zephon_titan(args, workers: int) -> dict:
+def run_zephon_titan(args, workers: int, backend: str = "tokenizers") -> dict:
     """`workers` processes producing rows; 1 = inside this process (num_workers = 0)."""
+    import torchtitan.components.tokenizer  # noqa: F401  (the trainer has imported torch before its loader starts)
+
     from zephon_titan.engine import LaneState, open_lane_group
 
     started = time.perf_counter()
-    spec = _zephon_titan_spec(args)
+    spec = _zephon_titan_spec(args, backend=backend)
     per_lane = 8
     steps = max(2, args.rows // (per_lane * args.lanes))
     with open_lane_group(
@@ -90,7 +107,7 @@ def run_zephon_titan(args, workers: int) -> dict:
     restart = time.perf_counter()
     states = {lane: LaneState.from_dict(s) for lane, s in json.loads(json.dumps(saved)).items()}
     with open_lane_group(
-        _zephon_titan_spec(args),
+        _zephon_titan_spec(args, backend=backend),
         range(args.lanes),
         per_lane,
         num_workers=0 if workers == 1 else workers,
@@ -104,7 +121,8 @@ def run_zephon_titan(args, workers: int) -> dict:
         "time_to_first_batch_s": first - started,
         "state_bytes_per_lane": state_bytes / args.lanes,
         "restore_to_first_batch_s": restore,
-        "notes": f"{args.lanes} lanes on one rank, {per_lane} rows per lane per step, {workers} worker(s)",
+        "notes": f"{args.lanes} lanes on one rank, {per_lane} rows per lane per step, {workers} worker(s), "
+        f"backend {spec.tokenizer.select_backend()}",
     }
 
 
@@ -174,8 +192,11 @@ def run_titan(args) -> dict:
 
 CHILDREN = {
     "raw": run_raw,
+    "raw_fast": run_raw_fast,
     "zephon_titan_1w": lambda a: run_zephon_titan(a, 1),
     "zephon_titan_2w": lambda a: run_zephon_titan(a, 2),
+    "zephon_titan_fast_1w": lambda a: run_zephon_titan(a, 1, "fastokens"),
+    "zephon_titan_fast_2w": lambda a: run_zephon_titan(a, 2, "fastokens"),
     "zephon-0.2": run_zephon_peer,
     "titan": run_titan,
 }
@@ -216,10 +237,39 @@ def child_main(name: str, args) -> None:
     print(json.dumps({**result, **_peak_mb()}))
 
 
+DEMO_BENCH = os.path.join(tempfile.gettempdir(), "zephon_titan_bench_demo")
+
+
+def _demo_sources() -> list[str]:
+    """The demo corpus (built by the project, examples/demo.py) as one JSONL file per source."""
+    sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+    import demo
+    import pyarrow.parquet as pq
+
+    config = demo.build_corpus(DEMO_BENCH)
+    out = []
+    for source in config.sources:
+        target = os.path.join(DEMO_BENCH, f"{source.name}.jsonl")
+        if not os.path.exists(target):
+            import glob
+
+            with open(target + ".partial", "w", encoding="utf-8") as f:
+                for path in sorted(glob.glob(source.paths[0])):
+                    if path.endswith(".parquet"):
+                        texts = pq.read_table(path).column("text").to_pylist()
+                    else:
+                        with open(path, encoding="utf-8") as lines:
+                            texts = [json.loads(line)["text"] for line in lines if line.strip()]
+                    f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+            os.replace(target + ".partial", target)
+        out.append(f"{source.name}={target}:{source.weight}")
+    return out
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokenizer", required=True, help="directory with tokenizer.json")
-    p.add_argument("--source", action="append", required=True, help="name=file.jsonl:weight")
+    p.add_argument("--tokenizer", help="directory with tokenizer.json (default: the demo's)")
+    p.add_argument("--source", action="append", help="name=file.jsonl:weight (default: the demo corpus)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--lanes", type=int, default=8)
     p.add_argument("--rows", type=int, default=480)
@@ -227,6 +277,9 @@ def parse(argv=None):
     p.add_argument("--sweep-files", default="", help="e.g. 1,100,1000")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if not args.source:
+        args.source = _demo_sources()
+    args.tokenizer = args.tokenizer or os.path.join(DEMO_BENCH, "tokenizer")
     args.sources = []
     for spec in args.source:
         name, rest = spec.split("=", 1)

@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import pickle
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -282,14 +283,13 @@ def run_zephon(
 
 
 if __name__ == "__main__":
-    corpus = "/work/shared/data/corpus"
+    # python benchmarks/peer_zephon.py TOKENIZER_JSON NAME=FILE.jsonl:WEIGHT ...  (one-off run of the peer)
+    tokenizer_json, *pairs = sys.argv[1:]
+    sources = {p.split("=", 1)[0]: p.split("=", 1)[1].rsplit(":", 1) for p in pairs}
     result = run_zephon(
-        paths={
-            "c4": f"{corpus}/c4_en_sample/part-00000.jsonl",
-            "wiki": f"{corpus}/wikipedia_en_sample/part-00000.jsonl",
-        },
-        weights={"c4": 0.6, "wiki": 0.4},
-        tokenizer_path="/work/shared/data/tokenizers/gpt2/tokenizer.json",
+        paths={name: path for name, (path, _) in sources.items()},
+        weights={name: float(weight) for name, (_, weight) in sources.items()},
+        tokenizer_path=tokenizer_json,
         seq_len=2048,
         num_lanes=8,
         rows=200,

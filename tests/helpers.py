@@ -28,7 +28,8 @@ def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
 def spec_of(config, seq_len: int):
     """The engine spec of a DataConfig whose tokenizer_path is set (the tokenizer loaded as every entry
     point loads it)."""
-    return build_engine(config, seq_len, load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos))
+    tokenizer = load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos, backend=config.tokenizer_backend)
+    return build_engine(config, seq_len, tokenizer)
 
 
 def make_spec(corpus_dir: str, tokenizer_dir: str, seq_len: int = 64, **overrides):
@@ -72,9 +73,13 @@ def drain_pieces(spec):
 
 
 def assert_each_document_once(spec, pieces) -> int:
-    """The pieces tile every document of every source exactly once; returns the document count."""
+    """The pieces tile every document of every source exactly once (its tokens, or its (input, label)
+    pairs under labels = "document"); returns the document count."""
     from collections import defaultdict
 
+    from zephon_titan.engine.packing import RowShape
+
+    shape = RowShape.of(spec)
     by_doc = defaultdict(list)
     for piece, _ in pieces:
         by_doc[(piece.file, piece.row)].append((piece.doc_offset, piece.length))
@@ -83,8 +88,8 @@ def assert_each_document_once(spec, pieces) -> int:
         for b in range(source.num_blocks):
             block = source.read_block(b)
             for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
-                if len(tokens):
-                    expected[(block.file, row)] = len(tokens)
+                if shape.doc_slots(tokens):
+                    expected[(block.file, row)] = shape.doc_slots(tokens)
     assert set(by_doc) == set(expected)
     for key, spans in by_doc.items():
         at = 0

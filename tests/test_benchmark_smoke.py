@@ -26,14 +26,16 @@ def test_benchmark_script_runs(corpus_dir, tokenizer_dir):
         "--rows",
         "64",
         "--only",
-        "raw,zephon_titan_1w,zephon_titan_2w",
+        "raw,raw_fast,zephon_titan_1w,zephon_titan_fast_2w",
         "--sweep-files",
         "3",
     ]
     out = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
-    for name in ("zephon_titan_1w", "zephon_titan_2w"):
+    for name in ("zephon_titan_1w", "zephon_titan_fast_2w"):
         assert results[name]["tokens_per_s"] > 0 and results[name]["state_bytes_per_lane"] < 1024
+    assert "backend fastokens" in results["zephon_titan_fast_2w"]["notes"]
+    assert results["raw_fast"]["tokens_per_s"] > 0
     assert results["files:3"]["files"] == 3
-    assert "| zephon_titan_2w |" in out.stdout
+    assert "| zephon_titan_fast_2w |" in out.stdout

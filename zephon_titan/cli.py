@@ -19,9 +19,11 @@ from tqdm import tqdm
 
 from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
+from zephon_titan.engine.packing import RowShape
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.sources.storage import StorageOptions
+from zephon_titan.engine.tokenizer_backends import first_difference
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
 from zephon_titan.plan import plan_ledger
 from zephon_titan.titan.job import Job, load_job
@@ -106,8 +108,10 @@ def _span(entries: dict) -> str:
 
 def _pieces(job: Job, row) -> list[dict]:
     out, at = [], 0
-    # The row's tokens: the inputs, plus the last label when it is a real token (not padding).
-    tokens = row.inputs.tolist() + ([int(row.labels[-1])] if row.padding == 0 else [])
+    if RowShape.of(job.spec).within_document:
+        tokens = row.inputs.tolist()  # a piece's slots are its inputs (each label is the next token)
+    else:  # the row's tokens: the inputs, plus the last label when it is a real token (not padding)
+        tokens = row.inputs.tolist() + ([int(row.labels[-1])] if row.padding == 0 else [])
     for piece in row.pieces:
         ids = tokens[at : at + piece.length]
         out.append(
@@ -160,7 +164,7 @@ def cmd_inspect(args) -> int:
         for p in item["pieces"]:
             where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k in ("row", "byte_offset"))
             start, end = p["row_tokens"]
-            inputs = min(end, job.spec.seq_len) - start  # the row's last token is only a label
+            inputs = min(end, job.spec.seq_len) - start  # under labels = "stream" the row's last token is a label only
             text = p["text"] if args.full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))
             print(
                 f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
@@ -198,6 +202,10 @@ def cmd_validate(args) -> int:
             + (f" ({token!r}, id {choice.token_id})" if token else "")
             + f": {choice.reason}"
         )
+    tokenizer.select_backend(announce=False)
+    print(f"  backend: {tokenizer.backend_reason}")
+    if args.check_tokenizer:
+        return _check_tokenizer(spec)
     print("fingerprint:")
     for name, value in fingerprint(spec).items():
         print(f"  {name:<22} {value}")
@@ -244,6 +252,50 @@ def cmd_validate(args) -> int:
         bad += w not in usable
         print(f"  {w:>5} ranks: {'ok' if w in usable else 'INVALID'} ({detail})")
     return 1 if bad else 0
+
+
+def _check_tokenizer(spec, fast_json: str | None = None) -> int:
+    """fastokens against tokenizers, document by document over every source; 1 at the first difference.
+    `fast_json` (tests) loads fastokens from another tokenizer.json."""
+    from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend
+
+    reference = ReferenceBackend(spec.tokenizer.tokenizer)
+    try:
+        fast = FastBackend(fast_json if fast_json is not None else spec.tokenizer.tokenizer.to_str())
+    except ImportError:
+        raise ZephonError("--check-tokenizer needs fastokens: pip install 'zephon-titan[fast]'") from None
+    except Exception as e:
+        print(f"fastokens cannot load this tokenizer: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        return 1
+    documents = 0
+    for source in spec.sources:
+        for block in tqdm(range(source.num_blocks), desc=f"comparing {source.name}", unit="block"):
+            docs = source.read_block(block)
+            texts = [t for t in docs.texts if isinstance(t, str)]  # pre-tokenized rows need no tokenizer
+            rows = [r for t, r in zip(docs.texts, docs.rows) if isinstance(t, str)]
+            try:
+                bad = first_difference(reference, fast, texts)
+            except Exception as e:  # it cannot encode some document: name the first
+                print(f"fastokens fails on {docs.file} {source.row_unit} {rows[_first_failing(fast, texts)]}: {e}")
+                return 1
+            if bad is not None:
+                print(
+                    f"first difference: {docs.file} {source.row_unit} {rows[bad]} (source {source.name}): "
+                    f"{texts[bad][:80]!r}"
+                )
+                return 1
+            documents += len(texts)
+    print(f"fastokens and tokenizers give the same ids for all {documents:,} documents")
+    return 0
+
+
+def _first_failing(fast, texts: list[str]) -> int:
+    for i, text in enumerate(texts):
+        try:
+            fast.encode_flat([text])
+        except Exception:
+            return i
+    return 0
 
 
 def cmd_index(args) -> int:
@@ -339,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="data-parallel sizes to check the batch layout for; exit 1 if one is invalid",
     )
     validate.add_argument("--no-count", action="store_true", help="skip reading every document")
+    validate.add_argument(
+        "--check-tokenizer",
+        action="store_true",
+        help="compare the fast tokenizer backend (fastokens) with tokenizers on every document; exit 1 at the "
+        "first document whose ids differ, naming its file and row",
+    )
     validate.set_defaults(run=cmd_validate)
     index = sub.add_parser("index", help="list the files of every source with an `index` and write the index")
     index.add_argument("config", help=JOB_HELP)

@@ -29,6 +29,8 @@ from zephon_titan.errors import ConfigError
 from zephon_titan.urls import refuse_credentials
 
 EXHAUSTION_POLICIES = ("repeat", "redistribute")
+LABEL_RULES = ("document", "stream")
+TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")
 # Bounds that keep the loader's checkpoint header within its fixed slot (titan/state_codec.py).
 MAX_SOURCES = 200
 MAX_SOURCE_NAME = 64
@@ -104,6 +106,16 @@ class DataConfig:
     """`wrap`: documents concatenated and split across rows, no padding.
     `best_fit`: whole documents placed into rows by best fit, padding labels -100."""
 
+    labels: str = "document"
+    """`document` (TorchTitan's rule): inputs and labels are shifted inside each document, so a
+    document's last token never predicts the next document's first; a row is seq_len pairs.
+    `stream`: the packed stream is shifted (a row is seq_len + 1 tokens), so every token boundary,
+    document boundaries included, is a target."""
+
+    shuffle: bool = True
+    """false: no shuffle at all; each lane reads its blocks (lane l: blocks l, l + L, ...) and their
+    documents in file order. For debugging and for comparing with other loaders."""
+
     exhaustion: str = "repeat"
     """`repeat`: every source loops with a fresh shuffle per epoch.
     `redistribute`: each source is read once; an exhausted source leaves the lane's
@@ -125,6 +137,11 @@ class DataConfig:
     add_eos: bool | None = None
     """Append the tokenizer's EOS token to each document. Unset: as the tokenizer says (its
     post-processor, else `add_eos_token` in tokenizer_config.json, else yes); see README."""
+
+    tokenizer_backend: str = "auto"
+    """Which code computes the token ids (a speed knob: the ids are the same). `auto`: fastokens when
+    installed (`.[fast]`) and it matches `tokenizers` on a probe set and on the first documents, else
+    `tokenizers` (one log line says why). `fastokens`: the same, but an error instead of a fallback."""
 
     num_workers: int = 0
     """Worker processes producing this rank's lanes (0: inside the training process), as in PyTorch's
@@ -250,6 +267,18 @@ def validate(config: DataConfig) -> None:
     _check_bounds(config, BOUNDS, "[dataloader]")
     if not config.packing:  # the names are the engine's packing registry (engine/packing.py)
         raise ConfigError('[dataloader] packing must not be empty; use "wrap" or "best_fit"')
+    if config.labels not in LABEL_RULES:
+        raise ConfigError(
+            f'[dataloader] labels must be "document" (shift inside each document, as TorchTitan) or "stream" '
+            f"(shift the packed stream), got {config.labels!r}"
+        )
+    if config.tokenizer_backend not in TOKENIZER_BACKENDS:
+        raise ConfigError(
+            f"[dataloader] tokenizer_backend must be one of {', '.join(TOKENIZER_BACKENDS)}, "
+            f"got {config.tokenizer_backend!r}"
+        )
+    if not isinstance(config.shuffle, bool):
+        raise ConfigError(f"[dataloader] shuffle must be true or false, got {config.shuffle!r}")
     if config.exhaustion not in EXHAUSTION_POLICIES:
         raise ConfigError(
             f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"

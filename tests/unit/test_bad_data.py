@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 from helpers import make_spec, rows_digest
 
@@ -45,20 +46,34 @@ def test_non_string_text_is_an_error(tmp_path, corpus_dir, tokenizer_dir):
         _first_rows(spec)
 
 
-def test_empty_documents_become_bos_eos(tmp_path, corpus_dir, tokenizer_dir):
+@pytest.mark.parametrize("labels", ["document", "stream"])
+def test_empty_documents_become_bos_eos(tmp_path, corpus_dir, tokenizer_dir, labels):
     lines = [json.dumps({"text": t}).encode() + b"\n" for t in ["", "hello world", ""]]
-    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute")
+    spec = _spec_over(tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute", labels=labels)
     bos, eos = spec.tokenizer.bos_id, spec.tokenizer.eos_id
-    rows = LaneStream(spec, 0).take(1)
-    empty = [p for p in rows[0].pieces if p.length == 2]
-    assert len(empty) == 2  # both empty documents are there, as [BOS, EOS]
-    assert [bos, eos] in [rows[0].inputs.tolist()[i : i + 2] for i in range(len(rows[0].inputs) - 1)]
+    row = LaneStream(spec, 0).take(1)[0]
+    within = labels == "document"
+    empty = [p for p in row.pieces if p.length == (1 if within else 2)]
+    assert len(empty) == 2  # both empty documents are there: [BOS, EOS], one pair BOS -> EOS under "document"
+    if within:
+        starts = [int(at) for at in np.flatnonzero(row.positions == 0)]
+        pairs = [(row.inputs[at], row.labels[at]) for at, p in zip(starts, row.pieces) if p.length == 1]
+        assert pairs == [(bos, eos)] * 2
+    else:
+        assert [bos, eos] in [row.inputs.tolist()[i : i + 2] for i in range(len(row.inputs) - 1)]
     bare = _spec_over(
-        tmp_path, corpus_dir, tokenizer_dir, lines, exhaustion="redistribute", add_bos=False, add_eos=False
+        tmp_path,
+        corpus_dir,
+        tokenizer_dir,
+        lines,
+        exhaustion="redistribute",
+        add_bos=False,
+        add_eos=False,
+        labels=labels,
     )
     # With neither BOS nor EOS an empty document has no token: nothing to place, nothing lost.
     assert [p.length for p in LaneStream(bare, 0).take(1)[0].pieces] == [
-        len(spec.tokenizer.encode(["hello world"])[0]) - 2
+        len(spec.tokenizer.encode(["hello world"])[0]) - 2 - within
     ]
 
 

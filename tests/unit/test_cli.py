@@ -73,7 +73,7 @@ def test_verify_names_the_first_step_after_a_one_token_change(tmp_path, corpus_d
     row = 2
     step = _first_step_with(job, str(target), row)
     assert step is not None and step > 1
-    texts[row] = texts[row].replace("def ", "def  ", 1)  # one more space: a one-token change
+    texts[row] = "#" + texts[row]  # a change at the document's start, so in its first piece
     pq.write_table(pa.table({"text": texts}), target, row_group_size=4)
     assert main(["plan", job, "--steps", "12", "-o", str(tmp_path / "after.jsonl")]) == 0
     capsys.readouterr()

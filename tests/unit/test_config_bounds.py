@@ -219,4 +219,4 @@ def test_the_bounds_cover_every_numeric_setting():
 def test_seq_len_has_an_upper_bound(corpus_dir, tokenizer_dir):
     config = config_from_dict(data_table(corpus_dir, tokenizer_dir))
     _one_line_error(lambda: spec_of(config, (1 << 20) + 1), r"seq_len must be <= 1048576, got 1048577 \(\[training\]")
-    assert spec_of(config, 1 << 20).row_tokens >= 1 << 20
+    assert spec_of(config, 1 << 20).seq_len == 1 << 20

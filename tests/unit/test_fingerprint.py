@@ -17,6 +17,8 @@ def test_same_config_same_fingerprint(corpus_dir, tokenizer_dir):
         ({"packing": "best_fit"}, "packing: wrap -> best_fit"),
         ({"add_bos": False}, "tokenizer: "),
         ({"shuffle_window_blocks": 3}, "shuffle_window_blocks: 2 -> 3"),
+        ({"labels": "stream"}, "labels: document -> stream"),
+        ({"shuffle": False}, "shuffle: on -> off"),
     ],
 )
 def test_changes_are_named(corpus_dir, tokenizer_dir, change, named):
@@ -37,3 +39,12 @@ def test_seq_len_and_data_changes_are_named(corpus_dir, tokenizer_dir, tmp_path)
     table["prose"]["block_bytes"], table["prose"]["weight"] = 16384, 0.9
     with pytest.raises(ResumeError, match="weights: "):
         check_fingerprint(saved, fingerprint(make_spec(corpus_dir, tokenizer_dir, seq_len=64, sources=table)))
+
+
+def test_a_checkpoint_from_before_the_label_rule_resumes_only_with_its_rule(corpus_dir, tokenizer_dir):
+    # Checkpoints written before `labels` and `shuffle` existed were shuffled, with the stream rule.
+    old = {k: v for k, v in fingerprint(make_spec(corpus_dir, tokenizer_dir, labels="stream")).items()}
+    del old["labels"], old["shuffle"]
+    with pytest.raises(ResumeError, match="labels: stream -> document"):
+        check_fingerprint(old, fingerprint(make_spec(corpus_dir, tokenizer_dir)))
+    check_fingerprint(old, fingerprint(make_spec(corpus_dir, tokenizer_dir, labels="stream")))

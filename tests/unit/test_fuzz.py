@@ -22,12 +22,15 @@ source = st.lists(st.lists(texts, min_size=0, max_size=12), min_size=1, max_size
     lanes=st.integers(1, 5),
     seq_len=st.integers(1, 48),
     packing=st.sampled_from(["wrap", "best_fit"]),
+    labels=st.sampled_from(["document", "stream"]),
     block_bytes=st.integers(1024, 4096),
     window=st.integers(1, 3),
     bos=st.booleans(),
 )
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_random_corpora_and_configs(tokenizer_dir, sources, weights, lanes, seq_len, packing, block_bytes, window, bos):
+def test_random_corpora_and_configs(
+    tokenizer_dir, sources, weights, lanes, seq_len, packing, labels, block_bytes, window, bos
+):
     with tempfile.TemporaryDirectory() as root:
         table = {}
         for s, files in enumerate(sources):
@@ -45,6 +48,7 @@ def test_random_corpora_and_configs(tokenizer_dir, sources, weights, lanes, seq_
             "seed": 1,
             "tokenizer_path": tokenizer_dir,
             "packing": packing,
+            "labels": labels,
             "exhaustion": "redistribute",
             "shuffle_window_blocks": window,
             "add_bos": bos,

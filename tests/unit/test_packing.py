@@ -3,74 +3,115 @@ import pytest
 from helpers import make_spec
 
 from zephon_titan.engine import IGNORE_INDEX, LaneStream
-from zephon_titan.engine.packing import Piece, make_row
+from zephon_titan.engine.packing import Piece, RowShape
 
 
-def _piece(n):
-    return Piece(0, "f", 0, 0, n)
+def _piece(offset, n):
+    return Piece(0, "f", 0, offset, n)
 
 
-def test_make_row_layout_with_literal_tokens():
-    row = make_row([(np.array([1, 2, 3]), _piece(3)), (np.array([4, 5]), _piece(2))], row_tokens=8, pad_id=0)
+def test_stream_rule_row_layout_with_literal_tokens():
+    shape = RowShape(slots=8, within_document=False, pad_id=0)
+    row = shape.make_row([(np.array([9, 1, 2, 3]), _piece(1, 3)), (np.array([4, 5]), _piece(0, 2))])
     assert row.inputs.tolist() == [1, 2, 3, 4, 5, 0, 0]
     assert row.labels.tolist() == [2, 3, 4, 5, -100, -100, -100]
     assert row.positions.tolist() == [0, 1, 2, 0, 1, 0, 1]
     assert row.padding == 3
 
 
-def test_make_row_full_row_has_no_ignored_label():
-    row = make_row([(np.array([1, 2, 3, 4]), _piece(4))], row_tokens=4, pad_id=0)
+def test_document_rule_row_layout_with_literal_tokens():
+    # Pairs 1-2 of document [9, 1, 2, 3] (inputs 1, 2; labels 2, 3), then document [4, 5, 6] whole.
+    shape = RowShape(slots=6, within_document=True, pad_id=0)
+    row = shape.make_row([(np.array([9, 1, 2, 3]), _piece(1, 2)), (np.array([4, 5, 6]), _piece(0, 2))])
+    assert row.inputs.tolist() == [1, 2, 4, 5, 0, 0]
+    assert row.labels.tolist() == [2, 3, 5, 6, -100, -100]  # 3 never predicts 4: no cross-document target
+    assert row.positions.tolist() == [0, 1, 0, 1, 0, 1]
+    assert row.padding == 2
+    assert shape.doc_slots(np.array([7])) == 0 and shape.doc_slots(np.array([], dtype=np.int32)) == 0
+
+
+def test_full_stream_row_has_no_ignored_label():
+    row = RowShape(slots=4, within_document=False, pad_id=0).make_row([(np.array([1, 2, 3, 4]), _piece(0, 4))])
     assert row.inputs.tolist() == [1, 2, 3] and row.labels.tolist() == [2, 3, 4] and row.positions.tolist() == [0, 1, 2]
 
 
-def _expected_positions(row):
-    return np.concatenate([np.arange(p.length) for p in row.pieces] + [np.arange(row.padding)])[:-1]
+def _expected_positions(row, within_document):
+    positions = np.concatenate([np.arange(p.length) for p in row.pieces] + [np.arange(row.padding)])
+    return positions if within_document else positions[:-1]
 
 
-def test_wrap_rows_are_full_with_per_document_positions(corpus_dir, tokenizer_dir):
-    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=96)
+@pytest.mark.parametrize("labels", ["document", "stream"])
+def test_wrap_rows_are_full_with_per_document_positions(corpus_dir, tokenizer_dir, labels):
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=96, labels=labels)
+    shape = RowShape.of(spec)
+    assert shape.slots == (96 if labels == "document" else 97)
     rows = LaneStream(spec, 2).take(60)
     assert any(len(r.pieces) > 1 for r in rows) and any(r.pieces[0].doc_offset > 0 for r in rows)
     for row in rows:
-        assert row.padding == 0 and sum(p.length for p in row.pieces) == spec.row_tokens
-        assert (row.labels[:-1] == row.inputs[1:]).all()  # labels are inputs shifted by one
-        assert (row.positions == _expected_positions(row)).all()
+        assert len(row.inputs) == len(row.labels) == len(row.positions) == spec.seq_len
+        assert row.padding == 0 and sum(p.length for p in row.pieces) == shape.slots
+        assert (row.positions == _expected_positions(row, shape.within_document)).all()
         assert row.positions.max() < spec.seq_len
         starts = np.flatnonzero(row.positions == 0)
         assert len(starts) == len(row.pieces)  # a block-causal mask sees one block per piece
+        if shape.within_document:  # labels are inputs shifted by one inside each piece, never across
+            cross = set(starts[1:] - 1)
+            inner = [i for i in range(spec.seq_len - 1) if i not in cross]
+            assert (row.labels[inner] == row.inputs[np.array(inner) + 1]).all()
+        else:  # labels are inputs shifted by one across the whole row
+            assert (row.labels[:-1] == row.inputs[1:]).all()
 
 
-def test_wrap_continues_documents_across_rows(corpus_dir, tokenizer_dir):
-    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=96)
+@pytest.mark.parametrize("labels", ["document", "stream"])
+def test_wrap_continues_documents_across_rows(corpus_dir, tokenizer_dir, labels):
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=96, labels=labels)
     rows = LaneStream(spec, 1).take(30)
+    continued = 0
     for prev, row in zip(rows, rows[1:]):
         last, first = prev.pieces[-1], row.pieces[0]
         if first.doc_offset:  # a continuation starts where the previous row stopped
+            continued += 1
             assert (first.file, first.row) == (last.file, last.row)
             assert first.doc_offset == last.doc_offset + last.length
+            if labels == "document":  # the label of the last pair is the continuation's first input
+                assert prev.labels[-1] == row.inputs[0]
+    assert continued
+
+
+def test_document_rule_ends_each_document_with_its_own_eos(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=96, labels="document", add_bos=True, add_eos=True)
+    eos, bos = spec.tokenizer.eos_id, spec.tokenizer.bos_id
+    for row in LaneStream(spec, 0).take(40):
+        starts = [i for i, p in enumerate(row.positions) if p == 0]
+        for piece, at in zip(row.pieces, starts):
+            if piece.doc_offset == 0:
+                assert row.inputs[at] == bos  # a document's first input is its BOS...
+            if at > 0 and piece.doc_offset == 0:
+                assert row.labels[at - 1] == eos  # ...and the target before it is the previous document's EOS
 
 
 def test_best_fit_keeps_documents_whole_and_ignores_padding(corpus_dir, tokenizer_dir, prose_docs, code_docs):
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=256, packing="best_fit", best_fit_window_docs=16)
+    shape = RowShape.of(spec)
     rows = LaneStream(spec, 3).take(600)
     for row in rows:
         for piece in row.pieces:
-            assert piece.doc_offset % spec.row_tokens == 0  # pieces are whole documents or row-sized chunks
-        used = spec.row_tokens - row.padding
-        assert (row.labels[used - 1 :] == IGNORE_INDEX).all() if row.padding else (row.labels != IGNORE_INDEX).all()
-        n = min(used - 1, spec.seq_len - 1)
-        assert (row.labels[:n] == row.inputs[1 : n + 1]).all()
-        assert (row.positions == _expected_positions(row)).all()
-    padding = sum(r.padding for r in rows) / (len(rows) * spec.row_tokens)
+            assert piece.doc_offset % shape.slots == 0  # pieces are whole documents or row-sized chunks
+        used = shape.slots - row.padding
+        assert (row.labels[used:] == IGNORE_INDEX).all() and (row.labels[:used] != IGNORE_INDEX).all()
+        assert (row.inputs[used:] == spec.pad_id).all()
+        assert (row.positions == _expected_positions(row, True)).all()
+    padding = sum(r.padding for r in rows) / (len(rows) * shape.slots)
     print(f"best_fit padding fraction at seq_len 256, window 16 docs: {padding:.4f}")
     assert 0 < padding < 0.5
 
 
+@pytest.mark.parametrize("labels", ["document", "stream"])
 @pytest.mark.parametrize("packing", ["wrap", "best_fit"])
-def test_finite_lane_pads_only_its_last_row(corpus_dir, tokenizer_dir, packing):
+def test_finite_lane_pads_only_its_last_row(corpus_dir, tokenizer_dir, packing, labels):
     from zephon_titan.engine import LaneExhausted
 
-    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, packing=packing, exhaustion="redistribute")
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, packing=packing, exhaustion="redistribute", labels=labels)
     stream = LaneStream(spec, 0)
     rows = []
     with pytest.raises(LaneExhausted):

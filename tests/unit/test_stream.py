@@ -13,12 +13,26 @@ from zephon_titan.engine import LaneExhausted, LaneState, LaneStream, open_lane_
 
 
 @pytest.mark.parametrize("packing", ["wrap", "best_fit"])
-@given(lane=st.integers(0, 7), cut=st.integers(0, 60), after=st.integers(1, 8))
+@given(
+    lane=st.integers(0, 7),
+    cut=st.integers(0, 60),
+    after=st.integers(1, 8),
+    labels=st.sampled_from(["document", "stream"]),
+    shuffle=st.booleans(),
+)
 @settings(max_examples=20, deadline=None)
-def test_restore_is_exact_at_random_cuts(corpus_dir, tokenizer_dir, packing, lane, cut, after):
+def test_restore_is_exact_at_random_cuts(corpus_dir, tokenizer_dir, packing, lane, cut, after, labels, shuffle):
     # Each side builds its own engine (fresh spec, sources and tokenizer objects).
     def factory():
-        return make_spec(corpus_dir, tokenizer_dir, seq_len=48, packing=packing, best_fit_window_docs=8)
+        return make_spec(
+            corpus_dir,
+            tokenizer_dir,
+            seq_len=48,
+            packing=packing,
+            best_fit_window_docs=8,
+            labels=labels,
+            shuffle=shuffle,
+        )
 
     assert_restores_exactly(factory, lane, cut, after)
 
@@ -93,21 +107,30 @@ def test_one_epoch_appears_exactly_once_across_lanes(corpus_dir, tokenizer_dir, 
     assert assert_each_document_once(spec, drain_pieces(spec)) == len(prose_docs) + len(code_docs)
 
 
-def test_epoch_tokens_are_the_tokenized_documents(corpus_dir, tokenizer_dir):
+@pytest.mark.parametrize("labels", ["document", "stream"])
+def test_epoch_tokens_are_the_tokenized_documents(corpus_dir, tokenizer_dir, labels):
     # The bytes, not just the bookkeeping: rebuild every document from the rows.
-    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=100, exhaustion="redistribute")
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=100, exhaustion="redistribute", labels=labels)
     rebuilt = defaultdict(dict)
+    pair_labels = defaultdict(dict)
     for piece, row in drain_pieces(spec):
         at = sum(p.length for p in row.pieces[: row.pieces.index(piece)])
-        tokens = list(row.inputs) + [None]
-        full = tokens[:-1] + [row.labels[-1]] if row.padding == 0 else list(row.inputs)
-        rebuilt[(piece.file, piece.row)][piece.doc_offset] = [int(t) for t in full[at : at + piece.length]]
+        if labels == "document":  # the piece's inputs, and its labels: the same tokens one further
+            rebuilt[(piece.file, piece.row)][piece.doc_offset] = row.inputs[at : at + piece.length].tolist()
+            pair_labels[(piece.file, piece.row)][piece.doc_offset] = row.labels[at : at + piece.length].tolist()
+        else:
+            full = list(row.inputs) + [row.labels[-1]] if row.padding == 0 else list(row.inputs)
+            rebuilt[(piece.file, piece.row)][piece.doc_offset] = [int(t) for t in full[at : at + piece.length]]
     for source in spec.sources:
         block = source.read_block(0)
         for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
             parts = rebuilt[(block.file, row)]
             joined = [t for offset in sorted(parts) for t in parts[offset]]
-            assert joined == tokens.tolist()
+            if labels == "document":
+                targets = [t for offset in sorted(parts) for t in pair_labels[(block.file, row)][offset]]
+                assert joined == tokens.tolist()[:-1] and targets == tokens.tolist()[1:]
+            else:
+                assert joined == tokens.tolist()
 
 
 def test_source_with_fewer_blocks_than_lanes(tmp_path, corpus_dir, tokenizer_dir, code_docs):

@@ -62,7 +62,7 @@ class _Window:
     texts: list[str | np.ndarray]
     files: list[str]
     rows: list[int]
-    order: Permutation
+    order: Permutation | range
 
 
 class LaneSourceReader:
@@ -73,12 +73,16 @@ class LaneSourceReader:
         self.source = spec.sources[source_index]
         self.source_index = source_index
         self.lane_id = lane_id
-        self._perms: dict[int, Permutation] = {}
+        self._perms: dict[int, Permutation | range] = {}
         self._window: _Window | None = None
         self._tokens: dict[int, np.ndarray] = {}
         self._batch = FIRST_TOKENIZE_BATCH
         self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
         self._ahead: tuple[int, list[Future[BlockDocuments]]] | None = None
+
+    def _order(self, n: int, *path: object) -> Permutation | range:
+        """A keyed shuffle of range(n), or file order when `shuffle` is off."""
+        return Permutation(n, derive_key(self.spec.seed, *path)) if self.spec.config.shuffle else range(n)
 
     def block_at(self, k: int) -> int | None:
         """The lane's k-th block of this source, or None past the end (non-repeating)."""
@@ -88,7 +92,7 @@ class LaneSourceReader:
             return None
         perm = self._perms.get(epoch)
         if perm is None:
-            perm = Permutation(num_blocks, derive_key(self.spec.seed, "blocks", self.source.name, epoch))
+            perm = self._order(num_blocks, "blocks", self.source.name, epoch)
             self._perms = {epoch: perm}  # lanes move forward: one epoch at a time is enough
         return perm[index]
 
@@ -108,8 +112,8 @@ class LaneSourceReader:
             texts.extend(docs.texts)
             files.extend([docs.file] * len(docs.texts))
             rows.extend(docs.rows)
-        key = derive_key(self.spec.seed, "docs", self.source.name, self.lane_id, w)
-        self._window = _Window(w, texts, files, rows, Permutation(len(texts), key))
+        order = self._order(len(texts), "docs", self.source.name, self.lane_id, w)
+        self._window = _Window(w, texts, files, rows, order)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window

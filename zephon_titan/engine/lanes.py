@@ -132,6 +132,9 @@ def open_lane_group(
     # Returns LaneGroup | ProcessLaneGroup (workers.py). Typed Any for now: the loader
     # (titan/dataloader.py) stores it where only a LaneGroup is accepted; tighten with it.
     if num_workers == 0:
+        from zephon_titan.engine.tokenizer_backends import default_threads, limit_threads
+
+        limit_threads(default_threads(0))
         return LaneGroup(spec, lane_ids, rows_per_step, states)
     from zephon_titan.engine.workers import ProcessLaneGroup
 

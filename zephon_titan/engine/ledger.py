@@ -4,8 +4,9 @@
 
 `sha256` is the global batch digest of engine/digest.py (over the ordered lane
 digests), so it can be computed without gathering tokens, and predicted offline.
-`tokens` counts the step's tokens per source (inputs and the last label of each
-row: row_tokens per row), `padding` its padding tokens.
+`tokens` counts the step's slots per source (its (input, label) pairs under
+labels = "document"; its tokens, the last label of each row included, under
+"stream"; see engine/packing.py), `padding` its padding slots.
 
 A crash or a full disk can stop an append halfway. Each entry is therefore written with
 one write() of the whole line, a short write is cut off again, and a restart drops an

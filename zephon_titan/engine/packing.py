@@ -1,14 +1,20 @@
-"""Documents into rows of seq_len + 1 tokens.
+"""Documents into rows of (input, label) slots.
 
-Row layout. A row holds seq_len + 1 tokens; the model sees inputs = row[:-1] and
-labels = row[1:] (so in `wrap` packing every token is an input or a label of
-exactly one row, and none is dropped). Positions restart at 0 at every piece of
-a document in a row: at each document start, and also at the start of a row that
-continues a document from the previous row. The continuation thus becomes its
-own attention block (it could not see the previous row anyway) and positions stay
-below seq_len, inside the RoPE cache; TorchTitan's block-causal mask cuts
-documents where positions return to 0. Padding (best_fit, or the last row of a
-finite lane) uses the pad id, positions 0, 1, ... as one block, and label -100.
+Labels (`[dataloader] labels`). `document` (TorchTitan's rule, the default): a
+document of n tokens is n - 1 (input, label) pairs, tokens shifted by one inside
+the document, so its last token never predicts the next document's first; a row
+is seq_len pairs. `stream`: the packed token stream is shifted instead; a row
+holds seq_len + 1 tokens, inputs = row[:-1] and labels = row[1:], so document
+boundaries are targets too. Either way `wrap` packing places every slot in
+exactly one row and drops none.
+
+Positions restart at 0 at every piece of a document in a row: at each document
+start, and also at the start of a row that continues a document from the
+previous row. The continuation thus becomes its own attention block (it could
+not see the previous row anyway) and positions stay below seq_len, inside the
+RoPE cache; TorchTitan's block-causal mask cuts documents where positions return
+to 0. Padding (best_fit, or the last row of a finite lane) uses the pad id,
+positions 0, 1, ... as one block, and label -100.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ class Row:
     """int32 [seq_len]: position of each input inside its document piece."""
     pieces: tuple[Piece, ...]
     padding: int
-    """Padding tokens among the row's seq_len + 1 tokens."""
+    """Padding slots among the row's slots (see RowShape)."""
 
     def to_bytes(self) -> bytes:
         return self.inputs.tobytes() + self.labels.tobytes() + self.positions.tobytes()
@@ -67,24 +73,48 @@ def tally(rows: Iterable[Row], num_sources: int) -> list[int]:
     return counts
 
 
-def make_row(parts: list[tuple[np.ndarray, Piece]], row_tokens: int, pad_id: int) -> Row:
-    """Concatenate document pieces into a row, padding the tail."""
-    used = sum(len(tokens) for tokens, _ in parts)
-    padding = row_tokens - used
-    tokens = np.empty(row_tokens, dtype=_ROW_DTYPE)
-    positions = np.empty(row_tokens, dtype=_ROW_DTYPE)
-    at = 0
-    for piece_tokens, _ in parts:
-        n = len(piece_tokens)
-        tokens[at : at + n] = piece_tokens
-        positions[at : at + n] = np.arange(n, dtype=_ROW_DTYPE)
-        at += n
-    tokens[at:] = pad_id
-    positions[at:] = np.arange(padding, dtype=_ROW_DTYPE)
-    labels = tokens[1:].copy()
-    if padding:
-        labels[max(used - 1, 0) :] = IGNORE_INDEX
-    return Row(tokens[:-1], labels, positions[:-1], tuple(p for _, p in parts), padding)
+@dataclass(frozen=True, slots=True)
+class RowShape:
+    """How a row is cut from documents: `slots` per row, each one (input, label) pair or stream token."""
+
+    slots: int
+    within_document: bool
+    pad_id: int
+
+    @classmethod
+    def of(cls, spec: EngineSpec) -> RowShape:
+        within = spec.config.labels == "document"
+        return cls(spec.seq_len if within else spec.seq_len + 1, within, spec.pad_id)
+
+    def doc_slots(self, tokens: np.ndarray) -> int:
+        """Slots a document of these tokens fills: its pairs, or its tokens."""
+        return max(len(tokens) - 1, 0) if self.within_document else len(tokens)
+
+    def make_row(self, parts: list[tuple[np.ndarray, Piece]]) -> Row:
+        """A row from pieces (each a document's tokens and the slots of it placed here), padding the tail."""
+        used = sum(p.length for _, p in parts)
+        padding = self.slots - used
+        inputs = np.empty(self.slots, dtype=_ROW_DTYPE)
+        positions = np.empty(self.slots, dtype=_ROW_DTYPE)
+        labels = np.empty(self.slots, dtype=_ROW_DTYPE) if self.within_document else None
+        at = 0
+        for tokens, p in parts:
+            inputs[at : at + p.length] = tokens[p.doc_offset : p.doc_offset + p.length]
+            if labels is not None:
+                labels[at : at + p.length] = tokens[p.doc_offset + 1 : p.doc_offset + p.length + 1]
+            positions[at : at + p.length] = np.arange(p.length, dtype=_ROW_DTYPE)
+            at += p.length
+        inputs[at:] = self.pad_id
+        positions[at:] = np.arange(padding, dtype=_ROW_DTYPE)
+        pieces = tuple(p for _, p in parts)
+        if labels is not None:
+            labels[at:] = IGNORE_INDEX
+            return Row(inputs, labels, positions, pieces, padding)
+        # The stream rule: the row's seq_len + 1 tokens, shifted by one.
+        stream_labels = inputs[1:].copy()
+        if padding:
+            stream_labels[max(used - 1, 0) :] = IGNORE_INDEX
+        return Row(inputs[:-1], stream_labels, positions[:-1], pieces, padding)
 
 
 class Packer(Protocol):
@@ -135,16 +165,15 @@ class WrapPacker:
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> WrapPacker:
-        return cls(feed, spec.row_tokens, spec.pad_id)
+        return cls(feed, RowShape.of(spec))
 
     @staticmethod
     def fingerprint(config: DataConfig) -> str:
         return "wrap"
 
-    def __init__(self, feed: DocumentFeed, row_tokens: int, pad_id: int):
+    def __init__(self, feed: DocumentFeed, shape: RowShape):
         self.feed = feed
-        self.row_tokens = row_tokens
-        self.pad_id = pad_id
+        self.shape = shape
         self._doc: Document | None = None
         self._doc_start: tuple[SourceCursor, ...] = feed.state()
         self._offset = 0
@@ -154,7 +183,7 @@ class WrapPacker:
         self._doc_start = self.feed.state()
         self._doc = self.feed.next_document() if unit_open else None
         self._offset = unit_offset
-        if unit_open and (self._doc is None or unit_offset > len(self._doc.tokens)):
+        if unit_open and (self._doc is None or unit_offset > self.shape.doc_slots(self._doc.tokens)):
             raise ResumeError(
                 f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?"
             )
@@ -166,24 +195,23 @@ class WrapPacker:
 
     def next_row(self) -> Row:
         parts: list[tuple[np.ndarray, Piece]] = []
-        need = self.row_tokens
+        need = self.shape.slots
         while need:
-            if self._doc is None or self._offset == len(self._doc.tokens):
+            if self._doc is None or self._offset == self.shape.doc_slots(self._doc.tokens):
                 self._doc_start = self.feed.state()
                 self._doc = self.feed.next_document()
                 self._offset = 0
                 if self._doc is None:
                     break
             doc = self._doc
-            n = min(need, len(doc.tokens) - self._offset)
-            parts.append(
-                (doc.tokens[self._offset : self._offset + n], Piece(doc.source, doc.file, doc.row, self._offset, n))
-            )
+            n = min(need, self.shape.doc_slots(doc.tokens) - self._offset)
+            if n:  # a one-token document has no (input, label) pair under labels = "document"
+                parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, self._offset, n)))
             self._offset += n
             need -= n
         if not parts:
             raise LaneExhausted
-        return make_row(parts, self.row_tokens, self.pad_id)
+        return self.shape.make_row(parts)
 
 
 class BestFitPacker:
@@ -197,16 +225,15 @@ class BestFitPacker:
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> BestFitPacker:
-        return cls(feed, spec.row_tokens, spec.pad_id, spec.config.best_fit_window_docs)
+        return cls(feed, RowShape.of(spec), spec.config.best_fit_window_docs)
 
     @staticmethod
     def fingerprint(config: DataConfig) -> str:
         return f"best_fit(window_docs={config.best_fit_window_docs})"
 
-    def __init__(self, feed: DocumentFeed, row_tokens: int, pad_id: int, window_docs: int):
+    def __init__(self, feed: DocumentFeed, shape: RowShape, window_docs: int):
         self.feed = feed
-        self.row_tokens = row_tokens
-        self.pad_id = pad_id
+        self.shape = shape
         self.window_docs = window_docs
         self._rows: list[Row] = []
         self._emitted = 0
@@ -243,25 +270,26 @@ class BestFitPacker:
             doc = self.feed.next_document()
             if doc is None:
                 break
-            for start in range(0, len(doc.tokens), self.row_tokens):
-                chunk = doc.tokens[start : start + self.row_tokens]
-                pieces.append((chunk, Piece(doc.source, doc.file, doc.row, start, len(chunk))))
+            size = self.shape.doc_slots(doc.tokens)
+            for start in range(0, size, self.shape.slots):
+                n = min(self.shape.slots, size - start)
+                pieces.append((doc.tokens, Piece(doc.source, doc.file, doc.row, start, n)))
         # Longest first; equal lengths keep arrival order (sorted() is stable).
-        order = sorted(range(len(pieces)), key=lambda i: -len(pieces[i][0]))
+        order = sorted(range(len(pieces)), key=lambda i: -pieces[i][1].length)
         bins: list[list[tuple[np.ndarray, Piece]]] = []
         free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
         for i in order:
-            n = len(pieces[i][0])
+            n = pieces[i][1].length
             at = bisect.bisect_left(free, (n, -1))
             if at < len(free):
                 space, b = free.pop(at)
             else:
-                space, b = self.row_tokens, len(bins)
+                space, b = self.shape.slots, len(bins)
                 bins.append([])
             bins[b].append(pieces[i])
             if space - n > 0:
                 bisect.insort(free, (space - n, b))
-        return [make_row(parts, self.row_tokens, self.pad_id) for parts in bins]
+        return [self.shape.make_row(parts) for parts in bins]
 
 
 register_packer(WrapPacker)

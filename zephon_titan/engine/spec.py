@@ -37,11 +37,6 @@ class EngineSpec:
         return self.config.seed
 
     @property
-    def row_tokens(self) -> int:
-        """Tokens per packed row: seq_len inputs plus the last label."""
-        return self.seq_len + 1
-
-    @property
     def repeat(self) -> bool:
         return self.config.exhaustion == "repeat"
 
@@ -116,7 +111,10 @@ def spec_from_portable(data: PortableSpec) -> EngineSpec:
     from zephon_titan.engine.tokenize import SpecialTokenChoice
 
     tokenizer = DocumentTokenizer(
-        Tokenizer.from_str(data["tokenizer"]), SpecialTokenChoice(*data["bos"]), SpecialTokenChoice(*data["eos"])
+        Tokenizer.from_str(data["tokenizer"]),
+        SpecialTokenChoice(*data["bos"]),
+        SpecialTokenChoice(*data["eos"]),
+        data["config"]["tokenizer_backend"],
     )
     return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
 

@@ -3,7 +3,8 @@
 BOS/EOS are added by this module, never by the tokenizer's post-processor
 (`add_special_tokens=False`), so the ids of a document depend only on the vocabulary
 (special tokens included) and these two explicit choices. Which tokenizer and which
-choices a job uses is decided in one place, zephon_titan/titan/tokenizer.py.
+choices a job uses is decided in one place, zephon_titan/titan/tokenizer.py. Which
+code computes the ids (a speed knob only) is engine/tokenizer_backends.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 from tokenizers import Tokenizer
 
+from zephon_titan.engine import tokenizer_backends
+from zephon_titan.engine.tokenizer_backends import Backend, ReferenceBackend
 from zephon_titan.errors import ConfigError
 
 TOKEN_DTYPE = np.int32
@@ -38,8 +41,14 @@ class DocumentTokenizer:
         tokenizer: Tokenizer,
         bos: SpecialTokenChoice | int | None = None,
         eos: SpecialTokenChoice | int | None = None,
+        backend: str = "auto",
     ):
         self.tokenizer = tokenizer
+        self.backend_setting = backend
+        self._reference = ReferenceBackend(tokenizer)
+        self._backend: Backend | None = None  # chosen at the first encode, in the process that encodes
+        self.backend_reason = ""
+        self._verify_left = tokenizer_backends.VERIFY_DOCUMENTS
         self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
         self.eos = eos if isinstance(eos, SpecialTokenChoice) else SpecialTokenChoice(eos, "given")
         bos_id, eos_id = self.bos.token_id, self.eos.token_id
@@ -53,21 +62,69 @@ class DocumentTokenizer:
         self._suffix = [eos_id] if eos_id is not None else []
         self._digest: str | None = None
 
+    def select_backend(self, announce: bool = True) -> str:
+        """Choose the backend now (probe check included); returns its name. Idempotent."""
+        if self._backend is None:
+            self._backend, self.backend_reason = tokenizer_backends.select_backend(
+                self.tokenizer, self.backend_setting, announce=announce
+            )
+        return self._backend.name
+
     def encode(self, texts: Sequence[str | np.ndarray]) -> list[np.ndarray]:
         """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized."""
         strings = [t for t in texts if isinstance(t, str)]
-        encodings = iter(self.tokenizer.encode_batch_fast(strings, add_special_tokens=False) if strings else [])
-        out: list[np.ndarray] = []
-        for t in texts:
-            if isinstance(t, str):
-                out.append(np.array(self._prefix + next(encodings).ids + self._suffix, dtype=TOKEN_DTYPE))
-            else:
-                out.append(
-                    np.concatenate(
-                        [np.array(self._prefix, dtype=TOKEN_DTYPE), t, np.array(self._suffix, dtype=TOKEN_DTYPE)]
-                    )
-                )
-        return out
+        encoded = iter(self._with_specials(*self._encode_checked(strings)) if strings else [])
+        prefix, suffix = np.array(self._prefix, dtype=TOKEN_DTYPE), np.array(self._suffix, dtype=TOKEN_DTYPE)
+        return [next(encoded) if isinstance(t, str) else np.concatenate([prefix, t, suffix]) for t in texts]
+
+    def _encode_checked(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The reference's ids for `strings`, computed by the chosen backend once it has matched the
+        reference on this process's first documents."""
+        self.select_backend(announce=False)
+        assert self._backend is not None
+        if self._backend is self._reference:
+            return self._reference.encode_flat(strings)
+        try:
+            ids, offsets = self._backend.encode_flat(strings)
+        except Exception as e:  # a text the fast backend cannot encode: the reference can
+            return self._use_reference(f"failed on a document ({type(e).__name__}: {e})", strings)
+        if self._verify_left <= 0:
+            return ids, offsets
+        k = min(len(strings), self._verify_left)
+        ref_ids, ref_offsets = self._reference.encode_flat(strings[:k])
+        if np.array_equal(ref_offsets, offsets[: k + 1]) and np.array_equal(ref_ids, ids[: offsets[k]]):
+            self._verify_left -= k
+            return ids, offsets
+        return self._use_reference("gave other ids than tokenizers for a document", strings)
+
+    def _use_reference(self, what: str, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Switch this process to the reference for good, saying so once; the ids are always the reference's."""
+        assert self._backend is not None
+        tokenizer_backends.log.warning(
+            "zephon_titan: %s %s; this process tokenizes with tokenizers from now on (the rows are unchanged: "
+            "they are tokenizers' ids either way). `zephon-titan validate --check-tokenizer` finds the document.",
+            self._backend.name,
+            what,
+        )
+        self._backend, self.backend_reason = self._reference, f"tokenizers ({self._backend.name} {what})"
+        return self._reference.encode_flat(strings)
+
+    def _with_specials(self, ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+        """Per document, a view [BOS] + ids + [EOS] into one new int32 buffer (no per-token Python work)."""
+        n, before, extra = len(offsets) - 1, len(self._prefix), len(self._prefix) + len(self._suffix)
+        starts = offsets + np.arange(n + 1, dtype=np.int64) * extra  # document i: out[starts[i]:starts[i+1]]
+        out = np.empty(int(starts[-1]), dtype=TOKEN_DTYPE)
+        if extra:
+            shift = np.repeat(starts[:-1] + before - offsets[:-1], np.diff(offsets))
+            out[np.arange(len(ids), dtype=np.int64) + shift] = ids
+            if self._prefix:
+                out[starts[:-1]] = self._prefix[0]
+            if self._suffix:
+                out[starts[1:] - 1] = self._suffix[0]
+        else:
+            out[:] = ids
+        bounds = starts.tolist()
+        return [out[bounds[i] : bounds[i + 1]] for i in range(n)]
 
     @property
     def vocab_size(self) -> int:

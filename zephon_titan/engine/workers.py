@@ -16,10 +16,17 @@ Failures are bounded in time and said in one line:
   anything else (a bug) keeps its traceback;
 - workers exit when their parent dies, however it dies (SIGKILL from the OOM killer
   included): a parent-death signal where Linux has one, and a watcher of the parent pid.
+
+Lean workers: a spawned child normally re-imports the parent's main module; under the trainer
+that is torch and torchtitan (~500 MB per worker) for nothing. The main module is hidden
+while the workers start, so they import the engine only (numpy, pyarrow, tokenizers).
+Each worker sizes its tokenizer thread pool so that workers x threads fits the cores
+(tokenizer_backends.default_threads).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -28,8 +35,9 @@ import sys
 import threading
 import time
 import traceback
+import types
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from zephon_titan import errors
@@ -37,6 +45,7 @@ from zephon_titan.engine import channel
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec, PortableSpec, portable, spec_from_portable
 from zephon_titan.engine.state import LaneState
+from zephon_titan.engine.tokenizer_backends import default_threads, limit_threads
 from zephon_titan.errors import DataError, LaneExhausted, ZephonError
 
 if TYPE_CHECKING:
@@ -46,6 +55,20 @@ if TYPE_CHECKING:
 
 _POLL_SECONDS = 1.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start spawned children without re-importing the parent's __main__ (see the module docstring).
+
+    multiprocessing records the main module to re-import when the child is started; an empty
+    stand-in has neither a name nor a file to record. The workers' code is in this package."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _worker_main(
@@ -58,8 +81,10 @@ def _worker_main(
     stop: synchronize.Event,
     parent_pid: int,
     arm_pdeathsig: bool,
+    threads: int,
 ) -> None:
     _exit_with_parent(parent_pid, arm_pdeathsig)
+    limit_threads(threads)
     fd, lane = writer.fileno(), None
     try:
         from zephon_titan.engine.stream import LaneStream
@@ -140,6 +165,7 @@ class ProcessLaneGroup:
         # for groups started on the main thread; elsewhere the worker's parent-pid watcher does it.
         arm_pdeathsig = threading.current_thread() is threading.main_thread()
         data = portable(spec)
+        threads = default_threads(workers)
         for w in range(workers):
             mine = self._lanes_of(w)
             reader, writer = ctx.Pipe(duplex=False)
@@ -156,11 +182,13 @@ class ProcessLaneGroup:
                     self._stop,
                     os.getpid(),
                     arm_pdeathsig,
+                    threads,
                 ),
                 name=f"zephon-lanes-{w}",
                 daemon=True,
             )
-            proc.start()
+            with _main_module_hidden():
+                proc.start()
             writer.close()  # the worker holds the only write end: its death is end of file here
             self._readers.append(reader)
             self._inboxes.append(channel.Inbox(reader.fileno()))

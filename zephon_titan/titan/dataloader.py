@@ -63,6 +63,11 @@ class StepRecord:
         return cls([lane_digest(row for row, _ in rows) for rows in step], totals)
 
 
+def _long_tensor(rows: list[np.ndarray]) -> torch.Tensor:
+    """int64 [len(rows), seq_len], stacked and widened in one copy; the tensor shares its memory."""
+    return torch.from_numpy(np.stack(rows, dtype=np.int64))
+
+
 class ZephonDataLoader(BaseDataLoader):
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
@@ -94,6 +99,8 @@ class ZephonDataLoader(BaseDataLoader):
                                                    local_batch_size)  # fmt: skip
         self.local_batch_size = local_batch_size
         self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
+        self.spec.tokenizer.select_backend()  # probe-checked now: a fallback is said at startup, once per rank
+        logger.info(f"zephon_titan: tokenizer backend {self.spec.tokenizer.backend_reason}")
         self.fingerprint = fingerprint(self.spec)
         encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
@@ -132,10 +139,10 @@ class ZephonDataLoader(BaseDataLoader):
                 chunk = flat[start : start + self.local_batch_size]
                 batch = (
                     {
-                        "input": torch.from_numpy(np.stack([row.inputs for _, row, _ in chunk])).long(),
-                        "positions": torch.from_numpy(np.stack([row.positions for _, row, _ in chunk])).long(),
+                        "input": _long_tensor([row.inputs for _, row, _ in chunk]),
+                        "positions": _long_tensor([row.positions for _, row, _ in chunk]),
                     },
-                    torch.from_numpy(np.stack([row.labels for _, row, _ in chunk])).long(),
+                    _long_tensor([row.labels for _, row, _ in chunk]),
                 )
                 # Handing the microbatch over is consumption: record it before yielding.
                 for lane, row, state in chunk:

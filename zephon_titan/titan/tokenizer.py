@@ -28,19 +28,23 @@ from zephon_titan.errors import ConfigError
 
 
 def load_tokenizer(
-    path: str, add_bos: bool | None = None, add_eos: bool | None = None, key: str = "[dataloader] tokenizer_path"
+    path: str,
+    add_bos: bool | None = None,
+    add_eos: bool | None = None,
+    key: str = "[dataloader] tokenizer_path",
+    backend: str = "auto",
 ) -> DocumentTokenizer:
     """Load the tokenizer directory `path` exactly as TorchTitan's trainer does (`key` names the
     setting it came from, for errors)."""
-    return document_tokenizer(load_hf_tokenizer(path, key), add_bos, add_eos)
+    return document_tokenizer(load_hf_tokenizer(path, key), add_bos, add_eos, backend)
 
 
 def loader_tokenizer(data: DataConfig, trainer_tokenizer: Callable[[], Any]) -> DocumentTokenizer:
     """The loader's tokenizer: `[dataloader] tokenizer_path` if set, else the trainer's own
     (`trainer_tokenizer()` is called only then). The trainer and `Job` both come here."""
     if data.tokenizer_path:
-        return load_tokenizer(data.tokenizer_path, data.add_bos, data.add_eos)
-    return document_tokenizer(trainer_tokenizer(), data.add_bos, data.add_eos)
+        return load_tokenizer(data.tokenizer_path, data.add_bos, data.add_eos, backend=data.tokenizer_backend)
+    return document_tokenizer(trainer_tokenizer(), data.add_bos, data.add_eos, data.tokenizer_backend)
 
 
 def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None) -> Any:
@@ -75,7 +79,9 @@ def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None
         ) from None
 
 
-def document_tokenizer(hf: Any, add_bos: bool | None = None, add_eos: bool | None = None) -> DocumentTokenizer:
+def document_tokenizer(
+    hf: Any, add_bos: bool | None = None, add_eos: bool | None = None, backend: str = "auto"
+) -> DocumentTokenizer:
     """Wrap a TorchTitan HuggingFaceTokenizer (the trainer's, or one from load_hf_tokenizer)."""
     inner = getattr(hf, "tokenizer", None)
     if inner is None or not hasattr(inner, "encode_batch_fast"):
@@ -86,7 +92,7 @@ def document_tokenizer(hf: Any, add_bos: bool | None = None, add_eos: bool | Non
     settings = getattr(hf, "_hf_config", None) or {}
     bos = _choose("bos", getattr(hf, "bos_id", None), getattr(hf, "hf_adds_bos", False), settings, add_bos)
     eos = _choose("eos", getattr(hf, "eos_id", None), getattr(hf, "hf_adds_eos", False), settings, add_eos)
-    return DocumentTokenizer(inner, bos, eos)
+    return DocumentTokenizer(inner, bos, eos, backend)
 
 
 def _choose(

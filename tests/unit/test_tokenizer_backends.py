@@ -1,0 +1,160 @@
+"""The tokenizer backend is a speed knob only: fastokens gives the ids of `tokenizers` or is not used.
+
+For the fixture tokenizer (with special tokens only tokenizer_config.json declares) and every real
+tokenizer present: the backend chosen, rows and fingerprint identical with both backends, a save
+with one backend resumed with the other. A tokenizer fastokens cannot encode with falls back with a
+log line; a broken fast tokenizer (one merge removed) is caught by the probe check and by the
+first-documents check; worker processes import neither torch nor torchtitan.
+"""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from helpers import REAL_TOKENIZERS, data_table, make_spec, real_tokenizer, special_token_strings, with_special_tokens
+
+from zephon_titan.config import config_from_dict
+from zephon_titan.engine import ConfigError, LaneState, LaneStream, fingerprint
+from zephon_titan.engine.tokenizer_backends import FastBackend, select_backend
+from zephon_titan.titan.tokenizer import load_tokenizer
+
+# Tokenizers fastokens 0.3.5 cannot encode with ("byte 0x20 has no token in vocabulary").
+FAST_REFUSES = {"torchtitan_test"}
+
+
+@pytest.fixture(scope="module")
+def special_dir(tokenizer_dir, tmp_path_factory) -> str:
+    return with_special_tokens(tokenizer_dir, str(tmp_path_factory.mktemp("special")), ["<|im_start|>", "<|x|>"])
+
+
+def _tokenizer_path(name, special_dir):
+    return special_dir if name == "fixture" else real_tokenizer(name)
+
+
+def _corpus_with_specials(root, tokenizer_path, prose_docs):
+    """A JSONL source whose documents hold the tokenizer's special-token strings."""
+    specials = special_token_strings(tokenizer_path)
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "docs.jsonl"), "w", encoding="utf-8") as f:
+        for i, doc in enumerate(prose_docs[:120]):
+            s = specials[i % len(specials)]
+            f.write(json.dumps({"text": f"{doc[:700]} {s}{doc[700:900]}\n\t  {s}"}) + "\n")
+    return {"web": {"paths": [os.path.join(root, "*.jsonl")], "block_bytes": 8192}}
+
+
+@pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
+def test_both_backends_give_the_same_rows_and_resume_each_other(name, special_dir, tmp_path, prose_docs, caplog):
+    path = _tokenizer_path(name, special_dir)
+    sources = _corpus_with_specials(str(tmp_path / "data"), path, prose_docs)
+
+    def spec(backend):
+        return make_spec(str(tmp_path), path, seq_len=80, sources=sources, tokenizer_backend=backend, num_lanes=2)
+
+    with caplog.at_level(logging.INFO, logger="zephon_titan"):
+        chosen = spec("auto").tokenizer.select_backend()
+    if name in FAST_REFUSES:
+        assert chosen == "tokenizers" and "tokenizing with tokenizers, not fastokens: fastokens cannot" in caplog.text
+        with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens cannot"):
+            spec("fastokens").tokenizer.select_backend()
+        return
+    assert chosen == "fastokens", caplog.text
+    fast, slow = spec("fastokens"), spec("tokenizers")
+    assert fast.tokenizer.select_backend() == "fastokens" and slow.tokenizer.select_backend() == "tokenizers"
+    assert fingerprint(fast) == fingerprint(slow)  # a speed knob: not part of the data stream
+    for lane in range(2):
+        a, b = LaneStream(fast, lane), LaneStream(slow, lane)
+        assert [r.to_bytes() for r in a.take(40)] == [r.to_bytes() for r in b.take(40)]
+        assert fast.tokenizer._backend.name == "fastokens"  # still fast: the first-document check passed
+        # Saved with one backend, resumed with the other (both ways): the same continuation.
+        saved = {"fastokens": a.state(), "tokenizers": b.state()}
+        expected = [r.to_bytes() for r in a.take(10)]
+        for state, other in ((saved["fastokens"], spec("tokenizers")), (saved["tokenizers"], spec("fastokens"))):
+            resumed = LaneStream(other, lane, LaneState.from_dict(json.loads(json.dumps(state.to_dict()))))
+            assert [r.to_bytes() for r in resumed.take(10)] == expected
+
+
+def _broken_json(tokenizer_path) -> str:
+    """The tokenizer.json with its first (highest-priority) merge removed."""
+    data = json.loads(load_tokenizer(tokenizer_path).tokenizer.to_str())
+    data["model"]["merges"] = data["model"]["merges"][1:]
+    return json.dumps(data)
+
+
+def test_a_broken_fast_tokenizer_is_caught_by_the_probe_check(tokenizer_dir, caplog):
+    reference = load_tokenizer(tokenizer_dir).tokenizer
+    broken = _broken_json(tokenizer_dir)
+    with caplog.at_level(logging.INFO, logger="zephon_titan"):
+        backend, reason = select_backend(reference, "auto", fast_json=broken)
+    assert backend.name == "tokenizers" and "fastokens gives other ids than tokenizers for the probe text" in reason
+    assert "tokenizing with tokenizers, not fastokens" in caplog.text
+    with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens gives other ids"):
+        select_backend(reference, "fastokens", fast_json=broken)
+    # Control: the unbroken tokenizer passes the same check.
+    assert select_backend(reference, "auto")[0].name == "fastokens"
+
+
+def test_a_fast_backend_that_differs_on_a_document_is_replaced_by_the_reference(tokenizer_dir, prose_docs, caplog):
+    tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
+    reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
+    tokenizer.select_backend()
+    tokenizer._backend = FastBackend(_broken_json(tokenizer_dir))  # as if it had passed the probes
+    with caplog.at_level(logging.WARNING, logger="zephon_titan"):
+        got = tokenizer.encode(prose_docs[:8])
+    assert [g.tolist() for g in got] == [r.tolist() for r in reference.encode(prose_docs[:8])]
+    assert "fastokens gave other ids than tokenizers for a document" in caplog.text
+    assert tokenizer._backend.name == "tokenizers"
+
+
+def test_backend_setting_is_checked(corpus_dir, tokenizer_dir):
+    with pytest.raises(ConfigError, match="tokenizer_backend must be one of auto, tokenizers, fastokens, got 'rust'"):
+        config_from_dict(data_table(corpus_dir, tokenizer_dir, tokenizer_backend="rust"))
+
+
+def test_worker_processes_import_neither_torch_nor_torchtitan(corpus_dir, tokenizer_dir, tmp_path):
+    # A parent script that has imported torch and torchtitan (as the trainer has) starts 2 workers; a
+    # spawned child would re-import that script as its main module, unless the engine prevents it.
+    script = textwrap.dedent(
+        f"""
+        import sys, torch, torchtitan
+        sys.path.insert(0, {os.path.join(os.path.dirname(__file__), "..")!r})
+        from helpers import make_spec
+        from zephon_titan.engine import open_lane_group
+
+        if __name__ == "__main__":
+            spec = make_spec({corpus_dir!r}, {tokenizer_dir!r})
+            with open_lane_group(spec, range(8), 2, num_workers=2) as group:
+                group.next_step()
+                for proc in group._procs:
+                    maps = open(f"/proc/{{proc.pid}}/maps").read()
+                    rss = next(l for l in open(f"/proc/{{proc.pid}}/status") if l.startswith("VmRSS"))
+                    print(proc.pid, "torch" in maps, rss.split()[1])
+        """
+    )
+    (tmp_path / "parent.py").write_text(script)
+    out = subprocess.run([sys.executable, "parent.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    workers = [line.split() for line in out.stdout.splitlines()]
+    assert len(workers) == 2
+    for pid, has_torch, rss_kb in workers:
+        print(f"worker {pid}: torch mapped {has_torch}, RSS {int(rss_kb) // 1024} MB")
+        assert has_torch == "False"  # no torch library or module file is mapped into the worker
+
+
+def test_validate_check_tokenizer_compares_every_document(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    from test_cli import _job
+
+    from zephon_titan.cli import _check_tokenizer, main
+    from zephon_titan.titan.job import load_job
+
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["validate", job, "--check-tokenizer"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: fastokens (matches tokenizers on" in out
+    assert "fastokens and tokenizers give the same ids for all" in out
+    # Negative control: a fast tokenizer with one merge removed is caught, naming the file and row.
+    assert _check_tokenizer(load_job(job).spec, fast_json=_broken_json(tokenizer_dir)) == 1
+    assert "first difference: " in capsys.readouterr().out
