@@ -1,0 +1,264 @@
+"""Does the loader keep a GPU fed? One run of TorchTitan's trainer, timed per step.
+
+    torchrun --standalone --nproc_per_node 1 scripts/gpu_check.py --loader zephon --out zephon.json
+    torchrun --standalone --nproc_per_node 1 scripts/gpu_check.py --loader premade --out premade.json
+    python scripts/gpu_check.py --report zephon.json premade.json
+
+(`bash scripts/gpu_check.sh` runs all three; `--cpu` runs the same path on CPU as a dry run.)
+
+The job: Llama-3 1B (the llama3_8b recipe's 1B flavor, as configs/llama3_1b) on one GPU,
+rows of 2048 tokens, 64 rows per step in microbatches of 8, over the demo corpus (built by
+the project, so nothing needs downloading), 64 lanes, 2 worker processes. `--loader zephon`
+trains on our loader; `--loader premade` on one real microbatch yielded again and again (what
+the trainer does when data costs nothing). Reported per run: median step time, the fraction of
+each step spent waiting for the next microbatch, and the
+host-to-device copy time of one microbatch from pageable and from pinned memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "examples"))
+
+GPU_JOB = """
+hf_assets_path = "{tokenizer}"
+dump_folder = "{dump}"
+[model]
+module = "llama3"
+config = "llama3_8b"
+flavor = "1B"
+vocab_size = 2048
+[training]
+seq_len = 2048
+local_batch_size = 8
+global_batch_size = 64
+steps = {steps}
+[checkpoint]
+enable = false
+[metrics]
+log_freq = 5
+[dataloader]
+num_lanes = 64
+num_workers = 2
+ledger = false
+"""
+
+# The CPU dry run: the same code path with the CPU debug model, tiny rows and 2 lanes.
+CPU_JOB = """
+hf_assets_path = "{tokenizer}"
+dump_folder = "{dump}"
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
+[training]
+seq_len = 64
+local_batch_size = 2
+global_batch_size = 4
+steps = {steps}
+[checkpoint]
+enable = false
+[metrics]
+log_freq = 1
+[dataloader]
+num_lanes = 2
+num_workers = 2
+ledger = false
+"""
+
+SOURCES = """
+[dataloader.sources.code]
+paths = ["{root}/code/*.parquet"]
+weight = 0.3
+[dataloader.sources.prose]
+paths = ["{root}/prose/*.jsonl"]
+weight = 0.7
+block_bytes = 32768
+"""
+
+
+def write_job(root: str, steps: int, cpu: bool) -> str:
+    import demo
+
+    demo.build_corpus(root)
+    text = (CPU_JOB if cpu else GPU_JOB).format(
+        tokenizer=os.path.join(root, "tokenizer"), dump=os.path.join(root, "run"), steps=steps
+    ) + SOURCES.format(root=root)
+    path = os.path.join(root, "gpu_check.toml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def _timed_classes():
+    """The trainer and a pre-made-batch loader, as subclasses of ours (defined after torch is set up)."""
+    import torch
+    from torchtitan.tools.logging import logger
+
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+    from zephon_titan.titan.trainer import ZephonTrainer
+
+    class PremadeLoader(ZephonDataLoader):
+        """One real microbatch from our loader, yielded forever: data that costs nothing."""
+
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(ZephonDataLoader.Config):
+            pass
+
+        def __iter__(self) -> Iterator:
+            batch = next(super().__iter__())
+            self.close()
+            while True:
+                yield batch
+
+    class TimedTrainer(ZephonTrainer):
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(ZephonTrainer.Config):
+            pass
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.step_seconds: list[float] = []
+            self.wait_seconds: list[float] = []
+            self.first_batch = None
+            self._waited = 0.0
+
+        def batch_generator(self, data_iterable):
+            inner = super().batch_generator(data_iterable)
+            while True:
+                started = time.perf_counter()
+                batch = next(inner)  # the time the trainer waits for the next microbatch
+                self._waited += time.perf_counter() - started
+                if self.first_batch is None:
+                    self.first_batch = batch
+                yield batch
+
+        def train_step(self, data_iterator):
+            self._waited = 0.0
+            started = time.perf_counter()
+            super().train_step(data_iterator)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.step_seconds.append(time.perf_counter() - started)
+            self.wait_seconds.append(self._waited)
+            logger.info(f"gpu_check: step {self.step} {self.step_seconds[-1]:.4f} s, data wait {self._waited:.4f} s")
+
+    return TimedTrainer, PremadeLoader
+
+
+def _copy_seconds(batch, device, pinned: bool, repeats: int = 20) -> float | None:
+    """Median time to move one microbatch (inputs, positions, labels) to the device."""
+    import torch
+
+    if device.type == "cpu":
+        return None
+    tensors = [batch[0]["input"], batch[0]["positions"], batch[1]]
+    if pinned:
+        tensors = [t.pin_memory() for t in tensors]
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for t in tensors:
+            t.to(device, non_blocking=pinned)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def run(args) -> dict:
+    if args.cpu:
+        from zephon_titan.cpu import install_cpu_device, prepare_cpu_config
+
+        install_cpu_device()
+        prepare = prepare_cpu_config
+    else:
+        prepare = None
+    from zephon_titan.titan.job import load_job
+
+    root = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
+    job = load_job(write_job(root, args.steps, args.cpu), [], prepare)
+    job.preflight(int(os.environ.get("WORLD_SIZE", "1")))
+    trainer_class, premade_class = _timed_classes()
+    config = job.config
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
+    if args.loader == "premade":
+        loader = config.dataloader
+        values["dataloader"] = premade_class.Config(
+            **{f.name: getattr(loader, f.name) for f in dataclasses.fields(loader) if f.init}
+        )
+    config = trainer_class.Config(**values)
+    trainer = config.build()
+    try:
+        trainer.train()
+        batch = trainer.first_batch
+        device = trainer.device
+        steady = trainer.step_seconds[2:] or trainer.step_seconds  # the first steps compile and warm up
+        waits = trainer.wait_seconds[2:] or trainer.wait_seconds
+        result = {
+            "loader": args.loader,
+            "device": str(device),
+            "steps": len(trainer.step_seconds),
+            "median_step_s": statistics.median(steady),
+            "data_wait_fraction": sum(waits) / sum(steady),
+            "copy_pageable_s": _copy_seconds(batch, device, pinned=False),
+            "copy_pinned_s": _copy_seconds(batch, device, pinned=True),
+            "tokens_per_step": job.global_batch_size * job.seq_len,
+        }
+    finally:
+        trainer.close()
+    if int(os.environ.get("RANK", "0")) == 0:
+        with open(args.out, "w") as f:
+            json.dump(result, f)
+    return result
+
+
+def report(paths: list[str]) -> str:
+    rows = [json.load(open(p)) for p in paths]
+
+    def ms(v):
+        return "n/a (CPU)" if v is None else f"{v * 1000:.2f} ms"
+
+    lines = [
+        "| loader | device | median step | data wait (of step) | tokens/s | H2D copy, pageable | H2D copy, pinned |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['loader']} | {r['device']} | {r['median_step_s']:.3f} s | {r['data_wait_fraction']:.1%} | "
+            f"{r['tokens_per_step'] / r['median_step_s']:,.0f} | {ms(r['copy_pageable_s'])} | {ms(r['copy_pinned_s'])} |"
+        )
+    by = {r["loader"]: r for r in rows}
+    if "zephon" in by and "premade" in by:
+        ratio = by["zephon"]["median_step_s"] / by["premade"]["median_step_s"]
+        lines.append(f"\nstep time with our loader / with pre-made batches: {ratio:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--loader", choices=["zephon", "premade"], default="zephon", help="what feeds the trainer")
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps (the first 2 are not timed)")
+    p.add_argument("--cpu", action="store_true", help="dry run on CPU: the debug model, tiny rows")
+    p.add_argument("--workdir", help="where the demo corpus and job go (default: a new temporary directory)")
+    p.add_argument("--out", default="gpu_check.json", help="result file (JSON)")
+    p.add_argument("--report", nargs="+", metavar="RESULT", help="print the table of these result files")
+    args = p.parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
+    print(json.dumps(run(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
