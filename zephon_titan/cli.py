@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 
 from tqdm import tqdm
 
@@ -25,12 +26,14 @@ from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenizer_backends import first_difference
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
-from zephon_titan.plan import plan_ledger
+from zephon_titan.plan import mixture_report, plan_ledger
 from zephon_titan.titan.job import Job, load_job
 
 
 def cmd_plan(args) -> int:
-    entries = plan_ledger(args.config, args.steps, args.from_checkpoint)
+    entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint)
+    if args.mixture:
+        entries = _with_mixture_report(args.config, list(entries), to_stderr=not args.output)
     if not args.output:
         for entry in entries:
             print(entry.to_json())
@@ -48,6 +51,20 @@ def cmd_plan(args) -> int:
             os.remove(partial)
     print(f"wrote {args.output}")
     return 0
+
+
+def _with_mixture_report(config: str, entries: list[LedgerEntry], to_stderr: bool) -> list[LedgerEntry]:
+    """Print each source's planned share per step against its weight (normalized, and said so)."""
+    data = load_job(config).data
+    raw = [s.weight for s in data.sources]
+    weights = [w / sum(raw) for w in raw]
+    out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
+    if abs(sum(raw) - 1) > 1e-9:
+        given = ", ".join(f"{s.name} {s.weight:g}" for s in data.sources)
+        print(f"weights {given} sum to {sum(raw):g}; normalized: " + ", ".join(f"{w:.4f}" for w in weights), file=out)
+    if entries:
+        print(mixture_report(entries, weights).format(), file=out)
+    return entries
 
 
 def _read(path: str) -> dict[int, LedgerEntry]:
@@ -358,6 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--steps", type=int, required=True, help="last step to plan")
     plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
+    plan.add_argument(
+        "--mixture",
+        action="store_true",
+        help="also print each source's share of every planned step (mean, min, max) and cumulative, "
+        "against its normalized weight",
+    )
     plan.set_defaults(run=cmd_plan)
     verify = sub.add_parser("verify", help="compare two ledgers; exit 1 at the first differing step")
     verify.add_argument("a", help="a ledger (e.g. the plan, or a finished run)")

@@ -44,6 +44,7 @@ BOUNDS = {
     "num_workers": (0, 1024, "one process each"),
     "prefetch_factor": (1, 1024, "each step ahead is held in memory"),
     "max_document_chars": (1, 1 << 31, "a document is tokenized at once, ~10x its size in memory"),
+    "mix_chunk_tokens": (0, 1 << 30, "the mixture error per lane grows with it"),
 }
 SOURCE_BOUNDS = {
     "weight": (0.0, 1e6, "weights are relative shares (only ratios matter) and must sum to a finite number"),
@@ -105,6 +106,11 @@ class DataConfig:
     packing: str = "wrap"
     """`wrap`: documents concatenated and split across rows, no padding.
     `best_fit`: whole documents placed into rows by best fit, padding labels -100."""
+
+    mix_chunk_tokens: int = 0
+    """Documents are mixed in pieces of at most this many tokens (0: seq_len), so a long document is
+    interleaved with the other sources instead of holding a lane; the per-lane mixture error is at
+    most (1 + S * w_s) * mix_chunk_tokens tokens (S sources; README "Mental model")."""
 
     labels: str = "document"
     """`document` (TorchTitan's rule): inputs and labels are shifted inside each document, so a

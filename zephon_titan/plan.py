@@ -9,6 +9,7 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group, tally
 from zephon_titan.engine.ledger import LedgerEntry
@@ -85,3 +86,59 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
             yield LedgerEntry.of(
                 step, batch_digest(lane_digest(rows) for rows in lanes), job.global_batch_size, names, counts
             )
+
+
+@dataclass(frozen=True)
+class MixtureReport:
+    """Each source's share of the tokens of each planned step, against its (normalized) weight."""
+
+    names: list[str]
+    weights: list[float]
+    steps: list[int]
+    shares: list[list[float]]
+    """shares[i][s]: source s's share of step steps[i]'s tokens (padding excluded)."""
+    cumulative: list[list[float]]
+    """cumulative[i][s]: source s's share of all tokens of steps[0..i]."""
+
+    def step_errors(self) -> list[float]:
+        """Per step: the largest |share - weight| over the sources."""
+        return [max(abs(x - w) for x, w in zip(row, self.weights)) for row in self.shares]
+
+    def cumulative_errors(self) -> list[float]:
+        return [max(abs(x - w) for x, w in zip(row, self.weights)) for row in self.cumulative]
+
+    def format(self) -> str:
+        columns = [i for i, step in enumerate(self.steps) if step in _report_steps(self.steps)]
+        lines = [
+            f"mixture over steps {self.steps[0]}-{self.steps[-1]} (share of each step's tokens, all lanes)",
+            f"{'source':<14}{'weight':>8}{'mean':>8}{'min':>8}{'max':>8}   cumulative at step "
+            + ", ".join(str(self.steps[i]) for i in columns),
+        ]
+        for s, (name, weight) in enumerate(zip(self.names, self.weights)):
+            per_step = [row[s] for row in self.shares]
+            lines.append(
+                f"{name:<14}{weight:>8.3f}{sum(per_step) / len(per_step):>8.3f}{min(per_step):>8.3f}"
+                f"{max(per_step):>8.3f}   " + ", ".join(f"{self.cumulative[i][s]:.3f}" for i in columns)
+            )
+        errors = self.step_errors()
+        lines.append(
+            f"largest |share - weight| in one step: {max(errors):.3f} (step {self.steps[errors.index(max(errors))]}); "
+            f"cumulative at step {self.steps[-1]}: {self.cumulative_errors()[-1]:.4f}"
+        )
+        return "\n".join(lines)
+
+
+def _report_steps(steps: list[int]) -> set[int]:
+    first, last = steps[0], steps[-1]
+    return {s for s in (first, first + 9, first + 49, first + 199, first + 999, last) if first <= s <= last}
+
+
+def mixture_report(entries: list[LedgerEntry], weights: list[float]) -> MixtureReport:
+    names = list(entries[0].tokens) if entries else []
+    shares, cumulative, totals = [], [], [0] * len(names)
+    for entry in entries:
+        counts = [entry.tokens[name] for name in names]
+        totals = [a + b for a, b in zip(totals, counts)]
+        shares.append([c / max(sum(counts), 1) for c in counts])
+        cumulative.append([t / max(sum(totals), 1) for t in totals])
+    return MixtureReport(names, list(weights), [e.step for e in entries], shares, cumulative)

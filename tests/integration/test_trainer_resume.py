@@ -14,6 +14,7 @@ STEPS = 6
 
 
 _TOKENS = re.compile(r"zephon tokens consumed: code (\d+), prose (\d+) \(total (\d+)")
+_SHARES = re.compile(r"share since the last log: code ([0-9.]+), prose ([0-9.]+)")
 
 
 def train(workdir, run, nproc, *extra):
@@ -22,10 +23,12 @@ def train(workdir, run, nproc, *extra):
     output = result.stdout + result.stderr
     token_lines = _TOKENS.findall(output)
     train.tokens[run] = tuple(int(x) for x in token_lines[-1])  # after the last step, over all ranks
+    train.shares[run] = [tuple(float(x) for x in line) for line in _SHARES.findall(output)]  # one per step
     return ledger(os.path.join(workdir, run, "checkpoint", "ledger.jsonl")), losses(output)
 
 
 train.tokens = {}
+train.shares = {}
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +117,16 @@ def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted
     assert result.returncode != 0
     assert "seed: 2026 -> 7" in output
     assert not losses(output), "a training step ran despite the mismatch"
+
+
+def test_per_step_shares_are_global_and_survive_resizes(workdir, resumed):
+    # zephon/share/<source> with log_freq = 1: each logged step's share equals the ledger's, on any W.
+    entries = {e.step: e for e in read_ledger(os.path.join(workdir, "runs/w2", "checkpoint", "ledger.jsonl"))}
+    for run, first in (("runs/w2", 1), ("runs/w2_to_w4", None), ("runs/w2_to_w1", None), ("runs/w4_to_w2", None)):
+        shares = train.shares[run]
+        steps = range(STEPS - len(shares) + 1, STEPS + 1)
+        assert shares and (first is None or steps[0] == first), run
+        for step, (code, prose) in zip(steps, shares):
+            tokens = entries[step].tokens
+            assert code == pytest.approx(tokens["code"] / (tokens["code"] + tokens["prose"]), abs=1e-4), (run, step)
+            assert code + prose == pytest.approx(1, abs=2e-4)

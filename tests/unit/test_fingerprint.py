@@ -19,6 +19,7 @@ def test_same_config_same_fingerprint(corpus_dir, tokenizer_dir):
         ({"shuffle_window_blocks": 3}, "shuffle_window_blocks: 2 -> 3"),
         ({"labels": "stream"}, "labels: document -> stream"),
         ({"shuffle": False}, "shuffle: on -> off"),
+        ({"mix_chunk_tokens": 32}, "mix_chunk_tokens: 64 -> 32"),
     ],
 )
 def test_changes_are_named(corpus_dir, tokenizer_dir, change, named):
@@ -41,10 +42,10 @@ def test_seq_len_and_data_changes_are_named(corpus_dir, tokenizer_dir, tmp_path)
         check_fingerprint(saved, fingerprint(make_spec(corpus_dir, tokenizer_dir, seq_len=64, sources=table)))
 
 
-def test_a_checkpoint_from_before_the_label_rule_resumes_only_with_its_rule(corpus_dir, tokenizer_dir):
-    # Checkpoints written before `labels` and `shuffle` existed were shuffled, with the stream rule.
-    old = {k: v for k, v in fingerprint(make_spec(corpus_dir, tokenizer_dir, labels="stream")).items()}
-    del old["labels"], old["shuffle"]
-    with pytest.raises(ResumeError, match="labels: stream -> document"):
-        check_fingerprint(old, fingerprint(make_spec(corpus_dir, tokenizer_dir)))
-    check_fingerprint(old, fingerprint(make_spec(corpus_dir, tokenizer_dir, labels="stream")))
+def test_a_checkpoint_of_the_previous_state_version_is_refused_naming_it(corpus_dir, tokenizer_dir):
+    # Version 1 mixed whole documents with the stream label rule: its rows cannot be continued.
+    old = fingerprint(make_spec(corpus_dir, tokenizer_dir, labels="stream"))
+    old["state_version"] = "1"
+    del old["labels"], old["shuffle"], old["mix_chunk_tokens"]
+    with pytest.raises(ResumeError, match="state_version: 1 -> 2"):
+        check_fingerprint(old, fingerprint(make_spec(corpus_dir, tokenizer_dir, labels="stream")))

@@ -1,4 +1,4 @@
-"""One lane's stream of documents: its blocks of every source, shuffled, then mixed.
+"""One lane's stream of document pieces: its blocks of every source, shuffled, then mixed.
 
 Dealing. Source s has B blocks. Its infinite block sequence is epoch 0's blocks in
 a shuffled order, then epoch 1's in a fresh order, and so on; position j of that
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zephon_titan.engine.mixing import choose_source
+from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.sources.base import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
@@ -50,10 +50,19 @@ def _pool() -> ThreadPoolExecutor:
 
 @dataclass(frozen=True, slots=True)
 class Document:
+    """A piece of a document: tokens[start:stop] of the whole document's `tokens` (mixing.py)."""
+
     source: int
     tokens: np.ndarray
     file: str
     row: int
+    start: int = 0
+    stop: int = -1
+    """-1: the end of the document."""
+
+    @property
+    def end(self) -> int:
+        return len(self.tokens) if self.stop < 0 else self.stop
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +207,7 @@ class LaneSourceReader:
 
 
 class DocumentFeed:
-    """One lane's mixed document stream; its state is the per-source cursors."""
+    """One lane's mixed stream of document pieces; its state is the per-source cursors."""
 
     def __init__(self, spec: EngineSpec, lane_id: int, cursors: tuple[SourceCursor, ...] | None = None):
         self.spec = spec
@@ -207,6 +216,8 @@ class DocumentFeed:
         if cursors is None:
             cursors = initial_cursors(len(spec.sources))
         self.cursors = list(cursors)
+        self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes)
+        self.chunk = spec.mix_chunk_tokens
         for reader, cursor in zip(self.readers, self.cursors):
             reader.prefetch(cursor.window)  # lanes created together fetch their first windows together
 
@@ -214,19 +225,31 @@ class DocumentFeed:
         return tuple(self.cursors)
 
     def next_document(self) -> Document | None:
-        """The lane's next document (never an empty one), or None when every source is exhausted."""
+        """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
+        or None when every source is exhausted."""
         while True:
             # Keep normalized cursors so no finished window is ever read again.
             checked = [r.normalize(c) for r, c in zip(self.readers, self.cursors)]
             self.cursors = [c for c, _ in checked]
             active = [has_next for _, has_next in checked]
-            s = choose_source(self.spec.weights, [c.tokens for c in self.cursors], active)
+            s = choose_source(self.spec.weights, [c.tokens for c in self.cursors], active, self.phases, self.chunk)
             if s < 0:
                 return None
             cursor = self.cursors[s]
             doc = self.readers[s].document(cursor)
+            n = len(doc.tokens)
+            if cursor.offset > n:
+                raise DataError(
+                    f"{doc.file} {self.readers[s].source.row_unit} {doc.row}: the lane's state is {cursor.offset} "
+                    f"tokens into this document, which has {n}; was the data changed?"
+                )
+            stop = min(cursor.offset + self.chunk, n)
+            done = stop == n  # the document's last piece: the cursor moves to the next document
             self.cursors[s] = SourceCursor(
-                window=cursor.window, position=cursor.position + 1, tokens=cursor.tokens + len(doc.tokens)
+                window=cursor.window,
+                position=cursor.position + done,
+                tokens=cursor.tokens + stop - cursor.offset,
+                offset=0 if done else stop,
             )
-            if len(doc.tokens):  # an empty text without BOS/EOS has nothing to emit
-                return doc
+            if n:  # an empty text without BOS/EOS has nothing to emit
+                return Document(doc.source, doc.tokens, doc.file, doc.row, cursor.offset, stop)

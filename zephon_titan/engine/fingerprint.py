@@ -52,20 +52,15 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
         "num_lanes": str(c.num_lanes),
         "packing": packer_class(c.packing).fingerprint(c),
         "labels": c.labels,
+        "mix_chunk_tokens": str(spec.mix_chunk_tokens),
         "shuffle": "on" if c.shuffle else "off",
         "exhaustion": c.exhaustion,
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
     }
 
 
-# Components added after release 0.1, with the value every checkpoint written before had: such a
-# checkpoint resumes exactly when the run sets the old value, and is refused naming it otherwise.
-_BEFORE_THEY_EXISTED = {"labels": "stream", "shuffle": "on"}
-
-
 def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> None:
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`."""
-    saved = {**_BEFORE_THEY_EXISTED, **saved}
     changed = [
         f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"
         for key in sorted(set(saved) | set(current))

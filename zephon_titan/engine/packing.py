@@ -9,8 +9,8 @@ boundaries are targets too. Either way `wrap` packing places every slot in
 exactly one row and drops none.
 
 Positions restart at 0 at every piece of a document in a row: at each document
-start, and also at the start of a row that continues a document from the
-previous row. The continuation thus becomes its own attention block (it could
+start, where a document resumes after other sources' pieces (mixing.py), and at
+the start of a row that continues a document from the previous row. The continuation thus becomes its own attention block (it could
 not see the previous row anyway) and positions stay below seq_len, inside the
 RoPE cache; TorchTitan's block-causal mask cuts documents where positions return
 to 0. Padding (best_fit, or the last row of a finite lane) uses the pad id,
@@ -38,7 +38,8 @@ _ROW_DTYPE = np.dtype("<i4")  # fixed byte order: row bytes (and hashes) are pla
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """A slice of one document placed in a row (for tracing rows back to files)."""
+    """A slice of one document placed in a row (for tracing rows back to files); `doc_offset` counts
+    from the document's start."""
 
     source: int
     file: str
@@ -87,8 +88,15 @@ class RowShape:
         return cls(spec.seq_len if within else spec.seq_len + 1, within, spec.pad_id)
 
     def doc_slots(self, tokens: np.ndarray) -> int:
-        """Slots a document of these tokens fills: its pairs, or its tokens."""
+        """Slots a whole document of these tokens fills: its pairs, or its tokens."""
         return max(len(tokens) - 1, 0) if self.within_document else len(tokens)
+
+    def piece_slots(self, doc: Document) -> int:
+        """Slots of a piece tokens[start:end] of a document: the pairs whose input is in the piece
+        (the last token of a document has no pair), or its tokens."""
+        if self.within_document:
+            return max(min(doc.end, len(doc.tokens) - 1) - doc.start, 0)
+        return doc.end - doc.start
 
     def make_row(self, parts: list[tuple[np.ndarray, Piece]]) -> Row:
         """A row from pieces (each a document's tokens and the slots of it placed here), padding the tail."""
@@ -183,7 +191,7 @@ class WrapPacker:
         self._doc_start = self.feed.state()
         self._doc = self.feed.next_document() if unit_open else None
         self._offset = unit_offset
-        if unit_open and (self._doc is None or unit_offset > self.shape.doc_slots(self._doc.tokens)):
+        if unit_open and (self._doc is None or unit_offset > self.shape.piece_slots(self._doc)):
             raise ResumeError(
                 f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?"
             )
@@ -197,21 +205,34 @@ class WrapPacker:
         parts: list[tuple[np.ndarray, Piece]] = []
         need = self.shape.slots
         while need:
-            if self._doc is None or self._offset == self.shape.doc_slots(self._doc.tokens):
+            if self._doc is None or self._offset == self.shape.piece_slots(self._doc):
                 self._doc_start = self.feed.state()
                 self._doc = self.feed.next_document()
                 self._offset = 0
                 if self._doc is None:
                     break
             doc = self._doc
-            n = min(need, self.shape.doc_slots(doc.tokens) - self._offset)
-            if n:  # a one-token document has no (input, label) pair under labels = "document"
-                parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, self._offset, n)))
+            n = min(need, self.shape.piece_slots(doc) - self._offset)
+            start = doc.start + self._offset
+            if parts and _continues(parts[-1][1], doc, start):
+                # The same document's next piece, with nothing between: one block, positions go on.
+                last = parts[-1][1]
+                parts[-1] = (doc.tokens, Piece(last.source, last.file, last.row, last.doc_offset, last.length + n))
+            elif n:  # a one-token document has no (input, label) pair under labels = "document"
+                parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, start, n)))
             self._offset += n
             need -= n
         if not parts:
             raise LaneExhausted
         return self.shape.make_row(parts)
+
+
+def _continues(last: Piece, doc: Document, start: int) -> bool:
+    return (last.source, last.file, last.row) == (
+        doc.source,
+        doc.file,
+        doc.row,
+    ) and last.doc_offset + last.length == start
 
 
 class BestFitPacker:
@@ -270,10 +291,10 @@ class BestFitPacker:
             doc = self.feed.next_document()
             if doc is None:
                 break
-            size = self.shape.doc_slots(doc.tokens)
+            size = self.shape.piece_slots(doc)
             for start in range(0, size, self.shape.slots):
                 n = min(self.shape.slots, size - start)
-                pieces.append((doc.tokens, Piece(doc.source, doc.file, doc.row, start, n)))
+                pieces.append((doc.tokens, Piece(doc.source, doc.file, doc.row, doc.start + start, n)))
         # Longest first; equal lengths keep arrival order (sorted() is stable).
         order = sorted(range(len(pieces)), key=lambda i: -pieces[i][1].length)
         bins: list[list[tuple[np.ndarray, Piece]]] = []

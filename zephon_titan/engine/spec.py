@@ -37,6 +37,11 @@ class EngineSpec:
         return self.config.seed
 
     @property
+    def mix_chunk_tokens(self) -> int:
+        """Largest piece of a document the mixer takes at once (mixing.py); 0 in the config: seq_len."""
+        return self.config.mix_chunk_tokens or self.seq_len
+
+    @property
     def repeat(self) -> bool:
         return self.config.exhaustion == "repeat"
 

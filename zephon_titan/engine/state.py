@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from zephon_titan.errors import ResumeError
 
-STATE_VERSION = 1
+# 2: cursors gained `offset` (documents are mixed in pieces), rows follow TorchTitan's label rule.
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -29,6 +30,9 @@ class SourceCursor:
 
     tokens: int
     """Tokens taken from this source by the lane so far (drives the mixture)."""
+
+    offset: int = 0
+    """Tokens of the document at `position` already taken: the source's open document (see mixing.py)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,7 +62,7 @@ class LaneState:
             "version": self.version,
             "lane_id": self.lane_id,
             "rows": self.rows,
-            "cursors": [[c.window, c.position, c.tokens] for c in self.cursors],
+            "cursors": [[c.window, c.position, c.tokens, c.offset] for c in self.cursors],
             "unit_open": self.unit_open,
             "unit_offset": self.unit_offset,
         }
@@ -82,15 +86,17 @@ class LaneState:
         if not data["unit_open"] and data["unit_offset"] != 0:
             raise ResumeError(f"{where}: field 'unit_offset' is {data['unit_offset']} with no open unit")
         cursors = data["cursors"]
-        if not isinstance(cursors, list) or not all(isinstance(c, list) and len(c) == 3 for c in cursors):
-            raise ResumeError(f"{where}: field 'cursors' must be a list of [window, position, tokens], got {cursors!r}")
+        if not isinstance(cursors, list) or not all(isinstance(c, list) and len(c) == 4 for c in cursors):
+            raise ResumeError(
+                f"{where}: field 'cursors' must be a list of [window, position, tokens, offset], got {cursors!r}"
+            )
         for c in cursors:
-            for name, value in zip(("window", "position", "tokens"), c):
+            for name, value in zip(("window", "position", "tokens", "offset"), c):
                 _count(value, f"cursors.{name}", where)
         return cls(
             lane_id=data["lane_id"],
             rows=data["rows"],
-            cursors=tuple(SourceCursor(window=w, position=p, tokens=t) for w, p, t in cursors),
+            cursors=tuple(SourceCursor(window=w, position=p, tokens=t, offset=o) for w, p, t, o in cursors),
             unit_open=data["unit_open"],
             unit_offset=data["unit_offset"],
         )

@@ -4,7 +4,8 @@ TorchTitan does not tell a loader the global batch size; this Config subclass is
 the one hook that sees `training.*` and the dataloader together (TorchTitan's
 docs/extension.md), so it copies training.global_batch_size into the loader.
 The trainer also logs globally correct tokens per source (TorchTitan's own
-`ntokens_seen` is per rank and wrong after a resize), writes the batch ledger,
+`ntokens_seen` is per rank and wrong after a resize) and each source's share of the
+tokens since the previous log (per step with log_freq = 1), writes the batch ledger,
 and turns a checkpoint written with another lane count into an error that says so.
 """
 
@@ -38,6 +39,7 @@ class ZephonTrainer(Trainer):
     def __init__(self, config: Config):
         super().__init__(config)
         self._ledger: LedgerWriter | None = None
+        self._share_base: list[int] | None = None  # global tokens per source at the previous log
         if isinstance(self.dataloader, ZephonDataLoader):
             self._wrap_metrics_log()
             self._wrap_checkpoint_load()
@@ -52,6 +54,8 @@ class ZephonTrainer(Trainer):
         return os.path.join(self.config.dump_folder, self.config.checkpoint.folder, "ledger.jsonl")
 
     def train_step(self, data_iterator):
+        if isinstance(self.dataloader, ZephonDataLoader) and self._share_base is None:
+            self._share_base = self._global_counts()  # where this run (or resume) starts
         super().train_step(data_iterator)
         if isinstance(self.dataloader, ZephonDataLoader) and self.dataloader.config.ledger:
             self._record_ledger()
@@ -65,22 +69,34 @@ class ZephonTrainer(Trainer):
             self._ledger = LedgerWriter(self.ledger_path, resume_step=self.step - 1)
         self._ledger.write(entry)
 
-    def token_metrics(self) -> dict[str, int]:
-        """Tokens consumed per source over all lanes (a sum over the batch mesh)."""
+    def _global_counts(self) -> list[int]:
+        """Tokens consumed per source over all lanes, then padding (a sum over the batch mesh)."""
         loader: ZephonDataLoader = self.dataloader  # type: ignore[assignment]
         counts = torch.tensor(loader.consumed_tokens(), dtype=torch.int64, device=self.device)
         if self.parallel_dims.dp_enabled:
             # TP/CP/PP peers share a DP rank and its lanes: reduce over the batch mesh only.
             dist.all_reduce(counts, group=self.parallel_dims.get_mesh("batch").get_group())
-        values = counts.tolist()
+        return counts.tolist()
+
+    def token_metrics(self) -> dict[str, float]:
+        """Tokens per source so far, and each source's share of the tokens since the previous log."""
+        loader: ZephonDataLoader = self.dataloader  # type: ignore[assignment]
+        values = self._global_counts()
         names = loader.spec.source_names
-        metrics = {f"zephon/tokens/{name}": v for name, v in zip(names, values)}
+        base = self._share_base or [0] * len(values)
+        since = [v - b for v, b in zip(values[:-1], base)]
+        self._share_base = values
+        metrics: dict[str, float] = {f"zephon/tokens/{name}": v for name, v in zip(names, values)}
+        metrics.update({f"zephon/share/{name}": n / max(sum(since), 1) for name, n in zip(names, since)})
         metrics["zephon/tokens_total"] = sum(values[:-1])
         metrics["zephon/padding_tokens"] = values[-1]
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return metrics  # the same global figures on every rank: said once
         logger.info(
             "zephon tokens consumed: "
             + ", ".join(f"{n} {v}" for n, v in zip(names, values))
-            + f" (total {metrics['zephon/tokens_total']}, padding {values[-1]})"
+            + f" (total {metrics['zephon/tokens_total']}, padding {values[-1]}); share since the last log: "
+            + ", ".join(f"{n} {metrics[f'zephon/share/{n}']:.4f}" for n in names)
         )
         return metrics
 
