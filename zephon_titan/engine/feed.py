@@ -68,10 +68,19 @@ class Document:
 @dataclass(frozen=True, slots=True)
 class _Window:
     index: int
-    texts: list[str | np.ndarray]
-    files: list[str]
-    rows: list[int]
+    blocks: list[BlockDocuments]
+    where: list[tuple[int, int]]
+    """Per document of the window, in block order: (block, index in that block's texts)."""
     order: Permutation | range
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def document(self, i: int) -> tuple[str | np.ndarray, str, int]:
+        """Document i (block order): its text or token ids (decoded now, if lazy), file and row."""
+        b, j = self.where[i]
+        block = self.blocks[b]
+        return block.texts[j], block.file, block.rows[j]
 
 
 class LaneSourceReader:
@@ -85,6 +94,7 @@ class LaneSourceReader:
         self._perms: dict[int, Permutation | range] = {}
         self._window: _Window | None = None
         self._tokens: dict[int, np.ndarray] = {}
+        self._where: dict[int, tuple[str, int]] = {}  # window position -> (file, row), for _tokens
         self._batch = FIRST_TOKENIZE_BATCH
         self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
         self._ahead: tuple[int, list[Future[BlockDocuments]]] | None = None
@@ -109,20 +119,14 @@ class LaneSourceReader:
         """Window w of this lane (None if it has no block: the source is exhausted)."""
         if self._window is not None and self._window.index == w:
             return self._window
-        self._tokens = {}
+        self._tokens, self._where = {}, {}
         self._window = None
         blocks = self._read_window_blocks(w)
         if blocks is None:
             return None
-        texts: list[str | np.ndarray] = []  # texts, or token-id arrays for a pre-tokenized source
-        files: list[str] = []
-        rows: list[int] = []
-        for docs in blocks:
-            texts.extend(docs.texts)
-            files.extend([docs.file] * len(docs.texts))
-            rows.extend(docs.rows)
-        order = self._order(len(texts), "docs", self.source.name, self.lane_id, w)
-        self._window = _Window(w, texts, files, rows, order)
+        where = [(b, j) for b, docs in enumerate(blocks) for j in range(len(docs.texts))]
+        order = self._order(len(where), "docs", self.source.name, self.lane_id, w)
+        self._window = _Window(w, blocks, where, order)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
@@ -164,10 +168,10 @@ class LaneSourceReader:
         empty_windows = 0
         while True:
             window = self.window(w)
-            if window is None or p < len(window.texts):
+            if window is None or p < len(window):
                 moved = cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
                 return moved, window is not None
-            if not window.texts:
+            if not len(window):
                 empty_windows += 1
                 blocks_seen = empty_windows * self.spec.config.shuffle_window_blocks * self.spec.num_lanes
                 if blocks_seen > MAX_EMPTY_EPOCHS * self.source.num_blocks:
@@ -184,17 +188,17 @@ class LaneSourceReader:
         assert window is not None, "document() needs a normalized cursor"  # normalize() checked it has a window
         p = cursor.position
         if p not in self._tokens:
-            stop = min(p + self._batch, len(window.texts))
+            stop = min(p + self._batch, len(window))
             self._batch = min(2 * self._batch, TOKENIZE_BATCH)
-            indices = [window.order[i] for i in range(p, stop)]
-            items = [window.texts[i] for i in indices]
-            for i, item in zip(indices, items):
+            docs = [window.document(window.order[i]) for i in range(p, stop)]
+            for item, file, row in docs:
                 if not isinstance(item, str):
-                    self._check_token_ids(item, window.files[i], window.rows[i])
-            encoded = self.spec.tokenizer.encode(items)
+                    self._check_token_ids(item, file, row)
+            encoded = self.spec.tokenizer.encode([item for item, _, _ in docs])
             self._tokens = dict(zip(range(p, stop), encoded))
-        i = window.order[p]
-        return Document(self.source_index, self._tokens[p], window.files[i], window.rows[i])
+            self._where = {i: (file, row) for i, (_, file, row) in zip(range(p, stop), docs)}
+        file, row = self._where[p]
+        return Document(self.source_index, self._tokens[p], file, row)
 
     def _check_token_ids(self, ids: np.ndarray, file: str, row: int) -> None:
         vocab = self.spec.tokenizer.vocab_size

@@ -10,9 +10,10 @@ from __future__ import annotations
 import bisect
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, overload
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,48 @@ from zephon_titan.errors import ConfigError, DataError
 SCAN_THREADS = 16
 
 
+class LazyTexts(Sequence[str]):
+    """Texts decoded when first read: a JSONL line's JSON is parsed only when its document is needed.
+
+    A lane reads a whole shuffle window of blocks before its first row; parsing all of it up front
+    was most of the time to the first batch. A bad line raises its DataError (file, line, byte)
+    when its document is reached, as `zephon-titan validate` reaches every document."""
+
+    __slots__ = ("_raw", "_decode", "_done")
+
+    def __init__(self, raw: list[bytes], decode: Callable[[int, bytes], str]):
+        self._raw = raw
+        self._decode = decode
+        self._done: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self._raw)
+        text = self._done.get(i)
+        if text is None:
+            text = self._done[i] = self._decode(i, self._raw[i])
+        return text
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self._raw)))
+
+    def __eq__(self, other: object) -> bool:  # equal to the list of the same texts
+        if not isinstance(other, (list, LazyTexts)):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable cache, compared by value: not hashable
+
+
 @dataclass(frozen=True, slots=True)
 class BlockDocuments:
     """The documents of one block, in file order.
@@ -33,8 +76,8 @@ class BlockDocuments:
     """
 
     file: str
-    texts: list[str] | list[np.ndarray]
-    """Document texts (str), or token-id arrays for a pre-tokenized source."""
+    texts: Sequence[str] | Sequence[np.ndarray]
+    """Document texts (str; LazyTexts for JSONL), or token-id arrays for a pre-tokenized source."""
     rows: list[int]
 
 

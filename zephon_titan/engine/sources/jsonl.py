@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, LazyTexts, Listing, Source
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.storage import FileStat
 from zephon_titan.errors import DataError
@@ -64,7 +64,7 @@ class JsonlSource(Source):
         f = self.files[file_index]
         codec = _compression(f.path)
         data, offset = self._decompressed(f, codec) if codec else self._block_lines(f, local_block)
-        texts: list[str] = []
+        lines: list[bytes] = []
         rows: list[int] = []
         start = offset
 
@@ -75,9 +75,12 @@ class JsonlSource(Source):
             if len(line) > self.max_line_bytes:
                 raise self._long_line(f, offset, line_number(offset))
             if line.strip():  # blank lines are not documents
-                texts.append(self._text_of(line, f.path, offset, line_number))
+                lines.append(line)
                 rows.append(offset)
             offset += len(line) + 1
+        if not codec:
+            del data  # an uncompressed file's line numbers are counted from the file, only on error
+        texts = LazyTexts(lines, lambda i, line: self._text_of(line, f.path, rows[i], line_number))
         return BlockDocuments(f.path, texts, rows)
 
     def _block_lines(self, f: FileBlocks, block: int) -> tuple[bytes, int]:
