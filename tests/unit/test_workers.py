@@ -92,3 +92,35 @@ def test_stopping_early_does_not_hang(corpus_dir, tokenizer_dir):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "stopping early" in out.stdout and time.time() - started < 30
+
+
+def _spin(flag):
+    while not flag.is_set():
+        pass
+
+
+def _read_and_set(flag):
+    flag.is_set()
+    flag.set()
+
+
+def test_a_worker_killed_while_reading_the_stop_flag_blocks_no_one():
+    # A multiprocessing.Event is a lock: a worker SIGKILLed inside is_set() left it held, and the other
+    # workers then hung in is_set() (seen once in CI). The stop flag is one lock-free shared byte.
+    import threading
+
+    from zephon_titan.engine.workers import StopFlag
+
+    ctx = mp.get_context("spawn")
+    for _ in range(3):
+        flag = StopFlag(ctx)
+        spinner = ctx.Process(target=_spin, args=(flag,), daemon=True)
+        spinner.start()
+        time.sleep(0.2)  # it is reading the flag in a tight loop
+        os.kill(spinner.pid, signal.SIGKILL)
+        spinner.join(timeout=10)
+        checker = threading.Thread(target=_read_and_set, args=(flag,), daemon=True)
+        checker.start()
+        checker.join(timeout=5)
+        assert not checker.is_alive(), "the stop flag blocked after a reader was killed"
+        assert flag.is_set()

@@ -126,9 +126,11 @@ def open_lane_group(
     num_workers: int = 0,
     prefetch_factor: int = 2,
     states: dict[int, LaneState] | None = None,
+    deferred: bool = False,
 ) -> Any:
     """LaneGroup in this process (num_workers = 0), else lanes produced by `num_workers` processes,
-    each at most `prefetch_factor` steps ahead. Rows never depend on either knob."""
+    each at most `prefetch_factor` steps ahead. Rows never depend on either knob. `deferred`
+    (workers only): the processes start now and the lanes at `group.start(states)`."""
     # Returns LaneGroup | ProcessLaneGroup (workers.py). Typed Any for now: the loader
     # (titan/dataloader.py) stores it where only a LaneGroup is accepted; tighten with it.
     if num_workers == 0:
@@ -138,4 +140,4 @@ def open_lane_group(
         return LaneGroup(spec, lane_ids, rows_per_step, states)
     from zephon_titan.engine.workers import ProcessLaneGroup
 
-    return ProcessLaneGroup(spec, list(lane_ids), rows_per_step, num_workers, prefetch_factor, states)
+    return ProcessLaneGroup(spec, list(lane_ids), rows_per_step, num_workers, prefetch_factor, states, deferred)

@@ -74,11 +74,11 @@ def _main_module_hidden() -> Iterator[None]:
 def _worker_main(
     spec_data: PortableSpec,
     lanes: list[int],
-    states: dict[int, LaneState],
+    start: Connection[Any, Any],
     rows_per_step: int,
     writer: Connection[Any, Any],
     credits: synchronize.Semaphore,
-    stop: synchronize.Event,
+    stop: StopFlag,
     parent_pid: int,
     arm_pdeathsig: bool,
     threads: int,
@@ -90,6 +90,11 @@ def _worker_main(
         from zephon_titan.engine.stream import LaneStream
 
         spec = spec_from_portable(spec_data)
+        spec.tokenizer.select_backend(announce=False)  # warm: load the tokenizer backend before the states come
+        while not start.poll(_POLL_SECONDS):  # the lane states: sent by start(), once the consumer knows them
+            if stop.is_set():
+                return
+        states: dict[int, LaneState] = start.recv()
         streams = [LaneStream(spec, lane, states.get(lane)) for lane in lanes]
         while not stop.is_set():
             for stream in streams:
@@ -139,6 +144,23 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)
 
 
+class StopFlag:
+    """A stop flag shared by the consumer and its workers, without a lock.
+
+    A multiprocessing Event is a lock and a condition: a worker killed (SIGKILL, the OOM killer) while
+    it checks the event leaves the lock held, and every other worker then blocks forever in
+    `is_set()`. One shared byte, read and written without a lock, cannot be left held."""
+
+    def __init__(self, ctx: Any):
+        self._value = ctx.RawValue(ctypes.c_bool, False)
+
+    def set(self) -> None:
+        self._value.value = True
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+
 class ProcessLaneGroup:
     """The same interface as LaneGroup, with lanes produced by `workers` processes."""
 
@@ -150,16 +172,18 @@ class ProcessLaneGroup:
         workers: int,
         prefetch_steps: int = 2,
         states: dict[int, LaneState] | None = None,
+        deferred: bool = False,
     ):
-        states = dict(states or {})
+        """`deferred`: start the processes now (imports, tokenizer) and the lanes at `start(states)`."""
         self.lane_ids = list(lane_ids)
         self.rows_per_step = rows_per_step
-        num_sources = len(spec.sources)
-        self._consumed = {lane: states.get(lane) or LaneState.initial(lane, num_sources) for lane in self.lane_ids}
+        self._num_sources = len(spec.sources)
+        self._consumed: dict[int, LaneState] = {}
+        self._starts: list[Connection[Any, Any]] = []
         workers = min(workers, len(self.lane_ids))
         self._worker_of = {lane: i % workers for i, lane in enumerate(self.lane_ids)}
         ctx = mp.get_context("spawn")
-        self._stop = ctx.Event()
+        self._stop = StopFlag(ctx)
         self._readers, self._inboxes, self._credits, self._procs = [], [], [], []
         # PR_SET_PDEATHSIG fires when the *thread* that started the child exits, so it is armed only
         # for groups started on the main thread; elsewhere the worker's parent-pid watcher does it.
@@ -169,13 +193,14 @@ class ProcessLaneGroup:
         for w in range(workers):
             mine = self._lanes_of(w)
             reader, writer = ctx.Pipe(duplex=False)
+            start_reader, start_writer = ctx.Pipe(duplex=False)
             credits = ctx.Semaphore(prefetch_steps * len(mine))
             proc = ctx.Process(
                 target=_worker_main,
                 args=(
                     data,
                     mine,
-                    {lane: states[lane] for lane in mine if lane in states},
+                    start_reader,
                     rows_per_step,
                     writer,
                     credits,
@@ -190,11 +215,28 @@ class ProcessLaneGroup:
             with _main_module_hidden():
                 proc.start()
             writer.close()  # the worker holds the only write end: its death is end of file here
+            start_reader.close()
+            self._starts.append(start_writer)
             self._readers.append(reader)
             self._inboxes.append(channel.Inbox(reader.fileno()))
             self._credits.append(credits)
             self._procs.append(proc)
-        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._readers, self._procs)
+        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._readers + self._starts, self._procs)
+        if not deferred:
+            self.start(states or {})
+
+    def start(self, states: dict[int, LaneState]) -> None:
+        """Let the workers produce, each lane from its state in `states` (its first row if absent)."""
+        if self._consumed:
+            raise RuntimeError("ProcessLaneGroup.start() runs once")
+        self._consumed = {
+            lane: states.get(lane) or LaneState.initial(lane, self._num_sources) for lane in self.lane_ids
+        }
+        for w, conn in enumerate(self._starts):
+            try:
+                conn.send({lane: states[lane] for lane in self._lanes_of(w) if lane in states})
+            except OSError:  # the worker is gone: its pipe says why at the first receive
+                pass
 
     def _lanes_of(self, w: int) -> list[int]:
         return [lane for lane in self.lane_ids if self._worker_of[lane] == w]
@@ -247,7 +289,7 @@ class ProcessLaneGroup:
         self.close()
 
 
-def _shutdown(stop: synchronize.Event, readers: Iterable[Connection[Any, Any]], procs: Iterable[BaseProcess]) -> None:
+def _shutdown(stop: StopFlag, readers: Iterable[Connection[Any, Any]], procs: Iterable[BaseProcess]) -> None:
     stop.set()
     for reader in readers:  # a worker blocked writing to a full pipe gets BrokenPipeError and exits
         reader.close()

@@ -105,8 +105,14 @@ class ZephonDataLoader(BaseDataLoader):
         encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
         num_sources = len(self.spec.sources)
-        # Workers start at the first batch, after a checkpoint (if any) has been loaded.
         self._group: StepSource | None = None
+        # Worker processes start now (imports, tokenizer backend) while the trainer builds the model
+        # and loads a checkpoint; their lanes start at the first batch, from the consumed state.
+        self._warm: Any = None
+        if data.num_workers:
+            self._warm = open_lane_group(
+                self.spec, self.lane_ids, self.rows_per_lane, data.num_workers, data.prefetch_factor, deferred=True
+            )
         # What the trainer has consumed, per lane: engine state and tokens per source.
         # Known without reading data: building the loader costs no request to the sources.
         self._consumed: dict[int, LaneState] = {lane: LaneState.initial(lane, num_sources) for lane in self.lane_ids}
@@ -120,9 +126,13 @@ class ZephonDataLoader(BaseDataLoader):
         num_sources = len(self.spec.sources)
         if self._group is None:
             data = self.config.data
-            group = open_lane_group(
-                self.spec, self.lane_ids, self.rows_per_lane, data.num_workers, data.prefetch_factor, self._consumed
-            )
+            if self._warm is not None:
+                group, self._warm = self._warm, None
+                group.start(self._consumed)
+            else:
+                group = open_lane_group(
+                    self.spec, self.lane_ids, self.rows_per_lane, data.num_workers, data.prefetch_factor, self._consumed
+                )
             # In process, a thread produces the next steps while the trainer computes (titan/prefetch.py).
             self._group = group if data.num_workers else PrefetchedSteps(group, data.prefetch_factor)
         while True:
@@ -209,12 +219,18 @@ class ZephonDataLoader(BaseDataLoader):
         header = read_header(state_dict)
         check_header(header, self.fingerprint, self.config.global_batch_size, self.config.data.resume_allow)
         entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources), self.rows_per_lane)
-        self.close()  # a group started before the load would continue from the old position
+        self._close_started()  # a group started before the load would continue from the old position
         self._consumed = {lane: entry[0] for lane, entry in entries.items()}
         self._tokens = {lane: entry[1] for lane, entry in entries.items()}
         self._padding = {lane: entry[2] for lane, entry in entries.items()}
 
     def close(self) -> None:
+        self._close_started()
+        if self._warm is not None:
+            self._warm.close()
+            self._warm = None
+
+    def _close_started(self) -> None:
         if self._group is not None:
             self._group.close()
             self._group = None
