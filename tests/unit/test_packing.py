@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from helpers import make_spec
 
-from zephon_titan.engine import IGNORE_INDEX, LaneStream
+from zephon_titan.engine import IGNORE_INDEX, LaneExhausted, LaneStream
 from zephon_titan.engine.packing import Piece, RowShape
 
 
@@ -125,3 +125,22 @@ def test_finite_lane_pads_only_its_last_row(corpus_dir, tokenizer_dir, packing, 
     assert rows
     if packing == "wrap":
         assert all(r.padding == 0 for r in rows[:-1])
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_one_token_documents_do_not_end_a_lane(tmp_path, tokenizer_dir, packing):
+    # Under labels = "document" a one-token document ([EOS] of an empty text) has no pair; a best-fit
+    # window of only such documents has no row, and the lane must go on to the next window, not end.
+    import json
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ["", "", "", "", "", "0"]))
+    sources = {"a": {"paths": [str(tmp_path / "a.jsonl")]}}
+    spec = make_spec(
+        str(tmp_path), tokenizer_dir, seq_len=4, sources=sources, num_lanes=1, packing=packing, add_bos=False,
+        exhaustion="redistribute", best_fit_window_docs=4, shuffle=False,
+    )  # fmt: skip
+    stream, rows = LaneStream(spec, 0), []
+    with pytest.raises(LaneExhausted):
+        while True:
+            rows.append(stream.next_row())
+    assert [r.inputs[0] for r in rows] == [spec.tokenizer.encode(["0"])[0][0]]

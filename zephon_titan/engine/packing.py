@@ -262,7 +262,7 @@ class BestFitPacker:
 
     def restore(self, unit_open: bool, unit_offset: int) -> None:
         self._window_start = self.feed.state()
-        self._rows = self._pack_window() if unit_open else []
+        self._rows = self._pack_window()[0] if unit_open else []
         self._emitted = unit_offset
         if unit_offset > len(self._rows):
             raise ResumeError(
@@ -275,22 +275,26 @@ class BestFitPacker:
         return self._window_start, True, self._emitted
 
     def next_row(self) -> Row:
-        if self._emitted == len(self._rows):
+        while self._emitted == len(self._rows):
             self._window_start = self.feed.state()
-            self._rows = self._pack_window()
+            self._rows, documents = self._pack_window()
             self._emitted = 0
-            if not self._rows:
+            if not documents:
                 raise LaneExhausted
+            # A window of one-token documents (no pair under labels = "document") has no row: next window.
         row = self._rows[self._emitted]
         self._emitted += 1
         return row
 
-    def _pack_window(self) -> list[Row]:
+    def _pack_window(self) -> tuple[list[Row], int]:
+        """The rows of the next window of documents, and how many documents it read."""
         pieces: list[tuple[np.ndarray, Piece]] = []
+        documents = 0
         for _ in range(self.window_docs):
             doc = self.feed.next_document()
             if doc is None:
                 break
+            documents += 1
             size = self.shape.piece_slots(doc)
             for start in range(0, size, self.shape.slots):
                 n = min(self.shape.slots, size - start)
@@ -310,7 +314,7 @@ class BestFitPacker:
             bins[b].append(pieces[i])
             if space - n > 0:
                 bisect.insort(free, (space - n, b))
-        return [self.shape.make_row(parts) for parts in bins]
+        return [self.shape.make_row(parts) for parts in bins], documents
 
 
 register_packer(WrapPacker)
