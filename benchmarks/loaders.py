@@ -21,6 +21,7 @@ checkpoint state bytes (per lane where the loader has lanes) and restore time to
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import resource
@@ -269,8 +270,6 @@ def _demo_sources() -> list[str]:
     for source in config.sources:
         target = os.path.join(DEMO_BENCH, f"{source.name}.jsonl")
         if not os.path.exists(target):
-            import glob
-
             with open(target + ".partial", "w", encoding="utf-8") as f:
                 for path in sorted(glob.glob(source.paths[0])):
                     if path.endswith(".parquet"):

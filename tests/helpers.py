@@ -77,6 +77,7 @@ def assert_each_document_once(spec, pieces) -> int:
     pairs under labels = "document"); returns the document count."""
     from collections import defaultdict
 
+    from zephon_titan.engine.feed import Document
     from zephon_titan.engine.packing import RowShape
 
     shape = RowShape.of(spec)
@@ -88,8 +89,9 @@ def assert_each_document_once(spec, pieces) -> int:
         for b in range(source.num_blocks):
             block = source.read_block(b)
             for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
-                if shape.doc_slots(tokens):
-                    expected[(block.file, row)] = shape.doc_slots(tokens)
+                slots = shape.piece_slots(Document(0, tokens, block.file, row, 0, len(tokens)))
+                if slots:
+                    expected[(block.file, row)] = slots
     assert set(by_doc) == set(expected)
     for key, spans in by_doc.items():
         at = 0

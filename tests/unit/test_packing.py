@@ -3,6 +3,7 @@ import pytest
 from helpers import make_spec
 
 from zephon_titan.engine import IGNORE_INDEX, LaneExhausted, LaneStream
+from zephon_titan.engine.feed import Document
 from zephon_titan.engine.packing import Piece, RowShape
 
 
@@ -27,7 +28,8 @@ def test_document_rule_row_layout_with_literal_tokens():
     assert row.labels.tolist() == [2, 3, 5, 6, -100, -100]  # 3 never predicts 4: no cross-document target
     assert row.positions.tolist() == [0, 1, 0, 1, 0, 1]
     assert row.padding == 2
-    assert shape.doc_slots(np.array([7])) == 0 and shape.doc_slots(np.array([], dtype=np.int32)) == 0
+    for tokens in (np.array([7]), np.array([], dtype=np.int32)):  # a one-token or empty document: no pair
+        assert shape.piece_slots(Document(0, tokens, "f", 0, 0, len(tokens))) == 0
 
 
 def test_full_stream_row_has_no_ignored_label():

@@ -56,13 +56,8 @@ class Document:
     tokens: np.ndarray
     file: str
     row: int
-    start: int = 0
-    stop: int = -1
-    """-1: the end of the document."""
-
-    @property
-    def end(self) -> int:
-        return len(self.tokens) if self.stop < 0 else self.stop
+    start: int
+    stop: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +193,8 @@ class LaneSourceReader:
             self._tokens = dict(zip(range(p, stop), encoded))
             self._where = {i: (file, row) for i, (_, file, row) in zip(range(p, stop), docs)}
         file, row = self._where[p]
-        return Document(self.source_index, self._tokens[p], file, row)
+        tokens = self._tokens[p]
+        return Document(self.source_index, tokens, file, row, 0, len(tokens))
 
     def _check_token_ids(self, ids: np.ndarray, file: str, row: int) -> None:
         vocab = self.spec.tokenizer.vocab_size

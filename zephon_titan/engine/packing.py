@@ -87,16 +87,12 @@ class RowShape:
         within = spec.config.labels == "document"
         return cls(spec.seq_len if within else spec.seq_len + 1, within, spec.pad_id)
 
-    def doc_slots(self, tokens: np.ndarray) -> int:
-        """Slots a whole document of these tokens fills: its pairs, or its tokens."""
-        return max(len(tokens) - 1, 0) if self.within_document else len(tokens)
-
     def piece_slots(self, doc: Document) -> int:
         """Slots of a piece tokens[start:end] of a document: the pairs whose input is in the piece
         (the last token of a document has no pair), or its tokens."""
         if self.within_document:
-            return max(min(doc.end, len(doc.tokens) - 1) - doc.start, 0)
-        return doc.end - doc.start
+            return max(min(doc.stop, len(doc.tokens) - 1) - doc.start, 0)
+        return doc.stop - doc.start
 
     def make_row(self, parts: list[tuple[np.ndarray, Piece]]) -> Row:
         """A row from pieces (each a document's tokens and the slots of it placed here), padding the tail."""
