@@ -1,6 +1,7 @@
 """zephon-titan: look inside a data stream and prove two runs saw the same data, without GPUs.
 
 zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl]
+zephon-titan plan CONFIG.toml --validation
 zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
@@ -24,13 +25,20 @@ from zephon_titan.engine.packing import RowShape
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.sources.storage import StorageOptions
+from zephon_titan.engine.split import held_out
 from zephon_titan.engine.tokenizer_backends import first_difference
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
-from zephon_titan.plan import mixture_report, plan_ledger
+from zephon_titan.plan import mixture_report, plan_eval_set, plan_ledger
 from zephon_titan.titan.job import Job, load_job
 
 
 def cmd_plan(args) -> int:
+    if args.validation:
+        print(json.dumps(plan_eval_set(args.config), sort_keys=True))
+        if args.steps is None:
+            return 0
+    if args.steps is None:
+        raise ZephonError("plan needs --steps N (the last step to plan), or --validation")
     entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint)
     if args.mixture:
         entries = _with_mixture_report(args.config, list(entries), to_stderr=not args.output)
@@ -195,6 +203,25 @@ def cmd_inspect(args) -> int:
 INDEX_HINT_FILES = 1000
 
 
+def _print_validation(job: Job) -> None:
+    validator = job.config.validator
+    if not validator.enable:
+        print("validation: off ([validator] enable = true and eval_fraction on a source, or eval sources, turn it on)")
+        return
+    job.check_eval_layout(1)
+    eval_loader = validator.dataloader
+    data = eval_loader.data
+    size = "the whole eval set once" if validator.steps == -1 else f"{validator.steps} eval steps"
+    print(
+        f"validation: every {validator.freq} steps, {size} of {eval_loader.global_batch_size} rows over "
+        f"{data.num_lanes} lanes, the same rows on every data-parallel size (`zephon-titan plan CONFIG --validation` "
+        "prints its SHA-256)"
+    )
+    for source in data.sources:
+        part = f"held-out part (eval_fraction {source.eval_fraction:g}, split_seed {data.split_seed})"
+        print(f"  {source.name:<12} {part if data.split == 'eval' else 'all documents'} of {', '.join(source.paths)}")
+
+
 def cmd_validate(args) -> int:
     # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
     # (hf_assets_path), the model's vocabulary, the batch layout; then opens every file.
@@ -232,11 +259,18 @@ def cmd_validate(args) -> int:
         line = f"  {source.name:<12} weight {weight:.3f}  {len(source.files)} files, {size:,} bytes, {source.num_blocks} blocks"
         if not args.no_count:
             docs = tokens = 0
+            held = 0
             for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
-                texts = source.read_block(block).texts  # surfaces bad lines/rows with file and position
+                documents = source.read_block(block)
+                texts = documents.texts  # surfaces bad lines/rows with file and position
                 docs += len(texts)
                 tokens += sum(len(t) for t in spec.tokenizer.encode(texts))
+                held += int(
+                    held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
+                )
             line += f", {docs:,} documents, {tokens:,} tokens per epoch"
+            if config.eval_fraction > 0:
+                line += f" ({held:,} documents held out for validation, eval_fraction {config.eval_fraction:g})"
         print(line)
         if config.index:
             print(f"  {'':<12} index {config.index}")
@@ -245,10 +279,12 @@ def cmd_validate(args) -> int:
                 f"  {'':<12} hint: every rank lists these {len(source.files):,} files at startup; set "
                 f'index = "<path or URI>" in [dataloader.sources.{source.name}] to read one manifest instead'
             )
+    _print_validation(job)
     usable = []
     for w in valid_world_sizes(spec.num_lanes):
         try:
             job.check_layout(w)
+            job.check_eval_layout(w)
             usable.append(w)
         except ZephonError:
             pass
@@ -372,7 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="write the ledger a run of CONFIG will write")
     plan.add_argument("config", help=JOB_HELP)
-    plan.add_argument("--steps", type=int, required=True, help="last step to plan")
+    plan.add_argument("--steps", type=int, help="last step to plan")
+    plan.add_argument(
+        "--validation",
+        action="store_true",
+        help="print the eval set's SHA-256, steps, rows and targets per source, as every validation of the run logs them",
+    )
     plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
     plan.add_argument(

@@ -30,6 +30,7 @@ from zephon_titan.urls import refuse_credentials
 
 EXHAUSTION_POLICIES = ("repeat", "redistribute")
 LABEL_RULES = ("document", "stream")
+SPLITS = ("train", "eval")
 TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")
 # Bounds that keep the loader's checkpoint header within its fixed slot (titan/state_codec.py).
 MAX_SOURCES = 200
@@ -39,6 +40,7 @@ MAX_SOURCE_NAME = 64
 BOUNDS = {
     "num_lanes": (1, 1 << 16, "each lane is a row stream with its own state and buffers"),
     "seed": (0, (1 << 63) - 1, "shuffle keys and checkpoint fields are 63-bit integers"),
+    "split_seed": (0, (1 << 63) - 1, "split keys are 63-bit integers"),
     "shuffle_window_blocks": (1, 1 << 12, "the documents of a window are read into memory together"),
     "best_fit_window_docs": (1, 1 << 16, "the window's documents are held in memory and searched per row"),
     "num_workers": (0, 1024, "one process each"),
@@ -84,6 +86,11 @@ class SourceConfig:
     block_rows: int = 1024
     """Lance only: rows per block (each fragment is cut into blocks of this many rows)."""
 
+    eval_fraction: float = 0.0
+    """Share of this source's documents held out for validation, chosen by a keyed hash of each
+    document's file name and row ([dataloader] split_seed): training never reads them, and
+    [validator.dataloader] reads them when it names no sources of its own. 0: none held out."""
+
     index: str = ""
     """A manifest of the files and their blocks (JSON; local path or URI). Startup reads it instead
     of listing the files and reading Parquet footers. Written by `zephon-titan index <job.toml>`, or
@@ -102,6 +109,13 @@ class DataConfig:
 
     seed: int = 0
     """Seed of every shuffle."""
+
+    split_seed: int = 0
+    """Key of the train/eval split of sources with an eval_fraction (another key: another eval set)."""
+
+    split: str = "train"
+    """Which part of sources with an eval_fraction this loader reads: `train` (all documents but the
+    held-out ones) or `eval` (only those: the validator's loader)."""
 
     packing: str = "wrap"
     """`wrap`: documents concatenated and split across rows, no padding.
@@ -248,6 +262,11 @@ def validate_source(source: SourceConfig) -> None:
             "remove the source to leave it out of the mixture"
         )
     _check_bounds(source, SOURCE_BOUNDS, where)
+    if not 0.0 <= source.eval_fraction < 1.0:
+        raise ConfigError(
+            f"{where} eval_fraction must be in [0, 1) (the share of documents held out for validation), "
+            f"got {source.eval_fraction}"
+        )
     if not source.format:  # the names are the engine's format registry (engine/sources/formats.py)
         raise ConfigError(f'{where} format must not be empty; use "auto" or a format name')
     if not source.text_field:
@@ -278,6 +297,15 @@ def validate(config: DataConfig) -> None:
             f'[dataloader] labels must be "document" (shift inside each document, as TorchTitan) or "stream" '
             f"(shift the packed stream), got {config.labels!r}"
         )
+    if config.split not in SPLITS:
+        raise ConfigError(f'[dataloader] split must be "train" or "eval", got {config.split!r}')
+    if config.split == "eval":
+        empty = [s.name for s in config.sources if s.eval_fraction <= 0.0]
+        if empty:
+            raise ConfigError(
+                f'sources {", ".join(empty)} hold out no documents (eval_fraction = 0), so split = "eval" reads '
+                'nothing of them; set their eval_fraction or read them whole (split = "train")'
+            )
     if config.tokenizer_backend not in TOKENIZER_BACKENDS:
         raise ConfigError(
             f"[dataloader] tokenizer_backend must be one of {', '.join(TOKENIZER_BACKENDS)}, "

@@ -11,12 +11,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group, tally
+from zephon_titan.engine import (
+    LaneState,
+    batch_digest,
+    build_engine,
+    lane_digest,
+    open_lane_group,
+    rows_per_lane,
+    tally,
+)
+from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.ledger import LedgerEntry
-from zephon_titan.errors import LaneExhausted, ResumeError
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.dataloader import check_header, read_lane_states
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.state_codec import HEADER_KEY, read_header
+from zephon_titan.titan.tokenizer import loader_tokenizer
+from zephon_titan.titan.validator import check_eval_data
 
 
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
@@ -86,6 +97,31 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
             yield LedgerEntry.of(
                 step, batch_digest(lane_digest(rows) for rows in lanes), job.global_batch_size, names, counts
             )
+
+
+def plan_eval_set(job_path: str) -> dict:
+    """The eval set's proof as every validation of a run of the job logs it (titan/validator.py):
+    its SHA-256, steps, rows and targets per source, computed offline over all lanes."""
+    job = load_job(job_path)
+    validator = job.config.validator
+    data = validator.dataloader.data
+    check_eval_data(data)
+    spec = build_engine(data, job.seq_len, loader_tokenizer(data, job.trainer_tokenizer))
+    batch = validator.dataloader.global_batch_size
+    try:
+        per_lane = rows_per_lane(batch, data.num_lanes)
+    except ConfigError as e:
+        raise ConfigError(f"{job.path}: [validator.dataloader]: {e}") from None
+    digests, counts = [], [0] * len(spec.sources)
+    for step in eval_steps(spec, range(data.num_lanes), per_lane, validator.steps):
+        digests.append(batch_digest(step.lane_digests()))
+        counts = [a + b for a, b in zip(counts, label_counts(step.rows, len(spec.sources)))]
+    return {
+        "sha256": eval_set_digest(digests),
+        "steps": len(digests),
+        "rows": len(digests) * batch,
+        "tokens": dict(zip(spec.source_names, counts)),
+    }
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, repor
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.job import load_job
 from zephon_titan.titan.trainer import ZephonTrainer
+from zephon_titan.titan.validator import ZephonValidator
 
 JOB_CONFIG_ENV = "ZEPHON_JOB_CONFIG"
 
@@ -47,7 +48,9 @@ def llama3_debugmodel() -> ZephonTrainer.Config:
     base.training.seq_len = 128
     base.training.local_batch_size = 4
     base.training.global_batch_size = 16
-    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name != "dataloader"}
+    skip = ("dataloader", "validator")
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name not in skip}
+    values["validator"] = ZephonValidator.Config(freq=base.validator.freq)  # off: the demo holds nothing out
     values["dataloader"] = ZephonDataLoader.Config(
         data=DataConfig(
             num_lanes=8,

@@ -97,3 +97,56 @@ def test_model_table_is_checked(tmp_path):
         load_job_config(_write(tmp_path, _OK.replace("llama3_debugmodel", "llama3_tiny")))
     with pytest.raises(ConfigError, match="has no \\[model\\] table"):
         load_job_config(_write(tmp_path, "[dataloader.sources.a]\npaths = ['x']\n"))
+
+
+_HELD = _OK.replace('paths = ["x.jsonl"]\n', 'paths = ["x.jsonl"]\neval_fraction = 0.01\n')
+
+
+def test_validator_reads_the_held_out_part_of_the_training_sources(tmp_path):
+    (tmp_path / "job.toml").write_text(
+        _HELD + "[dataloader]\nseed = 5\nsplit_seed = 3\nnum_workers = 2\n[training]\nglobal_batch_size = 16\n"
+        "[validator]\nenable = true\nfreq = 2\nsteps = 3\n[validator.dataloader]\nnum_lanes = 4\n"
+    )
+    config = load_job_config(str(tmp_path / "job.toml"))
+    assert (config.validator.enable, config.validator.freq, config.validator.steps) == (True, 2, 3)
+    data = config.validator.dataloader.data
+    assert data.split == "eval" and data.split_seed == 3 and data.seed == 5  # training's split and seed
+    assert data.num_lanes == 4 and data.num_workers == 0 and data.exhaustion == "redistribute"
+    assert [(s.name, s.eval_fraction) for s in data.sources] == [("a", 0.01)]
+    assert config.validator.dataloader.global_batch_size == 16  # training's, unless set
+    assert config.dataloader.data.split == "train"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ("[validator]\nenable = true\n", r"no eval data: set eval_fraction on a \[dataloader.sources.<name>\]"),
+        (
+            '[validator]\nenable = true\n[validator.dataloader.sources.ev]\npaths = ["e.jsonl"]\neval_fraction = 2.0\n',
+            r"\[validator.dataloader.sources.ev\] eval_fraction must be in \[0, 1\)",
+        ),
+        ("[validator]\nsteps = 0\n", r"\[validator\] steps must be >= 1 \(eval steps\) or -1"),
+        ("[validator.dataloader]\nnum_workers = 2\n", r"num_workers is not an eval set setting"),
+        ("[validator]\nfreqq = 2\n", r"unknown key 'freqq' in \[validator\]; did you mean 'freq'\?"),
+    ],
+)
+def test_validator_mistakes_name_the_key(tmp_path, extra, message):
+    (tmp_path / "job.toml").write_text(_OK + extra)
+    with pytest.raises(ConfigError, match=message):
+        load_job_config(str(tmp_path / "job.toml"))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            "[validator.dataloader]\nsplit_seed = 4\n",
+            r"split_seed: the held-out part .* is read with \[dataloader\]'s split",
+        ),
+        ('[validator]\nenable = true\n[validator.dataloader]\nexhaustion = "repeat"\n', r"never ends under"),
+    ],
+)
+def test_eval_set_mistakes_over_held_out_data(tmp_path, extra, message):
+    (tmp_path / "job.toml").write_text(_HELD + extra)
+    with pytest.raises(ConfigError, match=message):
+        load_job_config(str(tmp_path / "job.toml"))

@@ -11,6 +11,9 @@ Shuffling. A lane's blocks of a source are grouped into windows of K consecutive
 blocks (K = shuffle_window_blocks); the documents of a window are read together
 and taken in a keyed shuffled order, so documents of different files interleave.
 Everything is a pure function of (seed, source, epoch or lane and window, index).
+
+Splitting. A source with an eval_fraction has its held-out documents removed from each
+block before the window is shuffled (split.py); the validator's loader keeps only them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.sources.base import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.split import kept
 from zephon_titan.engine.state import SourceCursor, initial_cursors
 from zephon_titan.errors import DataError
 
@@ -119,12 +123,26 @@ class LaneSourceReader:
         blocks = self._read_window_blocks(w)
         if blocks is None:
             return None
-        where = [(b, j) for b, docs in enumerate(blocks) for j in range(len(docs.texts))]
+        where = [(b, j) for b, docs in enumerate(blocks) for j in self._split_rows(docs)]
         order = self._order(len(where), "docs", self.source.name, self.lane_id, w)
         self._window = _Window(w, blocks, where, order)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
+
+    def _split_rows(self, docs: BlockDocuments) -> range | list[int]:
+        """Indices of the block's documents in this loader's part of the source (split.py)."""
+        fraction = self.spec.config.sources[self.source_index].eval_fraction
+        if fraction <= 0.0:
+            return range(len(docs.texts))
+        config = self.spec.config
+        return np.flatnonzero(kept(config.split, config.split_seed, docs.file, docs.rows, fraction)).tolist()
+
+    def _split_note(self) -> str:
+        fraction = self.spec.config.sources[self.source_index].eval_fraction
+        if fraction <= 0.0:
+            return ""
+        return f" in the {self.spec.config.split} part of its split (eval_fraction = {fraction})"
 
     def prefetch(self, w: int) -> None:
         """Start fetching window w in the background (remote sources), unless something is ahead."""
@@ -173,7 +191,7 @@ class LaneSourceReader:
                     raise DataError(
                         f"source {self.source.name!r}: lane {self.lane_id} found no document in "
                         f"{MAX_EMPTY_EPOCHS} epochs of blocks; its files hold (almost) no non-empty "
-                        f"lines/rows in field {self.source.text_field!r}"
+                        f"lines/rows in field {self.source.text_field!r}{self._split_note()}"
                     )
             w, p = w + 1, 0
 

@@ -56,7 +56,17 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
         "shuffle": "on" if c.shuffle else "off",
         "exhaustion": c.exhaustion,
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
+        **_split_component(spec),
     }
+
+
+def _split_component(spec: EngineSpec) -> dict[str, str]:
+    """The train/eval split (engine/split.py), present only when some source holds documents out,
+    so checkpoints of runs without a split keep their fingerprint."""
+    held = [f"{s.name} {s.eval_fraction:.12g}" for s in spec.config.sources if s.eval_fraction > 0]
+    if not held:
+        return {}
+    return {"split": f"{spec.config.split} part, split_seed {spec.config.split_seed}, eval_fraction " + ", ".join(held)}
 
 
 def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> None:

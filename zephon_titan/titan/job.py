@@ -45,6 +45,7 @@ from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
+from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data
 from zephon_titan.toml_file import load_toml
 
 _MODEL_KEYS = ("module", "config", "flavor", "vocab_size")
@@ -53,6 +54,15 @@ _MISPLACED = {
     "global_batch_size": "set [training] global_batch_size instead (the loader takes it from there)",
     "dataset": "zephon_titan reads [dataloader.sources.<name>] tables, not a dataset name",
     "dataset_path": "zephon_titan reads [dataloader.sources.<name>] paths, not dataset_path",
+}
+# [dataloader] keys the eval set does not take over: it is produced in the training process and has no
+# checkpoint state; the split must be training's, or training could read an eval document.
+_NOT_INHERITED = ("sources", "ledger", "num_workers", "prefetch_factor", "workers", "prefetch_steps", "resume_allow")
+_NOT_FOR_EVAL = {
+    "num_workers": "the eval set is produced in the training process",
+    "prefetch_factor": "the eval set is produced in the training process",
+    "ledger": "every validation is recorded in validation.jsonl beside the checkpoints",
+    "resume_allow": "the eval set has no checkpoint state",
 }
 
 
@@ -133,6 +143,20 @@ class Job:
         except ConfigError as e:
             raise ConfigError(f"{self.path}: {e}") from None
 
+    def check_eval_layout(self, dp_world_size: int) -> None:
+        """The eval set's batch layout at this data-parallel size (when validation is on)."""
+        validator = self.config.validator
+        if not validator.enable:
+            return
+        data = validator.dataloader.data
+        check_eval_data(data)
+        try:
+            validate_batch_layout(
+                data.num_lanes, validator.dataloader.global_batch_size, dp_world_size, self.local_batch_size
+            )
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: [validator.dataloader]: {e}") from None
+
     def check_model_vocab(self) -> None:
         """A model with fewer embeddings than the tokenizer has ids fails at step 1 with an IndexError."""
         model, ids = self.model_vocab_size, self.tokenizer.vocab_size
@@ -146,6 +170,7 @@ class Job:
     def preflight(self, world_size: int) -> None:
         """Every check that can fail before training, in the order a user would fix them."""
         self.check_layout(self.dp_world_size(world_size))
+        self.check_eval_layout(self.dp_world_size(world_size))
         if self.data.tokenizer_path:
             self.trainer_tokenizer()  # TorchTitan builds it from hf_assets_path in any case
         self.check_model_vocab()  # loads the loader's tokenizer: a wrong path is named here
@@ -164,6 +189,73 @@ def _loader_config(table: Any) -> ZephonDataLoader.Config:
     if not isinstance(ledger, bool):
         raise ConfigError(f"[dataloader] ledger must be true or false, got {short_repr(ledger)}")
     return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
+
+
+def _validator_config(
+    table: Any, train_table: dict, train_data: DataConfig, recipe: Any, path: str
+) -> ZephonValidator.Config:
+    """The [validator] table (TorchTitan's enable, freq, steps) and its [validator.dataloader] eval set."""
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{path}: validator must be a table ([validator] with enable, freq, steps), got {short_repr(table)}"
+        )
+    table = dict(table)
+    eval_table = table.pop("dataloader", {})
+    # The recipe's freq and enable are kept; its steps count microbatches of one rank, ours eval steps.
+    config = ZephonValidator.Config(enable=recipe.enable, freq=recipe.freq)
+    _apply(config, table, "[validator]", path)
+    if config.steps < 1 and config.steps != -1:
+        raise ConfigError(f"{path}: [validator] steps must be >= 1 (eval steps) or -1 (the whole eval set once)")
+    if config.freq < 1:
+        raise ConfigError(f"{path}: [validator] freq must be >= 1 (validate every freq steps)")
+    try:
+        config.dataloader = _eval_loader_config(eval_table, train_table, train_data, config)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return config
+
+
+def _eval_loader_config(
+    eval_table: Any, train_table: dict, train_data: DataConfig, validator: ZephonValidator.Config
+) -> ZephonEvalLoader.Config:
+    """[validator.dataloader]: the [dataloader] settings, overridden by its own; with no sources of its
+    own, the held-out part (eval_fraction) of the training sources."""
+    if not isinstance(eval_table, dict):
+        raise ConfigError(f"validator.dataloader must be a table, got {short_repr(eval_table)}")
+    eval_table = dict(eval_table)
+    batch = eval_table.pop("global_batch_size", 0)
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
+        raise ConfigError(
+            f"[validator.dataloader] global_batch_size must be an integer >= 0 (0: training's), got {short_repr(batch)}"
+        )
+    for key, why in _NOT_FOR_EVAL.items():
+        if key in eval_table:
+            raise ConfigError(f"[validator.dataloader] {key} is not an eval set setting: {why}")
+    inherited = {k: v for k, v in train_table.items() if k not in _NOT_INHERITED}
+    merged = {**inherited, "exhaustion": "redistribute", **eval_table}  # an eval set is read once by default
+    if "sources" not in eval_table:
+        for key in ("split", "split_seed"):
+            if key in eval_table:
+                raise ConfigError(
+                    f"[validator.dataloader] {key}: the held-out part of the training sources is read with "
+                    "[dataloader]'s split, so that training never reads an eval document; set it there"
+                )
+        held = {s.name: train_table["sources"][s.name] for s in train_data.sources if s.eval_fraction > 0}
+        if not held:
+            if validator.enable:
+                check_eval_data(DataConfig())
+            return ZephonEvalLoader.Config(global_batch_size=batch)  # no eval data: validation stays off
+        merged.update(sources=held, split="eval")
+    try:
+        data = config_from_dict(merged)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("[dataloader", "[validator.dataloader")) from None
+    if validator.steps == -1 and data.exhaustion == "repeat":
+        raise ConfigError(
+            "[validator] steps = -1 reads the eval set once, which never ends under [validator.dataloader] exhaustion = "
+            '"repeat"; set [validator] steps or exhaustion = "redistribute"'
+        )
+    return ZephonEvalLoader.Config(data=data, global_batch_size=batch)
 
 
 def _import_recipe_module(name: str, path: str):
@@ -296,9 +388,11 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
         loader = _loader_config(table)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    validator = _validator_config(document.pop("validator", {}), table, loader.data, base.validator, path)
     _apply(base, document, "the top level", path)
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
     values["dataloader"] = loader
+    values["validator"] = validator
     try:
         return ZephonTrainer.Config(**values)
     except (ValueError, AssertionError) as e:

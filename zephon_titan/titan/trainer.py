@@ -22,12 +22,14 @@ from torchtitan.trainer import Trainer
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
 from zephon_titan.titan.ledger import gather_ledger_entry
+from zephon_titan.titan.validator import ZephonValidator
 
 
 class ZephonTrainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
         dataloader: ZephonDataLoader.Config = field(default_factory=ZephonDataLoader.Config)
+        validator: ZephonValidator.Config = field(default_factory=ZephonValidator.Config)  # type: ignore[assignment]
 
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
@@ -35,6 +37,8 @@ class ZephonTrainer(Trainer):
             # refuses to start if it is left at TorchTitan's W-dependent default.
             if isinstance(self.dataloader, ZephonDataLoader.Config):
                 self.dataloader.global_batch_size = self.training.global_batch_size
+            if isinstance(self.validator, ZephonValidator.Config) and self.validator.dataloader.global_batch_size <= 0:
+                self.validator.dataloader.global_batch_size = self.training.global_batch_size
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -43,6 +47,8 @@ class ZephonTrainer(Trainer):
         if isinstance(self.dataloader, ZephonDataLoader):
             self._wrap_metrics_log()
             self._wrap_checkpoint_load()
+        if isinstance(getattr(self, "validator", None), ZephonValidator):
+            self.validator.ledger_path = os.path.join(os.path.dirname(self.ledger_path), "validation.jsonl")
 
     def close(self) -> None:
         super().close()
@@ -56,6 +62,8 @@ class ZephonTrainer(Trainer):
     def train_step(self, data_iterator):
         if isinstance(self.dataloader, ZephonDataLoader) and self._share_base is None:
             self._share_base = self._global_counts()  # where this run (or resume) starts
+            if isinstance(getattr(self, "validator", None), ZephonValidator):
+                self.validator.resume_step = self.step - 1  # the checkpoint's step (0: a fresh run)
         super().train_step(data_iterator)
         if isinstance(self.dataloader, ZephonDataLoader) and self.dataloader.config.ledger:
             self._record_ledger()

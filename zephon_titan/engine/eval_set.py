@@ -1,0 +1,98 @@
+"""An eval set: a finite, fixed sequence of steps of the lane engine, the same bytes for every W.
+
+Step t of the eval set is, as in training, lane 0's rows [tR, (t+1)R), then lane 1's, ...
+(engine/lanes.py), from the lanes' initial state: every validation starts at the beginning, so
+nothing is carried between validations or stored in a checkpoint. A lane that runs out (a
+finite source, `exhaustion = "redistribute"`) gives padding rows (labels -100) from then on,
+so the eval set is every row of every lane once; it ends after the first step in which no lane
+of the run had a row left, or after a fixed number of steps. Whether any lane of the run still
+has rows is a global question: the caller answers it (one all-reduce per step under torchrun).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zephon_titan.engine.digest import lane_digest
+from zephon_titan.engine.packing import IGNORE_INDEX, Row, RowShape
+from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.stream import LaneStream
+from zephon_titan.errors import LaneExhausted
+
+
+@dataclass(frozen=True, slots=True)
+class EvalStep:
+    """One eval step's rows of this rank's lanes, in lane order."""
+
+    lanes: list[list[Row]]
+
+    @property
+    def rows(self) -> list[Row]:
+        return [row for rows in self.lanes for row in rows]
+
+    def lane_digests(self) -> list[bytes]:
+        return [lane_digest(rows) for rows in self.lanes]
+
+
+def slot_sources(row: Row) -> np.ndarray:
+    """The source index of each input position of `row` (-1: padding); a label is counted for the
+    source of its input (under labels = "stream" the two differ only where a piece ends)."""
+    out = np.full(len(row.inputs), -1, dtype=np.int64)
+    at = 0
+    for piece in row.pieces:
+        out[at : at + piece.length] = piece.source
+        at += piece.length
+    return out
+
+
+def label_counts(rows: Iterable[Row], num_sources: int) -> list[int]:
+    """Targets (labels other than -100) per source over `rows`: what each source's eval loss averages."""
+    counts = np.zeros(num_sources, dtype=np.int64)
+    for row in rows:
+        sources = slot_sources(row)[row.labels != IGNORE_INDEX]
+        counts += np.bincount(sources[sources >= 0], minlength=num_sources)
+    return counts.tolist()
+
+
+def eval_steps(
+    spec: EngineSpec,
+    lane_ids: Sequence[int],
+    rows_per_lane: int,
+    max_steps: int = -1,
+    any_lane_live: Callable[[bool], bool] = lambda live: live,
+) -> Iterator[EvalStep]:
+    """The eval set's steps for `lane_ids`: at most `max_steps` (-1: until no lane of the run has rows).
+
+    `any_lane_live(local)` turns "one of my lanes gave a row this step" into "one lane of the run
+    did"; every rank must call it once per step (it is a collective under torchrun)."""
+    streams = [LaneStream(spec, lane) for lane in lane_ids]
+    ended = [False] * len(streams)
+    padding = RowShape.of(spec).make_row([])
+    step = 0
+    while max_steps < 0 or step < max_steps:
+        lanes, live = [], False
+        for i, stream in enumerate(streams):
+            rows = []
+            for _ in range(rows_per_lane):
+                if not ended[i]:
+                    try:
+                        rows.append(stream.next_row())
+                        live = True
+                        continue
+                    except LaneExhausted:
+                        ended[i] = True
+                rows.append(padding)
+            lanes.append(rows)
+        if not any_lane_live(live):
+            return
+        yield EvalStep(lanes)
+        step += 1
+
+
+def eval_set_digest(step_digests: Iterable[str]) -> str:
+    """SHA-256 of a whole eval set, over its steps' global batch digests (engine/digest.py)."""
+    return hashlib.sha256("".join(step_digests).encode("ascii")).hexdigest()

@@ -1,0 +1,307 @@
+"""Validation on a fixed eval set, the same rows for every GPU count, with the loss of each source.
+
+`[validator.dataloader]` configures ZephonEvalLoader like `[dataloader]`; with no sources of its
+own it reads the held-out part (`eval_fraction`) of the training sources. The eval set is a
+finite sequence of steps of `global_batch_size` rows (engine/eval_set.py), restarted from the
+beginning at every validation, so the same model sees the same rows on 1 GPU or 64.
+
+ZephonValidator is TorchTitan's Validator with two changes: it steps through the eval set in
+whole eval steps (`steps` counts steps of global_batch_size rows, not microbatches of one rank,
+which would change the set with W), and besides `validation_metrics/loss` it logs
+`validation_metrics/loss/<source>`: each token's loss counts for the source of its input, so the
+token-weighted mean of the sources' losses is the overall loss. Each validation also logs the
+eval set's SHA-256 and appends it, with the losses, to validation.jsonl beside the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import tyro
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.validate import BaseValidator, Validator
+from torchtitan.tools import utils
+from torchtitan.tools.logging import logger
+
+from zephon_titan.config import DataConfig
+from zephon_titan.engine import batch_digest, build_engine, lanes_of_rank, validate_batch_layout
+from zephon_titan.engine.eval_set import EvalStep, eval_set_digest, eval_steps, slot_sources
+from zephon_titan.errors import ConfigError
+from zephon_titan.titan.tokenizer import loader_tokenizer
+
+# The eval set of one rank is kept in memory after the first validation when it is at most this
+# big (it is then not read and tokenized again); larger sets are produced again every time.
+CACHE_BYTES = 1 << 30
+_LABEL_BITS = 32  # labels (token ids) and their source travel as one int64 through CP sharding
+Microbatch = tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]
+
+
+def _long(rows: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.stack(rows).astype(np.int64, copy=False))
+
+
+class ZephonEvalLoader(BaseDataLoader):
+    """The eval set's rows of one DP rank, in microbatches of local_batch_size (no checkpoint state)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        data: Annotated[DataConfig, tyro.conf.arg(name="")] = field(default_factory=DataConfig)
+        """The eval set's sources and settings (the [validator.dataloader] table)."""
+
+        global_batch_size: int = 0
+        """Rows per eval step (0: training.global_batch_size), the same for every W."""
+
+        infinite: Annotated[bool, tyro.conf.Suppress] = False
+        """Set by TorchTitan's Validator; an eval set is always finite."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: Any,
+        seq_len: int,
+        local_batch_size: int,
+        **_unused: Any,
+    ):
+        self.config = config
+        data = config.data
+        check_eval_data(data)
+        try:
+            self.rows_per_lane = validate_batch_layout(
+                data.num_lanes, config.global_batch_size, dp_world_size, local_batch_size
+            )
+        except ConfigError as e:
+            raise ConfigError(f"[validator.dataloader]: {e}") from None
+        self.local_batch_size = local_batch_size
+        self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
+        self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
+
+    def steps(self, max_steps: int = -1) -> Iterator[EvalStep]:
+        """The eval set's steps (this rank's lanes); a collective per step under torchrun."""
+        return eval_steps(self.spec, self.lane_ids, self.rows_per_lane, max_steps, _any_rank)
+
+    def microbatches(self, step: EvalStep) -> Iterator[Microbatch]:
+        """(inputs and positions, labels, the source of each position (-1: padding)) per microbatch."""
+        rows = step.rows
+        for start in range(0, len(rows), self.local_batch_size):
+            chunk = rows[start : start + self.local_batch_size]
+            inputs = {"input": _long([r.inputs for r in chunk]), "positions": _long([r.positions for r in chunk])}
+            yield inputs, _long([r.labels for r in chunk]), torch.from_numpy(np.stack([slot_sources(r) for r in chunk]))
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        for step in self.steps():
+            for inputs, labels, _ in self.microbatches(step):
+                yield inputs, labels
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}  # every validation starts the eval set over
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+def _any_rank(live: bool) -> bool:
+    """Does a lane of any rank still have rows? (MAX over every rank; every rank steps the eval set.)"""
+    if not dist.is_initialized():
+        return live
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
+    flag = torch.tensor([int(live)], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def check_eval_data(data: DataConfig) -> None:
+    if not data.sources:
+        raise ConfigError(
+            "[validator] enable = true, but there is no eval data: set eval_fraction on a [dataloader.sources.<name>] "
+            "(documents held out of training) or add [validator.dataloader.sources.<name>] tables with eval files"
+        )
+
+
+def encode_labels(labels: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
+    """Labels and their sources as one int64 tensor, so CP sharding moves both alike (-100 stays -100)."""
+    return torch.where(labels == IGNORE_INDEX, labels, labels + (sources << _LABEL_BITS))
+
+
+def decode_labels(combined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    ignored = combined == IGNORE_INDEX
+    sources = torch.where(ignored, -1, combined >> _LABEL_BITS)
+    labels = torch.where(ignored, IGNORE_INDEX, combined & ((1 << _LABEL_BITS) - 1))
+    return labels, sources
+
+
+@dataclass
+class _EvalSet:
+    """This rank's microbatches of the eval set, and the eval set's SHA-256 (the same on every rank)."""
+
+    microbatches: list[Microbatch]
+    sha256: str
+    steps: int
+    rows: int
+
+
+class ZephonValidator(Validator):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Validator.Config):
+        dataloader: ZephonEvalLoader.Config = field(default_factory=ZephonEvalLoader.Config)  # type: ignore[assignment]
+        """The eval set ([validator.dataloader]); `steps` counts its steps of global_batch_size rows
+        (-1: the whole eval set once)."""
+
+    def __init__(self, config: Config, **kwargs: Any):
+        BaseValidator.__init__(self, config=config)  # Validator's own __init__ warns about steps = -1 hangs
+        for name in ("parallelism", "parallel_dims", "loss_fn", "validation_context", "metrics_processor"):
+            setattr(self, name, kwargs[name])
+        if self.parallel_dims.pp_enabled:
+            raise ConfigError(
+                "[validator] with zephon_titan's eval set does not support pipeline parallelism yet; "
+                "disable validation ([validator] enable = false) or pipeline parallelism"
+            )
+        self.dp_world_size, self.dp_rank = kwargs["dp_world_size"], kwargs["dp_rank"]
+        self.loader = config.dataloader.build(
+            dp_world_size=self.dp_world_size,
+            dp_rank=self.dp_rank,
+            tokenizer=kwargs["tokenizer"],
+            seq_len=kwargs["seq_len"],
+            local_batch_size=kwargs["local_batch_size"],
+        )
+        self.source_names = self.loader.spec.source_names
+        self.ledger_path: str | None = None  # validation.jsonl; set by ZephonTrainer
+        self.resume_step = 0
+        self._cached: _EvalSet | None = None
+
+    # ---- the eval set ----------------------------------------------------------------------
+
+    def _eval_set(self) -> _EvalSet:
+        """Produce this rank's share of the eval set, with its SHA-256 (collectives over all ranks)."""
+        if self._cached is not None:
+            return self._cached
+        config: ZephonValidator.Config = self.config  # type: ignore[assignment]
+        microbatches: list[Microbatch] = []
+        digests: list[list[bytes]] = []
+        for step in self.loader.steps(config.steps):
+            digests.append(step.lane_digests())
+            microbatches.extend(self.loader.microbatches(step))
+        rows = len(digests) * config.dataloader.global_batch_size
+        eval_set = _EvalSet(microbatches, self._global_digest(digests), len(digests), rows)
+        row_bytes = self.loader.spec.seq_len * 4 * 8  # four int64 tensors per row
+        if sum(len(mb[1]) for mb in microbatches) * row_bytes <= CACHE_BYTES:  # the same answer on every rank
+            self._cached = eval_set
+        return eval_set
+
+    def _global_digest(self, digests: list[list[bytes]]) -> str:
+        """SHA-256 of the eval set: over its steps' batch digests, each over the lane digests in lane
+        order as in the training ledger; the lane digests are gathered over the batch mesh."""
+        lanes = len(self.loader.lane_ids)
+        local = np.frombuffer(b"".join(d for step in digests for d in step), dtype=np.int64)
+        # [lanes, steps, 4]: gathered rank after rank, that is lane after lane.
+        table = torch.from_numpy(local.reshape(len(digests), lanes, 4).transpose(1, 0, 2).copy())
+        if self.parallel_dims.dp_enabled:
+            table = table.to(utils.device_type)
+            gathered = torch.empty(
+                (lanes * self.dp_world_size, *table.shape[1:]), dtype=torch.int64, device=table.device
+            )
+            dist.all_gather_single(gathered, table, group=self.parallel_dims.get_mesh("batch").get_group())
+            table = gathered
+        step_major = table.cpu().numpy().transpose(1, 0, 2)  # [steps, all lanes, 4]
+        return eval_set_digest(batch_digest(lane.tobytes() for lane in step) for step in step_major)
+
+    # ---- validation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self, model_parts: list[torch.nn.Module], step: int) -> None:
+        for model in model_parts:
+            model.eval()
+        eval_set = self._eval_set()
+        num_sources = len(self.source_names)
+        device = utils.device_type
+        loss_sums = torch.zeros(num_sources, dtype=torch.float64, device=device)
+        valid = torch.zeros(num_sources, dtype=torch.int64, device=device)
+        for inputs, labels, sources in eval_set.microbatches:
+            self.metrics_processor.ntokens_since_last_log += labels.numel()
+            input_dict = {k: v.to(device) for k, v in inputs.items()}
+            labels, sources = labels.to(device), sources.to(device)
+            for s in range(num_sources):  # counted before CP sharding, as TorchTitan counts its tokens
+                valid[s] += ((sources == s) & (labels != IGNORE_INDEX)).sum()
+            model_inputs, combined, extra = self.post_dataloading_process(
+                input_dict, encode_labels(labels, sources), model_parts
+            )
+            labels, sources = decode_labels(combined)
+            with self.validation_context():
+                predictions = model_parts[0](model_inputs, **extra)
+                for s in range(num_sources):
+                    loss_sum, _ = self.loss_fn(predictions, torch.where(sources == s, labels, IGNORE_INDEX))
+                    loss_sums[s] += loss_sum.detach().to(torch.float64)
+        if self.parallel_dims.dp_cp_enabled:
+            dist.all_reduce(loss_sums, group=self.parallel_dims.get_optional_mesh("loss").get_group())
+        if self.parallel_dims.dp_enabled:
+            dist.all_reduce(valid, group=self.parallel_dims.get_mesh("batch").get_group())
+        sums, counts = loss_sums.cpu().tolist(), valid.cpu().tolist()
+        loss = sum(sums) / max(sum(counts), 1)
+        per_source = {name: s / n for name, s, n in zip(self.source_names, sums, counts) if n}
+        extra_metrics = {f"validation_metrics/loss/{name}": value for name, value in per_source.items()}
+        extra_metrics["validation_metrics/eval_tokens"] = sum(counts)
+        self.metrics_processor.log_validation(loss=loss, step=step, extra_metrics=extra_metrics)
+        self._report(step, eval_set, loss, per_source, dict(zip(self.source_names, counts)))
+        for model in model_parts:
+            model.train()
+
+    def _report(
+        self, step: int, eval_set: _EvalSet, loss: float, per_source: dict[str, float], tokens: dict[str, int]
+    ) -> None:
+        """The log line and the validation.jsonl entry (rank 0). `tokens`: targets per source."""
+        if dist.is_initialized() and dist.get_rank() != 0:
+            return
+        logger.info(
+            f"zephon validation at step {step}: eval set sha256 {eval_set.sha256[:16]} ({eval_set.steps} steps, "
+            f"{eval_set.rows} rows, {sum(tokens.values())} tokens); loss {loss:.5f}; per source: "
+            + ", ".join(f"{name} {value:.5f}" for name, value in per_source.items())
+        )
+        if self.ledger_path is None:
+            return
+        entry = {
+            "step": step,
+            "sha256": eval_set.sha256,
+            "steps": eval_set.steps,
+            "rows": eval_set.rows,
+            "tokens": tokens,
+            "loss": loss,
+            "loss_per_source": per_source,
+        }
+        append_validation_entry(self.ledger_path, entry, self.resume_step)
+        self.resume_step = -1  # dropped what followed the checkpoint: from now on only append
+
+
+def append_validation_entry(path: str, entry: dict, resume_step: int) -> None:
+    """Append one line to validation.jsonl; the first append of a resumed run (resume_step >= 0) first
+    drops the entries written after the checkpoint by the run that crashed or was stopped."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if resume_step >= 0 and os.path.exists(path):
+        kept = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    if json.loads(line)["step"] <= resume_step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+                except (ValueError, KeyError, TypeError):
+                    break  # a torn last line
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(tmp, path)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read_validation_entries(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
