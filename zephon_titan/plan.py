@@ -27,7 +27,7 @@ from zephon_titan.titan.dataloader import check_header, read_lane_states
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.state_codec import HEADER_KEY, read_header
 from zephon_titan.titan.tokenizer import loader_tokenizer
-from zephon_titan.titan.validator import check_eval_data
+from zephon_titan.titan.validator import check_eval_data, eval_message
 
 
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
@@ -111,7 +111,7 @@ def plan_eval_set(job_path: str) -> dict:
     try:
         per_lane = rows_per_lane(batch, data.num_lanes)
     except ConfigError as e:
-        raise ConfigError(f"{job.path}: [validator.dataloader]: {e}") from None
+        raise ConfigError(f"{job.path}: {eval_message(e)}") from None
     digests, counts = [], [0] * len(spec.sources)
     for step in eval_steps(spec, range(data.num_lanes), per_lane, validator.steps):
         digests.append(batch_digest(step.lane_digests()))

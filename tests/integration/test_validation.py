@@ -10,43 +10,15 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CPU_CONFIG, check, copy_checkpoint, torchrun
+from conftest import REPO, check, copy_checkpoint, ledger, torchrun
 
 from zephon_titan.titan.validator import read_validation_entries
 
 pytestmark = pytest.mark.integration
 
-# The CPU debug job with 5 % of each source held out, validated at steps 1, 2 and 4.
-JOB = f"""
-[job]
-extends = "{CPU_CONFIG}"
-
-[dataloader.sources.code]
-paths = ["demo_out/code/*.parquet"]
-weight = 0.3
-eval_fraction = 0.05
-
-[dataloader.sources.prose]
-paths = ["demo_out/prose/*.jsonl"]
-weight = 0.7
-block_bytes = 32768
-eval_fraction = 0.05
-
-[validator]
-enable = true
-freq = 2
-
-[validator.dataloader]
-num_lanes = 4
-"""
-
-
-@pytest.fixture(scope="module")
-def job(workdir) -> str:
-    path = os.path.join(workdir, "validated.toml")
-    with open(path, "w") as f:
-        f.write(JOB)
-    return path
+# The CPU debug job with 5 % of each source held out, validated at steps 1, 2 and 4 (over 4 lanes).
+JOB = os.path.join(REPO, "configs", "debug_cpu_validated.toml")
+RUNS = ("val_w2", "val_w2_to_w4", "val_w1")
 
 
 def _run(workdir: str, job: str, run: str, nproc: int, steps: int = 4) -> tuple[list[dict], str]:
@@ -57,20 +29,20 @@ def _run(workdir: str, job: str, run: str, nproc: int, steps: int = 4) -> tuple[
 
 
 @pytest.fixture(scope="module")
-def runs(workdir, job) -> dict[str, list[dict]]:
+def runs(workdir) -> dict[str, list[dict]]:
     """2 ranks to step 4 (saving at 2 and 4), its step-2 checkpoint resumed on 4 ranks, and 1 rank."""
     out = {}
-    out["2 ranks"], _ = _run(workdir, job, "val_w2", 2)
+    out["2 ranks"], _ = _run(workdir, JOB, "val_w2", 2)
     copy_checkpoint(workdir, "val_w2", 2, "val_w2_to_w4")
-    out["resumed on 4"], logs = _run(workdir, job, "val_w2_to_w4", 4)
+    out["resumed on 4"], logs = _run(workdir, JOB, "val_w2_to_w4", 4)
     assert "zephon validation at step 4: eval set sha256" in logs
-    out["1 rank"], _ = _run(workdir, job, "val_w1", 1)
+    out["1 rank"], _ = _run(workdir, JOB, "val_w1", 1)
     return out
 
 
-def test_the_eval_set_is_the_same_rows_everywhere_and_as_planned(workdir, job, runs):
+def test_the_eval_set_is_the_same_rows_everywhere_and_as_planned(workdir, runs):
     planned = subprocess.run(
-        [sys.executable, "-m", "zephon_titan.cli", "plan", job, "--validation"],
+        [sys.executable, "-m", "zephon_titan.cli", "plan", JOB, "--validation"],
         cwd=workdir, capture_output=True, text=True, check=True,
     )  # fmt: skip
     plan = json.loads(planned.stdout.strip().splitlines()[-1])
@@ -105,3 +77,11 @@ def test_per_source_losses_average_to_the_overall_loss(runs):
             assert mean == pytest.approx(entry["loss"], rel=1e-9), (name, entry["step"])
             # The sources differ, so this is not one number written twice.
             assert per_source["code"] != per_source["prose"]
+
+
+def test_training_batches_are_the_same_on_every_world_size(workdir, runs):
+    """Validation runs between steps; the training ledger stays the elastic one (and skips the eval part)."""
+    ledgers = {run: ledger(os.path.join(workdir, run, "checkpoint", "ledger.jsonl")) for run in RUNS}
+    assert sorted(ledgers["val_w1"]) == [1, 2, 3, 4]
+    for run, got in ledgers.items():
+        assert got == ledgers["val_w1"], run

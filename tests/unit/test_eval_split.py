@@ -18,6 +18,8 @@ from zephon_titan.engine import fingerprint, lanes_of_rank
 from zephon_titan.engine.eval_set import eval_steps, label_counts
 from zephon_titan.engine.split import held_out, kept
 from zephon_titan.errors import ConfigError
+from zephon_titan.plan import plan_eval_set
+from zephon_titan.titan.job import load_job
 from zephon_titan.titan.validator import decode_labels, encode_labels
 
 ROWS = list(range(20_000))
@@ -136,3 +138,25 @@ def test_split_settings_are_checked(corpus_dir, tokenizer_dir):
         make_spec(corpus_dir, tokenizer_dir, split="eval")
     with pytest.raises(ConfigError, match='split must be "train" or "eval"'):
         make_spec(corpus_dir, tokenizer_dir, split="test")
+
+
+def test_separate_eval_files_are_read_whole_and_planned(tmp_path, corpus_dir, tokenizer_dir):
+    """[validator.dataloader.sources.*]: eval files of their own, every document once (steps = -1)."""
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'hf_assets_path = "{tokenizer_dir}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+        "[training]\nseq_len = 64\nlocal_batch_size = 2\nglobal_batch_size = 8\n[dataloader]\nnum_lanes = 4\n"
+        f'[dataloader.sources.code]\npaths = ["{corpus_dir}/code/*.parquet"]\n[validator]\nenable = true\n'
+        f'[validator.dataloader.sources.prose]\npaths = ["{corpus_dir}/prose/*.jsonl"]\nblock_bytes = 16384\n'
+    )
+    planned = plan_eval_set(str(job))
+    prose = make_spec(corpus_dir, tokenizer_dir, sources={"prose": {"paths": [f"{corpus_dir}/prose/*.jsonl"]}})
+    targets = sum(
+        max(len(tokens) - 1, 0)  # labels = "document": a document of n tokens has n - 1 targets
+        for b in range(prose.sources[0].num_blocks)
+        for tokens in prose.tokenizer.encode(prose.sources[0].read_block(b).texts)
+    )
+    assert planned["tokens"] == {"prose": targets}
+    assert planned["rows"] == 8 * planned["steps"] and planned == plan_eval_set(str(job))
+    with pytest.raises(ConfigError, match=r"\[validator.dataloader\] num_lanes = 4"):
+        load_job(str(job)).check_eval_layout(3)

@@ -45,7 +45,7 @@ from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
-from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data
+from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data, eval_message
 from zephon_titan.toml_file import load_toml
 
 _MODEL_KEYS = ("module", "config", "flavor", "vocab_size")
@@ -155,7 +155,7 @@ class Job:
                 data.num_lanes, validator.dataloader.global_batch_size, dp_world_size, self.local_batch_size
             )
         except ConfigError as e:
-            raise ConfigError(f"{self.path}: [validator.dataloader]: {e}") from None
+            raise ConfigError(f"{self.path}: {eval_message(e)}") from None
 
     def check_model_vocab(self) -> None:
         """A model with fewer embeddings than the tokenizer has ids fails at step 1 with an IndexError."""
@@ -249,7 +249,7 @@ def _eval_loader_config(
     try:
         data = config_from_dict(merged)
     except ConfigError as e:
-        raise ConfigError(str(e).replace("[dataloader", "[validator.dataloader")) from None
+        raise ConfigError(eval_message(e)) from None
     if validator.steps == -1 and data.exhaustion == "repeat":
         raise ConfigError(
             "[validator] steps = -1 reads the eval set once, which never ends under [validator.dataloader] exhaustion = "

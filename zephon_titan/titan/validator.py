@@ -81,7 +81,7 @@ class ZephonEvalLoader(BaseDataLoader):
                 data.num_lanes, config.global_batch_size, dp_world_size, local_batch_size
             )
         except ConfigError as e:
-            raise ConfigError(f"[validator.dataloader]: {e}") from None
+            raise ConfigError(eval_message(e)) from None
         self.local_batch_size = local_batch_size
         self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
@@ -126,6 +126,16 @@ def check_eval_data(data: DataConfig) -> None:
             "[validator] enable = true, but there is no eval data: set eval_fraction on a [dataloader.sources.<name>] "
             "(documents held out of training) or add [validator.dataloader.sources.<name>] tables with eval files"
         )
+
+
+def eval_message(error: ConfigError) -> str:
+    """A [dataloader] error raised for the eval set, naming the table it came from."""
+    text = str(error)
+    return (
+        text.replace("[dataloader", "[validator.dataloader")
+        if "[dataloader" in text
+        else f"[validator.dataloader]: {text}"
+    )
 
 
 def encode_labels(labels: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
