@@ -8,6 +8,7 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -70,12 +71,26 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
 
     loader_state = state["dataloader"]
     header = read_header(loader_state)
-    check_header(header, fingerprint(job.spec), job.global_batch_size, job.data.resume_allow)
-    rows_per_lane = job.check_layout(1)
-    lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources), rows_per_lane)
+    check_header(header, fingerprint(job.spec), job.data.resume_allow)
+    lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources))
     states = {lane: entry[0] for lane, entry in lanes.items()}
-    step = states[0].rows // rows_per_lane  # every lane stands at the same whole step (read_lane_states)
-    return step, states
+    return checkpoint_step(checkpoint, states[0].rows, header), states
+
+
+def checkpoint_step(checkpoint: str, rows: int, header: dict) -> int:
+    """The step a checkpoint was saved at: its folder name (TorchTitan's step-N), else its lanes' rows
+    over the rows per lane of its global batch size (exact when that never changed)."""
+    name = os.path.basename(os.path.normpath(checkpoint))
+    if name.startswith("step-") and name[5:].isdigit():
+        return int(name[5:])
+    lanes = header["fingerprint"].get("num_lanes", "")
+    batch = header.get("global_batch_size")
+    per_lane = batch // int(lanes) if isinstance(batch, int) and lanes.isdigit() and int(lanes) else 0
+    if per_lane < 1 or rows % per_lane:
+        raise ResumeError(
+            f"{checkpoint}: cannot tell the step it was saved at; name the folder step-N as TorchTitan does"
+        )
+    return rows // per_lane
 
 
 def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Iterator[LedgerEntry]:

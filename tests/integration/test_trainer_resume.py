@@ -130,3 +130,34 @@ def test_per_step_shares_are_global_and_survive_resizes(workdir, resumed):
             tokens = entries[step].tokens
             assert code == pytest.approx(tokens["code"] / (tokens["code"] + tokens["prose"]), abs=1e-4), (run, step)
             assert code + prose == pytest.approx(1, abs=2e-4)
+
+
+def test_a_new_global_batch_size_at_resume_continues_every_lane(workdir, uninterrupted, monkeypatch):
+    """Save with 16 rows per step on 2 ranks, resume with 32 on 4: steps 3-4 are every lane's next 4 rows
+    of its uninterrupted stream (lane by lane), as `plan --from-checkpoint` with the new size predicts."""
+    from zephon_titan.engine import LaneStream, batch_digest, lane_digest
+    from zephon_titan.plan import plan_ledger
+    from zephon_titan.titan.job import load_job
+
+    copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_g32")
+    args = cpu_job_args("runs/w2_g32", 4, "--training.global_batch_size", "32")
+    output = check(torchrun(workdir, "zephon_titan.train_cpu", 4, args)).stdout
+    assert "global batch size 16 -> 32 rows from the next step on" in output
+    entries = {e.step: e for e in read_ledger(os.path.join(workdir, "runs/w2_g32", "checkpoint", "ledger.jsonl"))}
+    assert [entries[s].rows for s in (1, 2, 3, 4)] == [16, 16, 32, 32]
+    assert {s: entries[s].sha256 for s in (1, 2)} == {s: uninterrupted[0][s] for s in (1, 2)}
+
+    monkeypatch.chdir(workdir)
+    streams = [LaneStream(load_job(CPU_CONFIG).spec, lane) for lane in range(8)]
+    for stream in streams:
+        stream.take(2 * 2)  # steps 1-2: 2 rows per lane
+    expected = {step: batch_digest(lane_digest(s.take(4)) for s in streams) for step in (3, 4)}
+    assert {s: entries[s].sha256 for s in (3, 4)} == expected
+    job = os.path.join(workdir, "g32.toml")
+    with open(job, "w") as f:
+        f.write(f'[job]\nextends = "{CPU_CONFIG}"\n[training]\nglobal_batch_size = 32\n')
+    planned = {e.step: e for e in plan_ledger(job, 4, "runs/w2/checkpoint/step-2")}
+    assert planned == {s: entries[s] for s in (3, 4)}
+    # Negative control: a run with 32 rows per step from the start has other steps 3-4.
+    from_start = {e.step: e.sha256 for e in plan_ledger(job, 4)}
+    assert from_start[3] != expected[3] and from_start[4] != expected[4]

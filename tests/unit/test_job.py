@@ -156,11 +156,29 @@ def test_many_long_source_names_fit_the_header_slot_at_startup(tmp_path, corpus_
         _loader(corpus_dir, tokenizer_dir, sources=too_many)
 
 
-def test_a_changed_global_batch_size_is_refused_on_resume(corpus_dir, tokenizer_dir):
-    saved = _loader(corpus_dir, tokenizer_dir, global_batch_size=16).state_dict()
-    with pytest.raises(ResumeError, match=r"global_batch_size: 16 -> 32"):
-        _loader(corpus_dir, tokenizer_dir, global_batch_size=32).load_state_dict(saved)
-    _loader(corpus_dir, tokenizer_dir, global_batch_size=16).load_state_dict(saved)  # negative control
+def test_a_new_global_batch_size_continues_every_lane_where_it_stopped(corpus_dir, tokenizer_dir):
+    """G 16 -> 32 at a resume (2 -> 4 rows per lane per step): each lane goes on with its own stream."""
+    from zephon_titan.engine import LaneStream
+
+    old = _loader(corpus_dir, tokenizer_dir, global_batch_size=16)
+    batches = iter(old)
+    for _ in range(3 * 16 // 2):  # three steps of 8 microbatches of 2 rows
+        next(batches)
+    saved = old.state_dict()
+    old.close()
+    new = _loader(corpus_dir, tokenizer_dir, global_batch_size=32)
+    new.load_state_dict(saved)
+    got = [next(iter_) for iter_ in [iter(new)] for _ in range(2 * 32 // 2)]  # two steps of 32 rows
+    new.close()
+    inputs = torch.cat([inputs["input"] for inputs, _ in got]).numpy()
+    streams = [LaneStream(new.spec, lane) for lane in range(8)]
+    for stream in streams:
+        stream.take(3 * 2)  # the three steps before the resume
+    # Step 4 is lane 0's next 4 rows, then lane 1's, ...; then step 5 the same way.
+    expected = [row.inputs for _ in range(2) for stream in streams for row in stream.take(4)]
+    assert (inputs == expected).all()
+    # Negative control: had the lanes kept 2 rows per step, step 4 would be other rows.
+    assert not (inputs[:4] == expected[0:2] + expected[4:6]).all()
 
 
 class _Step(torch.distributed.checkpoint.stateful.Stateful):

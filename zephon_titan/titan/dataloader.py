@@ -140,7 +140,7 @@ class ZephonDataLoader(BaseDataLoader):
             if step is None:
                 logger.warning(
                     f'zephon_titan: a lane ran out of data under exhaustion = "{self.config.data.exhaustion}" after '
-                    f"{self._consumed[self.lane_ids[0]].rows // self.rows_per_lane} steps; every rank stops here"
+                    f"{self._consumed[self.lane_ids[0]].rows} rows per lane; every rank stops here"
                 )
                 return
             record = StepRecord.of(step, num_sources) if self.config.ledger else None
@@ -217,8 +217,14 @@ class ZephonDataLoader(BaseDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         header = read_header(state_dict)
-        check_header(header, self.fingerprint, self.config.global_batch_size, self.config.data.resume_allow)
-        entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources), self.rows_per_lane)
+        check_header(header, self.fingerprint, self.config.data.resume_allow)
+        entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources))
+        saved_batch = header.get("global_batch_size")
+        if saved_batch != self.config.global_batch_size and dp_rank_zero():
+            logger.info(
+                f"zephon_titan: global batch size {saved_batch} -> {self.config.global_batch_size} rows from the next "
+                "step on; every lane continues where it stopped (lane streams do not depend on it)"
+            )
         self._close_started()  # a group started before the load would continue from the old position
         self._consumed = {lane: entry[0] for lane, entry in entries.items()}
         self._tokens = {lane: entry[1] for lane, entry in entries.items()}
@@ -237,21 +243,26 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 def read_lane_states(
-    state: dict[str, Any], lane_ids, header: dict, num_sources: int, rows_per_lane: int
+    state: dict[str, Any], lane_ids, header: dict, num_sources: int
 ) -> dict[int, tuple[LaneState, list[int], int]]:
-    """The checked entries of `lane_ids`; every lane must stand at the same whole step."""
+    """The checked entries of `lane_ids`; every lane must stand at the same row (the end of one step).
+
+    Not a multiple of this run's rows per lane: the global batch size may have changed at a resume."""
     entries = {lane: read_lane(state, lane, header, num_sources) for lane in lane_ids}
     rows = {entry[0].rows for entry in entries.values()}
-    if len(rows) != 1 or next(iter(rows)) % rows_per_lane:
+    if len(rows) != 1:
         raise ResumeError(
-            f"the checkpoint's lanes stand at rows {sorted(rows)}, not at one whole step of "
-            f"{rows_per_lane} rows per lane; the checkpoint is damaged"
+            f"the checkpoint's lanes stand at rows {sorted(rows)}, not at the end of one step (every lane gives "
+            "the same number of rows per step); the checkpoint is damaged"
         )
     return entries
 
 
-def check_header(header: dict, current_fingerprint: dict, global_batch_size: int, allow) -> None:
-    """Refuse a checkpoint whose data stream or batch layout differs from this run's, naming what changed."""
+def check_header(header: dict, current_fingerprint: dict, allow) -> None:
+    """Refuse a checkpoint whose data stream differs from this run's, naming what changed.
+
+    The global batch size may change at a resume: lane streams do not depend on it, so every lane
+    continues where it stopped and the new size applies from the next step."""
     if header.get("version") != HEADER_VERSION:
         raise ResumeError(
             f"the checkpoint's dataloader state has format version {header.get('version')!r}, this zephon_titan "
@@ -259,13 +270,6 @@ def check_header(header: dict, current_fingerprint: dict, global_batch_size: int
             "over (--checkpoint.exclude_from_loading dataloader)"
         )
     check_fingerprint(header["fingerprint"], current_fingerprint, allow)
-    saved = header.get("global_batch_size")
-    if saved != global_batch_size:
-        raise ResumeError(
-            f"the checkpoint was trained with another global batch: global_batch_size: {saved} -> {global_batch_size}; "
-            "every step's rows depend on it, so set [training] global_batch_size back to "
-            f"{saved} (changing it at a resume is not supported yet)"
-        )
 
 
 def with_lane_check(load: Callable, num_lanes: int) -> Callable:
@@ -304,6 +308,10 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
             ) from None
 
     return load_with_lane_check
+
+
+def dp_rank_zero() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _first_line(e: BaseException) -> str:
