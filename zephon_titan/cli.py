@@ -26,6 +26,7 @@ from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.split import held_out
+from zephon_titan.engine.stream import StepClock
 from zephon_titan.engine.tokenizer_backends import first_difference
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
 from zephon_titan.plan import mixture_report, plan_eval_set, plan_ledger
@@ -63,16 +64,34 @@ def cmd_plan(args) -> int:
 
 def _with_mixture_report(config: str, entries: list[LedgerEntry], to_stderr: bool) -> list[LedgerEntry]:
     """Print each source's planned share per step against its weight (normalized, and said so)."""
-    data = load_job(config).data
+    job = load_job(config)
+    data = job.data
+    out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
+    if data.phases:
+        _phase_reports(job, entries, out)
+        return entries
     raw = [s.weight for s in data.sources]
     weights = [w / sum(raw) for w in raw]
-    out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
     if abs(sum(raw) - 1) > 1e-9:
         given = ", ".join(f"{s.name} {s.weight:g}" for s in data.sources)
         print(f"weights {given} sum to {sum(raw):g}; normalized: " + ", ".join(f"{w:.4f}" for w in weights), file=out)
     if entries:
         print(mixture_report(entries, weights).format(), file=out)
     return entries
+
+
+def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
+    """Under a schedule: one report per phase, over its steps after its ramp, against its weights."""
+    phases = job.data.phases
+    ends = [p.start_step for p in phases[1:]] + [1 << 62]
+    for i, (phase, end) in enumerate(zip(phases, ends)):
+        steady = [e for e in entries if phase.start_step + phase.ramp_steps <= e.step < end]
+        if not steady:
+            continue
+        weights = list(job.spec.schedule.segment(steady[0].step).weights)
+        ramp = f" (its {phase.ramp_steps} ramp steps left out)" if phase.ramp_steps else ""
+        print(f"phase {i + 1}, from step {phase.start_step}{ramp}:", file=out)
+        print(mixture_report(steady, weights).format(), file=out)
 
 
 def _read(path: str) -> dict[int, LedgerEntry]:
@@ -103,7 +122,11 @@ def cmd_verify(args) -> int:
             )
             return 1
         if a[step] != b[step]:
-            fields = [f for f in ("sha256", "rows", "tokens", "padding") if getattr(a[step], f) != getattr(b[step], f)]
+            fields = [
+                f
+                for f in ("sha256", "rows", "tokens", "padding", "weights")
+                if getattr(a[step], f) != getattr(b[step], f)
+            ]
             print(f"first difference at step {step} ({', '.join(fields)}):")
             for path, entry in ((args.a, a[step]), (args.b, b[step])):
                 print(
@@ -164,7 +187,7 @@ def cmd_inspect(args) -> int:
     r = job.check_layout(1)
     report = []
     for lane in tqdm(lanes, desc="simulating lanes", unit="lane", disable=len(lanes) == 1 or args.json):
-        stream = LaneStream(job.spec, lane)
+        stream = LaneStream(job.spec, lane, clock=StepClock(r))
         stream.take((args.step - 1) * r)  # the lane's rows before this step
         for i, row in enumerate(stream.take(r)):
             report.append(
@@ -181,6 +204,13 @@ def cmd_inspect(args) -> int:
         json.dump(report, sys.stdout, indent=1)
         print()
         return 0
+    if job.spec.schedule.scheduled:
+        weights = job.spec.schedule.weights_by_name(args.step)
+        print(
+            f"step {args.step} mixes "
+            + ", ".join(f"{n} {w:g}" for n, w in weights.items())
+            + " (the schedule's weights)"
+        )
     for item in report:
         print(
             f"step {item['step']} lane {item['lane']} row {item['lane_row']} (row {item['batch_row']} of the global "
@@ -201,6 +231,34 @@ def cmd_inspect(args) -> int:
 
 # Sources with this many files (and no index) get a hint to add one.
 INDEX_HINT_FILES = 1000
+
+
+def _print_schedule(job: Job) -> None:
+    """The phases, each with its steps and the tokens per source it is expected to read (weight x slots)."""
+    if not job.data.phases:
+        return
+    last = job.config.training.steps
+    slots = job.global_batch_size * job.seq_len
+    starts = [p.start_step for p in job.data.phases] + [last + 1]
+    print(f"mixture schedule ({len(job.data.phases)} phases over [training] steps = {last}):")
+    for phase, start, end in zip(job.data.phases, starts, starts[1:]):
+        if start > last:
+            print(f"  from step {start}: after the last step, never reached")
+            continue
+        steps = range(start, min(end, last + 1))
+        weights = job.spec.schedule.weights_by_name(steps[-1])  # after its ramp
+        expected = {name: 0.0 for name in job.spec.source_names}
+        for step in steps:
+            for name, w in job.spec.schedule.weights_by_name(step).items():
+                expected[name] += w * slots
+        ramp = f", ramped over {phase.ramp_steps} steps" if phase.ramp_steps else ""
+        print(
+            f"  steps {start}-{steps[-1]}: " + ", ".join(f"{n} {w:g}" for n, w in weights.items()) + ramp
+            + "; expected tokens: " + ", ".join(f"{n} {int(v):,}" for n, v in expected.items() if v)
+        )  # fmt: skip
+    resting = [n for n in job.spec.source_names if all(p.weights.get(n, 0) <= 0 for p in job.data.phases)]
+    if resting:
+        print(f"  resting in every phase (declared for a later phase): {', '.join(resting)}")
 
 
 def _print_validation(job: Job) -> None:
@@ -279,6 +337,7 @@ def cmd_validate(args) -> int:
                 f"  {'':<12} hint: every rank lists these {len(source.files):,} files at startup; set "
                 f'index = "<path or URI>" in [dataloader.sources.{source.name}] to read one manifest instead'
             )
+    _print_schedule(job)
     _print_validation(job)
     usable = []
     for w in valid_world_sizes(spec.num_lanes):

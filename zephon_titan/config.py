@@ -52,6 +52,11 @@ SOURCE_BOUNDS = {
     "weight": (0.0, 1e6, "weights are relative shares (only ratios matter) and must sum to a finite number"),
     "block_bytes": (1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
     "block_rows": (1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
+    "eval_fraction": (
+        0.0,
+        0.99,
+        "a source held out whole is an eval source: list it in [validator.dataloader.sources]",
+    ),
 }
 # Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
 _OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
@@ -98,11 +103,29 @@ class SourceConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class PhaseConfig:
+    """One phase of a mixture schedule (`[[dataloader.phases]]`)."""
+
+    start_step: int
+    """First optimizer step of the phase (the first phase starts at step 1)."""
+
+    weights: dict[str, float]
+    """Share of tokens per source name in this phase (normalized); a source left out rests (weight 0)."""
+
+    ramp_steps: int = 0
+    """Move linearly from the previous phase's weights to these over the phase's first ramp_steps steps."""
+
+
+@dataclass(kw_only=True, slots=True)
 class DataConfig:
     """Everything the row streams depend on, except the tokenizer object and seq_len."""
 
     sources: list[SourceConfig] = field(default_factory=list)
     """The named sources, in sorted-name order (set them in the TOML file)."""
+
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """A mixture schedule by optimizer step (`[[dataloader.phases]]` tables); empty: the sources'
+    weights for the whole run. With phases, weights come only from them."""
 
     num_lanes: int = 8
     """Number of lanes L; fixed for a run. Data-parallel sizes must divide it."""
@@ -262,11 +285,8 @@ def validate_source(source: SourceConfig) -> None:
             "remove the source to leave it out of the mixture"
         )
     _check_bounds(source, SOURCE_BOUNDS, where)
-    if not 0.0 <= source.eval_fraction < 1.0:
-        raise ConfigError(
-            f"{where} eval_fraction must be in [0, 1) (the share of documents held out for validation), "
-            f"got {source.eval_fraction}"
-        )
+    if not math.isfinite(source.eval_fraction):
+        raise ConfigError(f"{where} eval_fraction must be a share in [0, 0.99], got {source.eval_fraction}")
     if not source.format:  # the names are the engine's format registry (engine/sources/formats.py)
         raise ConfigError(f'{where} format must not be empty; use "auto" or a format name')
     if not source.text_field:
@@ -290,6 +310,7 @@ def validate(config: DataConfig) -> None:
     for source in config.sources:
         validate_source(source)
     _check_bounds(config, BOUNDS, "[dataloader]")
+    validate_phases(config.phases, names)
     if not config.packing:  # the names are the engine's packing registry (engine/packing.py)
         raise ConfigError('[dataloader] packing must not be empty; use "wrap" or "best_fit"')
     if config.labels not in LABEL_RULES:
@@ -323,6 +344,63 @@ def validate(config: DataConfig) -> None:
             f"[dataloader] s3_endpoint_url must start with http:// or https://, got {config.s3_endpoint_url!r}"
         )
     validate_resume_allow(config.resume_allow)
+
+
+MAX_PHASES = 256  # the schedule is kept in the checkpoint header (titan/state_codec.py)
+
+
+def validate_phases(phases: list[PhaseConfig], names: list[str]) -> None:
+    """A schedule starts at step 1, its phases in increasing order, each ramp done before the next phase,
+    every weight finite and >= 0 over known sources, every phase with some weight. A source may rest in
+    every phase: declared now, it can be given a weight in a later phase when the run is resumed."""
+    if not phases:
+        return
+    if len(phases) > MAX_PHASES:
+        raise ConfigError(f"[[dataloader.phases]]: {len(phases)} phases, at most {MAX_PHASES} are supported")
+    for i, phase in enumerate(phases):
+        where = f"[[dataloader.phases]] #{i + 1} (start_step {phase.start_step})"
+        if i == 0 and phase.start_step != 1:
+            raise ConfigError(f"{where}: the first phase must start at step 1")
+        if i and phase.start_step <= phases[i - 1].start_step:
+            raise ConfigError(
+                f"{where}: phases must be in increasing start_step order (after {phases[i - 1].start_step})"
+            )
+        if phase.ramp_steps < 0 or (i == 0 and phase.ramp_steps):
+            raise ConfigError(f"{where}: ramp_steps must be >= 0, and 0 in the first phase (nothing to ramp from)")
+        if i and phases[i - 1].start_step + phases[i - 1].ramp_steps > phase.start_step:
+            raise ConfigError(
+                f"{where}: the previous phase's ramp of {phases[i - 1].ramp_steps} steps runs into this phase"
+            )
+        for name, weight in phase.weights.items():
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"sources: {', '.join(names)}"
+                raise ConfigError(f"{where}: weights name an unknown source {name!r}; {hint}")
+            if not (isinstance(weight, (int, float)) and not isinstance(weight, bool)) or not (
+                math.isfinite(weight) and 0 <= weight <= SOURCE_BOUNDS["weight"][1]
+            ):
+                raise ConfigError(f"{where}: weight of {name!r} must be a finite number >= 0, got {weight!r}")
+        if not any(w > 0 for w in phase.weights.values()):
+            raise ConfigError(f"{where}: no source has a weight > 0; every phase must read something")
+
+
+def _phase_from_table(i: int, table: Any) -> PhaseConfig:
+    where = f"[[dataloader.phases]] #{i + 1}"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table with start_step and weights, got {short_repr(table)}")
+    _check_keys(table, ["start_step", "weights", "ramp_steps"], where)
+    if "start_step" not in table or "weights" not in table:
+        raise ConfigError(f"{where} needs start_step (an optimizer step) and weights (a table: source = weight)")
+    weights = table["weights"]
+    if not isinstance(weights, dict):
+        raise ConfigError(
+            f"{where} weights must be a table (e.g. {{ code = 0.3, web = 0.7 }}), got {short_repr(weights)}"
+        )
+    return PhaseConfig(
+        start_step=_typed(table["start_step"], int, "start_step", where),
+        weights={str(k): v for k, v in weights.items()},
+        ramp_steps=_typed(table.get("ramp_steps", 0), int, "ramp_steps", where),
+    )
 
 
 # Components a resume may be told to ignore ([dataloader] resume_allow), and why that keeps
@@ -360,8 +438,23 @@ def config_from_dict(table: object) -> DataConfig:
     sources = [_source_from_table(name, raw_sources[name]) for name in sorted(raw_sources)]
     defaults = DataConfig(sources=sources)
     kwargs: dict[str, Any] = {"sources": sources}
+    if "phases" in table:
+        raw_phases = table["phases"]
+        if not isinstance(raw_phases, list):
+            raise ConfigError("[dataloader] phases must be [[dataloader.phases]] tables (start_step, weights)")
+        kwargs["phases"] = [_phase_from_table(i, p) for i, p in enumerate(raw_phases)]
+        weighted = [
+            name
+            for name in sorted(raw_sources)
+            if isinstance(raw_sources[name], dict) and "weight" in raw_sources[name]
+        ]
+        if weighted and kwargs["phases"]:
+            raise ConfigError(
+                f"[dataloader.sources.{weighted[0]}] weight: with [[dataloader.phases]] the weights come from the "
+                "phases; remove the source's weight"
+            )
     for name in allowed:
-        if name != "sources" and name in table:
+        if name not in ("sources", "phases") and name in table:
             kind = _OPTIONAL_TYPES.get(name) or type(getattr(defaults, name))
             kwargs[name] = _typed(table[name], kind, name, "[dataloader]")
     config = DataConfig(**kwargs)
@@ -404,4 +497,10 @@ def config_to_dict(config: DataConfig) -> dict[str, Any]:
         s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}
         for s in config.sources
     }
+    if config.phases:
+        for source in table["sources"].values():
+            source.pop("weight")  # the phases hold the weights
+        table["phases"] = [dataclasses.asdict(p) for p in config.phases]
+    else:
+        table.pop("phases")
     return table

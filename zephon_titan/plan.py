@@ -8,7 +8,6 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -22,9 +21,9 @@ from zephon_titan.engine import (
     tally,
 )
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
-from zephon_titan.engine.ledger import LedgerEntry
+from zephon_titan.engine.ledger import LedgerEntry, step_weights
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-from zephon_titan.titan.dataloader import check_header, read_lane_states
+from zephon_titan.titan.dataloader import check_header, read_lane_states, saved_step
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.state_codec import HEADER_KEY, read_header
 from zephon_titan.titan.tokenizer import loader_tokenizer
@@ -67,30 +66,16 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
         dcp.load(state, checkpoint_id=checkpoint)
-    from zephon_titan.engine import fingerprint
+    from zephon_titan.engine import check_mixture, fingerprint
 
     loader_state = state["dataloader"]
     header = read_header(loader_state)
     check_header(header, fingerprint(job.spec), job.data.resume_allow)
     lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources))
     states = {lane: entry[0] for lane, entry in lanes.items()}
-    return checkpoint_step(checkpoint, states[0].rows, header), states
-
-
-def checkpoint_step(checkpoint: str, rows: int, header: dict) -> int:
-    """The step a checkpoint was saved at: its folder name (TorchTitan's step-N), else its lanes' rows
-    over the rows per lane of its global batch size (exact when that never changed)."""
-    name = os.path.basename(os.path.normpath(checkpoint))
-    if name.startswith("step-") and name[5:].isdigit():
-        return int(name[5:])
-    lanes = header["fingerprint"].get("num_lanes", "")
-    batch = header.get("global_batch_size")
-    per_lane = batch // int(lanes) if isinstance(batch, int) and lanes.isdigit() and int(lanes) else 0
-    if per_lane < 1 or rows % per_lane:
-        raise ResumeError(
-            f"{checkpoint}: cannot tell the step it was saved at; name the folder step-N as TorchTitan does"
-        )
-    return rows // per_lane
+    step = saved_step(header, states[0].rows)
+    check_mixture(header["fingerprint"], fingerprint(job.spec), step)
+    return step, states
 
 
 def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Iterator[LedgerEntry]:
@@ -100,8 +85,9 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
     job.check_model_vocab()
     start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
     names = job.spec.source_names
+    spec = job.spec
     with open_lane_group(
-        job.spec, range(job.spec.num_lanes), rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states
+        spec, range(spec.num_lanes), rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start
     ) as group:
         for step in range(start + 1, steps + 1):
             try:
@@ -109,9 +95,8 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Ite
             except LaneExhausted:  # a finite run stops at the first step any lane cannot fill
                 return
             counts = tally((row for rows in lanes for row in rows), len(names))
-            yield LedgerEntry.of(
-                step, batch_digest(lane_digest(rows) for rows in lanes), job.global_batch_size, names, counts
-            )
+            digest = batch_digest(lane_digest(rows) for rows in lanes)
+            yield LedgerEntry.of(step, digest, job.global_batch_size, names, counts, step_weights(spec, step))
 
 
 def plan_eval_set(job_path: str) -> dict:

@@ -132,7 +132,7 @@ def test_labels_and_sources_survive_the_shared_encoding():
 
 
 def test_split_settings_are_checked(corpus_dir, tokenizer_dir):
-    with pytest.raises(ConfigError, match=r"eval_fraction must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"eval_fraction must be <= 0.99, got 1.0"):
         make_spec(corpus_dir, tokenizer_dir, sources={"a": {"paths": [f"{corpus_dir}/code/*"], "eval_fraction": 1.0}})
     with pytest.raises(ConfigError, match="hold out no documents"):
         make_spec(corpus_dir, tokenizer_dir, split="eval")

@@ -123,7 +123,7 @@ def test_validator_reads_the_held_out_part_of_the_training_sources(tmp_path):
         ("[validator]\nenable = true\n", r"no eval data: set eval_fraction on a \[dataloader.sources.<name>\]"),
         (
             '[validator]\nenable = true\n[validator.dataloader.sources.ev]\npaths = ["e.jsonl"]\neval_fraction = 2.0\n',
-            r"\[validator.dataloader.sources.ev\] eval_fraction must be in \[0, 1\)",
+            r"\[validator.dataloader.sources.ev\] eval_fraction must be <= 0.99",
         ),
         ("[validator]\nsteps = 0\n", r"\[validator\] steps must be >= 1 \(eval steps\) or -1"),
         ("[validator.dataloader]\nnum_workers = 2\n", r"num_workers is not an eval set setting"),

@@ -99,7 +99,7 @@ def test_lane_mixture_tracks_weights_on_real_data(corpus_dir, tokenizer_dir):
         stream = LaneStream(spec, lane)
         for _ in range(6):
             stream.take(40)
-            tokens = [c.tokens for c in stream.feed.state()]
+            tokens = [c.tokens for c in stream.feed.state().cursors]
             assert _within_bound(spec.weights, tokens, spec.mix_chunk_tokens), (tokens, spec.weights)
         shares = [t / sum(tokens) for t in tokens]
         assert shares == pytest.approx(list(spec.weights), abs=0.05)

@@ -146,7 +146,7 @@ def test_source_with_fewer_blocks_than_lanes(tmp_path, corpus_dir, tokenizer_dir
     for lane in range(8):  # every lane gets tiny's documents (from later epochs) and mixes them in
         stream = LaneStream(spec, lane)
         stream.take(400)  # a lane may start inside a 10k-token document
-        assert stream.feed.state()[1].tokens > 0
+        assert stream.feed.state().cursors[1].tokens > 0
     finite = make_spec(corpus_dir, tokenizer_dir, sources=sources, exhaustion="redistribute")
     tiny_docs = {(p.file, p.row) for p, _ in drain_pieces(finite) if p.source == 1}
     assert len(tiny_docs) == 6

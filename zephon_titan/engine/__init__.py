@@ -1,7 +1,7 @@
 """The deterministic lane engine. Imports neither torch nor torchtitan."""
 
 from zephon_titan.engine.digest import batch_digest, lane_digest
-from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
+from zephon_titan.engine.fingerprint import check_fingerprint, check_mixture, fingerprint
 from zephon_titan.engine.lanes import (
     LaneGroup,
     lanes_of_rank,
@@ -34,6 +34,7 @@ __all__ = [
     "batch_digest",
     "build_engine",
     "check_fingerprint",
+    "check_mixture",
     "fingerprint",
     "lane_digest",
     "lanes_of_rank",

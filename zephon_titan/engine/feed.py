@@ -28,7 +28,7 @@ from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.sources.base import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
-from zephon_titan.engine.state import SourceCursor, initial_cursors
+from zephon_titan.engine.state import FeedState, MixState, SourceCursor, initial_cursors
 from zephon_titan.errors import DataError
 
 # Documents tokenized together in one encode_batch call (a speed knob only). Batches
@@ -225,32 +225,46 @@ class LaneSourceReader:
 
 
 class DocumentFeed:
-    """One lane's mixed stream of document pieces; its state is the per-source cursors."""
+    """One lane's mixed stream of document pieces; its state is the per-source cursors and, under a
+    mixture schedule, the segment it mixes (FeedState)."""
 
-    def __init__(self, spec: EngineSpec, lane_id: int, cursors: tuple[SourceCursor, ...] | None = None):
+    def __init__(self, spec: EngineSpec, lane_id: int, state: FeedState | None = None):
         self.spec = spec
         self.lane_id = lane_id
         self.readers = [LaneSourceReader(spec, s, lane_id) for s in range(len(spec.sources))]
-        if cursors is None:
-            cursors = initial_cursors(len(spec.sources))
-        self.cursors = list(cursors)
+        if state is None:
+            state = FeedState(initial_cursors(len(spec.sources)), MixState.initial(len(spec.sources)))
+        self.cursors = list(state.cursors)
+        self.mix = state.mix
+        self.weights = spec.schedule.segment(self.mix.segment).weights
         self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes)
         self.chunk = spec.mix_chunk_tokens
         for reader, cursor in zip(self.readers, self.cursors):
             reader.prefetch(cursor.window)  # lanes created together fetch their first windows together
 
-    def state(self) -> tuple[SourceCursor, ...]:
-        return tuple(self.cursors)
+    def state(self) -> FeedState:
+        return FeedState(tuple(self.cursors), self.mix)
+
+    def at_step(self, step: int) -> None:
+        """The next pieces are for a row of optimizer step `step`: mix with that step's segment, counting
+        tokens from where the segment began (the first time the lane meets it)."""
+        segment = self.spec.schedule.segment(step)
+        if segment.start != self.mix.segment:
+            self.mix = MixState(segment.start, tuple(c.tokens for c in self.cursors))
+            self.weights = segment.weights
 
     def next_document(self) -> Document | None:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
-        or None when every source is exhausted."""
+        or None when every source with a weight in the current segment is exhausted."""
         while True:
             # Keep normalized cursors so no finished window is ever read again.
-            checked = [r.normalize(c) for r, c in zip(self.readers, self.cursors)]
+            checked = [
+                r.normalize(c) if w > 0 else (c, False) for r, c, w in zip(self.readers, self.cursors, self.weights)
+            ]
             self.cursors = [c for c, _ in checked]
             active = [has_next for _, has_next in checked]
-            s = choose_source(self.spec.weights, [c.tokens for c in self.cursors], active, self.phases, self.chunk)
+            taken = [c.tokens - base for c, base in zip(self.cursors, self.mix.bases)]
+            s = choose_source(self.weights, taken, active, self.phases, self.chunk)
             if s < 0:
                 return None
             cursor = self.cursors[s]

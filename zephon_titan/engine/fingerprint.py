@@ -12,6 +12,7 @@ import json
 import posixpath
 
 from zephon_titan.engine.packing import packer_class
+from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION
 from zephon_titan.errors import ResumeError
@@ -45,7 +46,7 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
         "state_version": str(STATE_VERSION),
         "sources": ",".join(spec.source_names),
         **_source_components(spec),
-        "weights": ",".join(f"{w:.12g}" for w in spec.weights),
+        **_mixture_component(spec),
         "tokenizer": spec.tokenizer.digest()[:16],
         "seed": str(c.seed),
         "seq_len": str(spec.seq_len),
@@ -60,6 +61,51 @@ def fingerprint(spec: EngineSpec) -> dict[str, str]:
     }
 
 
+# The mixture: `weights` for a run without phases (as before schedules existed), else `schedule`.
+MIXTURE_KEYS = ("weights", "schedule")
+
+
+def _mixture_component(spec: EngineSpec) -> dict[str, str]:
+    if spec.schedule.scheduled:
+        return {"schedule": spec.schedule.describe()}
+    return {"weights": ",".join(f"{w:.12g}" for w in spec.weights)}
+
+
+def _mixture_of(fp: dict[str, str]) -> Schedule:
+    """The schedule a fingerprint describes (a weights-only fingerprint: one phase from step 1)."""
+    if "schedule" in fp:
+        return Schedule.from_description(fp["schedule"])
+    names = fp.get("sources", "").split(",")
+    return Schedule(names, [Phase(1, tuple(float(w) for w in fp.get("weights", "").split(",")))])
+
+
+def check_mixture(saved: dict[str, str], current: dict[str, str], step: int) -> str:
+    """Compare the mixture of the checkpoint (saved after `step` steps) with this run's: a change at or
+    before `step` would change data already trained on (ResumeError naming the first such step); a
+    change after it is allowed. Returns a line describing the allowed change ("" if none)."""
+    if all(saved.get(k) == current.get(k) for k in MIXTURE_KEYS):
+        return ""
+    old, new = _mixture_of(saved), _mixture_of(current)
+    first = old.first_difference(new, step)
+    if first is not None:
+        raise ResumeError(
+            f"the mixture schedule changed at step {first}, at or before the checkpoint's step {step}: weights "
+            f"{_weights(old, first)} -> {_weights(new, first)}. A resume may change the schedule only after the "
+            "checkpoint's step; restore the weights of the steps already trained"
+        )
+    later = old.first_difference(new, 1 << 62)
+    return (
+        f"the mixture schedule changes after the checkpoint's step {step}: from step {later} the weights are "
+        f"{_weights(new, later)} (were {_weights(old, later)})"
+        if later is not None
+        else ""
+    )
+
+
+def _weights(schedule: Schedule, step: int) -> str:
+    return ", ".join(f"{name} {w:g}" for name, w in schedule.weights_by_name(step).items()) or "none"
+
+
 def _split_component(spec: EngineSpec) -> dict[str, str]:
     """The train/eval split (engine/split.py), present only when some source holds documents out,
     so checkpoints of runs without a split keep their fingerprint."""
@@ -69,12 +115,19 @@ def _split_component(spec: EngineSpec) -> dict[str, str]:
     return {"split": f"{spec.config.split} part, split_seed {spec.config.split_seed}, eval_fraction " + ", ".join(held)}
 
 
-def check_fingerprint(saved: dict[str, str], current: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> None:
-    """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`."""
+def check_fingerprint(
+    saved: dict[str, str],
+    current: dict[str, str],
+    allow: list[str] | tuple[str, ...] = (),
+    mixture_checked_apart: bool = False,
+) -> None:
+    """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`
+    (and the mixture when `mixture_checked_apart`: check_mixture() knows the checkpoint's step)."""
+    skip = set(allow) | (set(MIXTURE_KEYS) if mixture_checked_apart else set())
     changed = [
         f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"
         for key in sorted(set(saved) | set(current))
-        if saved.get(key) != current.get(key) and key.split(".")[0] not in allow
+        if saved.get(key) != current.get(key) and key.split(".")[0] not in skip
     ]
     if changed:
         raise ResumeError(

@@ -13,7 +13,7 @@ from typing import Any
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
-from zephon_titan.engine.stream import LaneStream
+from zephon_titan.engine.stream import LaneStream, lane_clock
 from zephon_titan.errors import ConfigError
 
 
@@ -93,10 +93,15 @@ class LaneGroup:
         lane_ids: range | list[int],
         rows_per_step: int,
         states: dict[int, LaneState] | None = None,
+        first_step: int = 0,
     ):
+        """`first_step`: steps completed before `states` (the step of each row matters under a schedule)."""
         states = states or {}
         self.rows_per_step = rows_per_step
-        self.streams = [LaneStream(spec, lane, states.get(lane)) for lane in lane_ids]
+        self.streams = [
+            LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step))
+            for lane in lane_ids
+        ]
 
     def next_step(self) -> list[list[Row]]:
         """One step's rows: a list per lane, in lane order."""
@@ -127,17 +132,21 @@ def open_lane_group(
     prefetch_factor: int = 2,
     states: dict[int, LaneState] | None = None,
     deferred: bool = False,
+    first_step: int = 0,
 ) -> Any:
     """LaneGroup in this process (num_workers = 0), else lanes produced by `num_workers` processes,
     each at most `prefetch_factor` steps ahead. Rows never depend on either knob. `deferred`
-    (workers only): the processes start now and the lanes at `group.start(states)`."""
+    (workers only): the processes start now and the lanes at `group.start(states, first_step)`.
+    `first_step`: steps completed before `states` (under a mixture schedule a row's step matters)."""
     # Returns LaneGroup | ProcessLaneGroup (workers.py). Typed Any for now: the loader
     # (titan/dataloader.py) stores it where only a LaneGroup is accepted; tighten with it.
     if num_workers == 0:
         from zephon_titan.engine.tokenizer_backends import default_threads, limit_threads
 
         limit_threads(default_threads(0))
-        return LaneGroup(spec, lane_ids, rows_per_step, states)
+        return LaneGroup(spec, lane_ids, rows_per_step, states, first_step)
     from zephon_titan.engine.workers import ProcessLaneGroup
 
-    return ProcessLaneGroup(spec, list(lane_ids), rows_per_step, num_workers, prefetch_factor, states, deferred)
+    return ProcessLaneGroup(
+        spec, list(lane_ids), rows_per_step, num_workers, prefetch_factor, states, deferred, first_step
+    )

@@ -21,11 +21,13 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import DataError
 
 log = logging.getLogger("zephon_titan")
 
 _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": int}
+_OPTIONAL = {"weights": dict}  # runs with a mixture schedule: the weights in force at the step
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,26 +37,46 @@ class LedgerEntry:
     rows: int
     tokens: dict[str, int]
     padding: int
+    weights: dict[str, float] | None = None
 
     @classmethod
-    def of(cls, step: int, sha256: str, rows: int, source_names: list[str], counts: list[int]) -> LedgerEntry:
+    def of(
+        cls,
+        step: int,
+        sha256: str,
+        rows: int,
+        source_names: list[str],
+        counts: list[int],
+        weights: dict[str, float] | None = None,
+    ) -> LedgerEntry:
         """From `tally()` counts: per source, then padding (last)."""
-        return cls(step=step, sha256=sha256, rows=rows, tokens=dict(zip(source_names, counts[:-1])), padding=counts[-1])
+        tokens = dict(zip(source_names, counts[:-1]))
+        return cls(step=step, sha256=sha256, rows=rows, tokens=tokens, padding=counts[-1], weights=weights)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        if self.weights is None:
+            del data["weights"]
+        return json.dumps(data, sort_keys=True)
+
+
+def step_weights(spec: EngineSpec, step: int) -> dict[str, float] | None:
+    """What the ledger records of the mixture at `step`: its weights under a schedule, else nothing."""
+    return spec.schedule.weights_by_name(step) if spec.schedule.scheduled else None
 
 
 def _entry(raw: bytes) -> LedgerEntry:
     """One line as an entry; ValueError saying what is wrong with it."""
     data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-    if not isinstance(data, dict) or set(data) != set(_FIELDS):
+    if not isinstance(data, dict) or not set(_FIELDS) <= set(data) <= set(_FIELDS) | set(_OPTIONAL):
         raise ValueError(f"expected an object with the fields {', '.join(_FIELDS)}, got {str(data)[:80]}")
-    for key, kind in _FIELDS.items():
-        if type(data[key]) is not kind:  # bool is not an int here
+    for key, kind in {**_FIELDS, **_OPTIONAL}.items():
+        if key in data and type(data[key]) is not kind:  # bool is not an int here
             raise ValueError(f"{key} must be {kind.__name__}, got {data[key]!r:.40}")
     if not all(isinstance(k, str) and type(v) is int for k, v in data["tokens"].items()):
         raise ValueError("tokens must map source names to integers")
+    if not all(isinstance(k, str) and type(v) in (int, float) for k, v in data.get("weights", {}).items()):
+        raise ValueError("weights must map source names to numbers")
     return LedgerEntry(**data)
 
 

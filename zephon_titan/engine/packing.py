@@ -29,7 +29,7 @@ import numpy as np
 from zephon_titan.config import DataConfig
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import SourceCursor
+from zephon_titan.engine.state import FeedState
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 
 IGNORE_INDEX = -100
@@ -136,7 +136,7 @@ class Packer(Protocol):
 
     def next_row(self) -> Row: ...
 
-    def unit(self) -> tuple[tuple[SourceCursor, ...], bool, int]: ...
+    def unit(self) -> tuple[FeedState, bool, int]: ...
 
     def restore(self, unit_open: bool, unit_offset: int) -> None: ...
 
@@ -179,7 +179,7 @@ class WrapPacker:
         self.feed = feed
         self.shape = shape
         self._doc: Document | None = None
-        self._doc_start: tuple[SourceCursor, ...] = feed.state()
+        self._doc_start: FeedState = feed.state()
         self._offset = 0
 
     def restore(self, unit_open: bool, unit_offset: int) -> None:
@@ -192,7 +192,7 @@ class WrapPacker:
                 f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?"
             )
 
-    def unit(self) -> tuple[tuple[SourceCursor, ...], bool, int]:
+    def unit(self) -> tuple[FeedState, bool, int]:
         if self._doc is None:
             return self.feed.state(), False, 0
         return self._doc_start, True, self._offset
@@ -265,7 +265,7 @@ class BestFitPacker:
                 f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?"
             )
 
-    def unit(self) -> tuple[tuple[SourceCursor, ...], bool, int]:
+    def unit(self) -> tuple[FeedState, bool, int]:
         if self._emitted == len(self._rows):
             return self.feed.state(), False, 0
         return self._window_start, True, self._emitted

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, validate
+from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
 from zephon_titan.engine.sources.storage import StorageOptions
@@ -23,8 +24,8 @@ from zephon_titan.errors import ConfigError
 class EngineSpec:
     config: DataConfig
     sources: tuple[Source, ...]
-    weights: tuple[float, ...]
-    """Mixture weights, normalized to sum to 1, in source order."""
+    schedule: Schedule
+    """The mixture weights in force at each step (schedule.py)."""
     tokenizer: DocumentTokenizer
     seq_len: int
 
@@ -55,6 +56,11 @@ class EngineSpec:
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
 
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """The weights of step 1, normalized to sum to 1, in source order (a run without phases: all steps')."""
+        return self.schedule.segment(1).weights
+
 
 def build_engine(
     config: DataConfig,
@@ -76,14 +82,27 @@ def build_engine(
         _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)
         for s in config.sources
     )
-    total = sum(s.weight for s in config.sources)
     return EngineSpec(
-        config=config,
-        sources=sources,
-        weights=tuple(s.weight / total for s in config.sources),
-        tokenizer=tokenizer,
-        seq_len=seq_len,
+        config=config, sources=sources, schedule=schedule_of(config), tokenizer=tokenizer, seq_len=seq_len
     )
+
+
+def schedule_of(config: DataConfig) -> Schedule:
+    """The config's phases, or one phase of the sources' weights; weights normalized per phase."""
+    names = config.source_names()
+    if not config.phases:
+        phases = [Phase(1, _normalized([s.weight for s in config.sources]))]
+    else:
+        phases = [
+            Phase(p.start_step, _normalized([float(p.weights.get(n, 0.0)) for n in names]), p.ramp_steps)
+            for p in config.phases
+        ]
+    return Schedule(names, phases)
+
+
+def _normalized(weights: list[float]) -> tuple[float, ...]:
+    total = sum(weights)
+    return tuple(w / total for w in weights)
 
 
 class PortableSpec(TypedDict):

@@ -35,6 +35,29 @@ class SourceCursor:
     """Tokens of the document at `position` already taken: the source's open document (see mixing.py)."""
 
 
+@dataclass(frozen=True, slots=True)
+class MixState:
+    """Where the lane's mixer stands in a mixture schedule (schedule.py)."""
+
+    segment: int
+    """First step of the segment whose weights the lane mixes with."""
+
+    bases: tuple[int, ...]
+    """Per source, its tokens (SourceCursor.tokens) when the segment began: the rule counts from there."""
+
+    @classmethod
+    def initial(cls, num_sources: int) -> MixState:
+        return cls(1, (0,) * num_sources)
+
+
+@dataclass(frozen=True, slots=True)
+class FeedState:
+    """A lane's feed at the start of its open unit: what a restore replays from."""
+
+    cursors: tuple[SourceCursor, ...]
+    mix: MixState
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LaneState:
     lane_id: int
@@ -50,7 +73,14 @@ class LaneState:
     unit_offset: int
     """Tokens (wrap) or rows (best_fit) of the open unit already emitted."""
 
+    mix: MixState | None = None
+    """The mixer's segment at the start of the open unit; None without a schedule (always segment 1)."""
+
     version: int = STATE_VERSION
+
+    @property
+    def feed(self) -> FeedState:
+        return FeedState(self.cursors, self.mix or MixState.initial(len(self.cursors)))
 
     @classmethod
     def initial(cls, lane_id: int, num_sources: int) -> LaneState:
@@ -58,7 +88,7 @@ class LaneState:
         return cls(lane_id=lane_id, rows=0, cursors=initial_cursors(num_sources), unit_open=False, unit_offset=0)
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "version": self.version,
             "lane_id": self.lane_id,
             "rows": self.rows,
@@ -66,12 +96,15 @@ class LaneState:
             "unit_open": self.unit_open,
             "unit_offset": self.unit_offset,
         }
+        if self.mix is not None:  # only runs with a schedule: other states keep their old form
+            out["mix"] = [self.mix.segment, list(self.mix.bases)]
+        return out
 
     @classmethod
     def from_dict(cls, data: object, where: str = "lane state") -> LaneState:
         """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
-        if not isinstance(data, dict) or set(data) != expected:
+        if not isinstance(data, dict) or set(data) - {"mix"} != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
         if data["version"] != STATE_VERSION:
@@ -99,7 +132,21 @@ class LaneState:
             cursors=tuple(SourceCursor(window=w, position=p, tokens=t, offset=o) for w, p, t, o in cursors),
             unit_open=data["unit_open"],
             unit_offset=data["unit_offset"],
+            mix=_mix_from(data["mix"], len(cursors), where) if "mix" in data else None,
         )
+
+
+def _mix_from(value: object, num_sources: int, where: str) -> MixState:
+    if not (
+        isinstance(value, list) and len(value) == 2 and isinstance(value[1], list) and len(value[1]) == num_sources
+    ):
+        raise ResumeError(f"{where}: field 'mix' must be [segment, [one base per source]], got {value!r:.80}")
+    _count(value[0], "mix.segment", where)
+    for base in value[1]:
+        _count(base, "mix.bases", where)
+    if value[0] < 1:
+        raise ResumeError(f"{where}: field 'mix.segment' must be a step >= 1, got {value[0]}")
+    return MixState(value[0], tuple(value[1]))
 
 
 def initial_cursors(num_sources: int) -> tuple[SourceCursor, ...]:

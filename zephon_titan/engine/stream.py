@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from zephon_titan.engine.feed import DocumentFeed
 from zephon_titan.engine.packing import Row, packer_class
 from zephon_titan.engine.spec import EngineSpec
@@ -9,31 +11,58 @@ from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 
 
+@dataclass(frozen=True, slots=True)
+class StepClock:
+    """The optimizer step of each of a lane's rows: R rows per step, counted from where the lane started
+    (a resume may change R: the global batch size may change, lane streams do not depend on it)."""
+
+    rows_per_step: int
+    first_row: int = 0
+    """The lane's row count when this layout began (its state's rows at a resume)."""
+    first_step: int = 0
+    """Steps completed at first_row."""
+
+    def step(self, row: int) -> int:
+        """The step (from 1) of the lane's row number `row` (from 0)."""
+        return self.first_step + 1 + (row - self.first_row) // self.rows_per_step
+
+
+def lane_clock(rows_per_step: int, state: LaneState | None, first_step: int) -> StepClock:
+    """The clock of a lane that starts at `state` (None: its first row) after `first_step` steps."""
+    return StepClock(rows_per_step, state.rows if state is not None else 0, first_step)
+
+
 class LaneStream:
-    """Rows of lane `lane_id`, a pure function of the spec and the lane id.
+    """Rows of lane `lane_id`, a pure function of the spec and the lane id (and, under a mixture
+    schedule, of the step of each row: `clock`).
 
     `state()` may be taken after any row; a LaneStream built from that state
     continues with exactly the rows the original would have produced.
     """
 
-    def __init__(self, spec: EngineSpec, lane_id: int, state: LaneState | None = None):
+    def __init__(self, spec: EngineSpec, lane_id: int, state: LaneState | None = None, clock: StepClock | None = None):
         if not 0 <= lane_id < spec.num_lanes:
             raise ValueError(f"lane_id must be in [0, {spec.num_lanes}), got {lane_id}")
+        if clock is None and spec.schedule.scheduled:
+            raise ValueError("a lane under a mixture schedule needs the step of its rows (a StepClock)")
         self.spec = spec
         self.lane_id = lane_id
         self.rows = 0
-        cursors = None
+        self.clock = clock if spec.schedule.scheduled else None
+        feed_state = None
         if state is not None:
             _check_state(spec, lane_id, state)
-            cursors = state.cursors
+            feed_state = state.feed
             self.rows = state.rows
-        self.feed = DocumentFeed(spec, lane_id, cursors)
+        self.feed = DocumentFeed(spec, lane_id, feed_state)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
         if state is not None:
             self.packer.restore(state.unit_open, state.unit_offset)
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
+        if self.clock is not None:
+            self.feed.at_step(self.clock.step(self.rows))
         row = self.packer.next_row()
         self.rows += 1
         return row
@@ -50,9 +79,14 @@ class LaneStream:
         return out
 
     def state(self) -> LaneState:
-        cursors, unit_open, unit_offset = self.packer.unit()
+        feed, unit_open, unit_offset = self.packer.unit()
         return LaneState(
-            lane_id=self.lane_id, rows=self.rows, cursors=cursors, unit_open=unit_open, unit_offset=unit_offset
+            lane_id=self.lane_id,
+            rows=self.rows,
+            cursors=feed.cursors,
+            unit_open=unit_open,
+            unit_offset=unit_offset,
+            mix=feed.mix if self.spec.schedule.scheduled else None,
         )
 
 

@@ -87,15 +87,19 @@ def _worker_main(
     limit_threads(threads)
     fd, lane = writer.fileno(), None
     try:
-        from zephon_titan.engine.stream import LaneStream
+        from zephon_titan.engine.stream import LaneStream, lane_clock
 
         spec = spec_from_portable(spec_data)
         spec.tokenizer.select_backend(announce=False)  # warm: load the tokenizer backend before the states come
         while not start.poll(_POLL_SECONDS):  # the lane states: sent by start(), once the consumer knows them
             if stop.is_set():
                 return
-        states: dict[int, LaneState] = start.recv()
-        streams = [LaneStream(spec, lane, states.get(lane)) for lane in lanes]
+        states: dict[int, LaneState]
+        states, first_step = start.recv()
+        streams = [
+            LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step))
+            for lane in lanes
+        ]
         while not stop.is_set():
             for stream in streams:
                 lane = stream.lane_id
@@ -173,8 +177,9 @@ class ProcessLaneGroup:
         prefetch_steps: int = 2,
         states: dict[int, LaneState] | None = None,
         deferred: bool = False,
+        first_step: int = 0,
     ):
-        """`deferred`: start the processes now (imports, tokenizer) and the lanes at `start(states)`."""
+        """`deferred`: start the processes now (imports, tokenizer) and the lanes at `start(states, first_step)`."""
         self.lane_ids = list(lane_ids)
         self.rows_per_step = rows_per_step
         self._num_sources = len(spec.sources)
@@ -223,10 +228,11 @@ class ProcessLaneGroup:
             self._procs.append(proc)
         self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._readers + self._starts, self._procs)
         if not deferred:
-            self.start(states or {})
+            self.start(states or {}, first_step)
 
-    def start(self, states: dict[int, LaneState]) -> None:
-        """Let the workers produce, each lane from its state in `states` (its first row if absent)."""
+    def start(self, states: dict[int, LaneState], first_step: int = 0) -> None:
+        """Let the workers produce, each lane from its state in `states` (its first row if absent),
+        `first_step` steps into the run."""
         if self._consumed:
             raise RuntimeError("ProcessLaneGroup.start() runs once")
         self._consumed = {
@@ -234,7 +240,7 @@ class ProcessLaneGroup:
         }
         for w, conn in enumerate(self._starts):
             try:
-                conn.send({lane: states[lane] for lane in self._lanes_of(w) if lane in states})
+                conn.send(({lane: states[lane] for lane in self._lanes_of(w) if lane in states}, first_step))
             except OSError:  # the worker is gone: its pipe says why at the first receive
                 pass
 

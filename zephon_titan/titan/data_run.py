@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from torchtitan.tools.logging import init_logger
+
+    init_logger()  # the loader's notes (tokenizer backend, a resume's changes) as the trainer prints them
 
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     world, rank = dist.get_world_size(), dist.get_rank()

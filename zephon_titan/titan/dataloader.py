@@ -26,6 +26,7 @@ from zephon_titan.engine import (
     Row,
     build_engine,
     check_fingerprint,
+    check_mixture,
     fingerprint,
     lane_digest,
     lanes_of_rank,
@@ -33,7 +34,7 @@ from zephon_titan.engine import (
     tally,
     validate_batch_layout,
 )
-from zephon_titan.errors import LaneExhausted, ResumeError
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.titan.state_codec import (
     HEADER_CAPACITY,
@@ -102,7 +103,15 @@ class ZephonDataLoader(BaseDataLoader):
         self.spec.tokenizer.select_backend()  # probe-checked now: a fallback is said at startup, once per rank
         logger.info(f"zephon_titan: tokenizer backend {self.spec.tokenizer.backend_reason}")
         self.fingerprint = fingerprint(self.spec)
-        encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
+        self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
+        try:
+            encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
+        except ResumeError:
+            phases, sources = len(data.phases), len(data.sources)
+            raise ConfigError(
+                f"[[dataloader.phases]]: the schedule ({phases} phases x {sources} sources) does not fit the "
+                f"checkpoint header's {HEADER_CAPACITY} bytes; use fewer phases (ramp_steps draws a ramp in one)"
+            ) from None
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
         num_sources = len(self.spec.sources)
         self._group: StepSource | None = None
@@ -128,10 +137,16 @@ class ZephonDataLoader(BaseDataLoader):
             data = self.config.data
             if self._warm is not None:
                 group, self._warm = self._warm, None
-                group.start(self._consumed)
+                group.start(self._consumed, self._steps_done)
             else:
                 group = open_lane_group(
-                    self.spec, self.lane_ids, self.rows_per_lane, data.num_workers, data.prefetch_factor, self._consumed
+                    self.spec,
+                    self.lane_ids,
+                    self.rows_per_lane,
+                    data.num_workers,
+                    data.prefetch_factor,
+                    self._consumed,
+                    first_step=self._steps_done,
                 )
             # In process, a thread produces the next steps while the trainer computes (titan/prefetch.py).
             self._group = group if data.num_workers else PrefetchedSteps(group, data.prefetch_factor)
@@ -162,6 +177,7 @@ class ZephonDataLoader(BaseDataLoader):
                     self._padding[lane] += counts[-1]
                 if start + self.local_batch_size >= len(flat):
                     self.last_step = record  # the step's last microbatch is consumed with this one
+                    self._steps_done += 1
                 yield batch
 
     def _next_step_everywhere(self):
@@ -197,6 +213,7 @@ class ZephonDataLoader(BaseDataLoader):
         return {
             "version": HEADER_VERSION,
             "global_batch_size": self.config.global_batch_size,
+            "step": self._steps_done,
             "fingerprint": self.fingerprint,
         }
 
@@ -219,6 +236,10 @@ class ZephonDataLoader(BaseDataLoader):
         header = read_header(state_dict)
         check_header(header, self.fingerprint, self.config.data.resume_allow)
         entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources))
+        step = saved_step(header, next(iter(entries.values()))[0].rows)
+        change = check_mixture(header["fingerprint"], self.fingerprint, step)
+        if change and dp_rank_zero():
+            logger.info(f"zephon_titan: {change}")
         saved_batch = header.get("global_batch_size")
         if saved_batch != self.config.global_batch_size and dp_rank_zero():
             logger.info(
@@ -229,6 +250,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._consumed = {lane: entry[0] for lane, entry in entries.items()}
         self._tokens = {lane: entry[1] for lane, entry in entries.items()}
         self._padding = {lane: entry[2] for lane, entry in entries.items()}
+        self._steps_done = step
 
     def close(self) -> None:
         self._close_started()
@@ -258,18 +280,27 @@ def read_lane_states(
     return entries
 
 
+def saved_step(header: dict, rows: int) -> int:
+    """Steps consumed when the checkpoint was saved. Headers written before the global batch size could
+    change have no `step`: then every step had the header's rows per lane."""
+    if "step" in header:
+        return int(header["step"])
+    return rows // (header["global_batch_size"] // int(header["fingerprint"]["num_lanes"]))
+
+
 def check_header(header: dict, current_fingerprint: dict, allow) -> None:
     """Refuse a checkpoint whose data stream differs from this run's, naming what changed.
 
     The global batch size may change at a resume: lane streams do not depend on it, so every lane
-    continues where it stopped and the new size applies from the next step."""
+    continues where it stopped and the new size applies from the next step. The mixture is checked
+    apart (check_mixture), once the checkpoint's step is known: only its future may change."""
     if header.get("version") != HEADER_VERSION:
         raise ResumeError(
             f"the checkpoint's dataloader state has format version {header.get('version')!r}, this zephon_titan "
             f"reads version {HEADER_VERSION}; resume with the zephon_titan that wrote it, or start the data stream "
             "over (--checkpoint.exclude_from_loading dataloader)"
         )
-    check_fingerprint(header["fingerprint"], current_fingerprint, allow)
+    check_fingerprint(header["fingerprint"], current_fingerprint, allow, mixture_checked_apart=True)
 
 
 def with_lane_check(load: Callable, num_lanes: int) -> Callable:

@@ -57,12 +57,15 @@ _MISPLACED = {
 }
 # [dataloader] keys the eval set does not take over: it is produced in the training process and has no
 # checkpoint state; the split must be training's, or training could read an eval document.
-_NOT_INHERITED = ("sources", "ledger", "num_workers", "prefetch_factor", "workers", "prefetch_steps", "resume_allow")
+_NOT_INHERITED = (
+    "sources", "ledger", "num_workers", "prefetch_factor", "workers", "prefetch_steps", "resume_allow", "phases"
+)  # fmt: skip
 _NOT_FOR_EVAL = {
     "num_workers": "the eval set is produced in the training process",
     "prefetch_factor": "the eval set is produced in the training process",
     "ledger": "every validation is recorded in validation.jsonl beside the checkpoints",
     "resume_allow": "the eval set has no checkpoint state",
+    "phases": "an eval set has one mixture (set weight on its sources)",
 }
 
 

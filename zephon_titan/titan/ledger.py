@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from zephon_titan.engine import batch_digest
-from zephon_titan.engine.ledger import LedgerEntry
+from zephon_titan.engine.ledger import LedgerEntry, step_weights
 from zephon_titan.titan.dataloader import ZephonDataLoader
 
 
@@ -30,4 +30,6 @@ def gather_ledger_entry(
         return None
     lane_bytes = digests.cpu().numpy().tobytes()
     sha256 = batch_digest(lane_bytes[i : i + 32] for i in range(0, len(lane_bytes), 32))
-    return LedgerEntry.of(step, sha256, loader.config.global_batch_size, loader.spec.source_names, tokens.tolist())
+    spec = loader.spec
+    weights = step_weights(spec, step)
+    return LedgerEntry.of(step, sha256, loader.config.global_batch_size, spec.source_names, tokens.tolist(), weights)

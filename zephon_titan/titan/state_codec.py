@@ -115,6 +115,10 @@ def read_header(state: dict[str, Any]) -> dict:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in fingerprint.items()):
         raise ResumeError(f"{where}: field 'fingerprint' must map names to strings; the checkpoint is damaged")
     _field(header, "global_batch_size", int, where)
+    if "step" in header:  # absent in checkpoints written before the global batch size could change
+        _field(header, "step", int, where)
+    if not fingerprint.get("num_lanes", "").isdigit() or int(fingerprint["num_lanes"]) < 1:
+        raise ResumeError(f"{where}: field 'fingerprint' has no num_lanes; the checkpoint is damaged")
     return header
 
 

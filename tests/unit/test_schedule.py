@@ -1,0 +1,177 @@
+"""Mixture schedules (engine/schedule.py): phases by optimizer step, ramps, exact restores, the same
+rows for every W, and a resume that may change the schedule's future but never its past."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_spec, rows_digest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_titan.config import config_from_dict
+from zephon_titan.engine import LaneGroup, LaneState, LaneStream, check_mixture, fingerprint, lanes_of_rank, tally
+from zephon_titan.engine.schedule import Phase, Schedule
+from zephon_titan.engine.stream import StepClock
+from zephon_titan.errors import ConfigError, ResumeError
+
+R = 2  # rows per lane per step
+
+
+def _sources(corpus_dir, **extra):
+    return {
+        "code": {"paths": [f"{corpus_dir}/code/*.parquet"]},
+        "prose": {"paths": [f"{corpus_dir}/prose/*.jsonl"], "block_bytes": 16384},
+        **extra,
+    }
+
+
+TWO_PHASES = [
+    {"start_step": 1, "weights": {"code": 0.2, "prose": 0.8}},
+    {"start_step": 4, "weights": {"code": 0.8, "prose": 0.2}},
+]
+
+
+def _spec(corpus_dir, tokenizer_dir, phases=TWO_PHASES, **overrides):
+    return make_spec(corpus_dir, tokenizer_dir, sources=_sources(corpus_dir), phases=phases, **overrides)
+
+
+def test_segments_of_phases_and_ramps():
+    schedule = Schedule(["a", "b"], [Phase(1, (1.0, 0.0)), Phase(5, (0.0, 1.0), ramp_steps=3), Phase(20, (0.5, 0.5))])
+    assert schedule.scheduled
+    assert [schedule.segment(s).start for s in (1, 4, 5, 6, 7, 8, 19, 20, 99)] == [1, 1, 5, 6, 7, 8, 8, 20, 20]
+    assert schedule.segment(4).weights == (1.0, 0.0)
+    assert schedule.segment(5).weights == pytest.approx((0.75, 0.25))  # a quarter of the way
+    assert schedule.segment(7).weights == pytest.approx((0.25, 0.75))
+    assert schedule.segment(8).weights == (0.0, 1.0)
+    assert Schedule.from_description(schedule.describe()).describe() == schedule.describe()
+    assert not Schedule(["a"], [Phase(1, (1.0,))]).scheduled
+
+
+def test_first_difference_is_the_first_step_that_mixes_otherwise():
+    base = Schedule(["a", "b"], [Phase(1, (0.5, 0.5)), Phase(10, (0.9, 0.1), ramp_steps=4)])
+    later = Schedule(["a", "b"], [Phase(1, (0.5, 0.5)), Phase(12, (0.9, 0.1))])
+    assert base.first_difference(later, 9) is None
+    assert base.first_difference(later, 100) == 10
+    steeper = Schedule(["a", "b"], [Phase(1, (0.5, 0.5)), Phase(10, (0.9, 0.1), ramp_steps=2)])
+    assert base.first_difference(steeper, 10) == 10  # inside the ramp
+
+
+@pytest.mark.parametrize(
+    "phases, message",
+    [
+        ([{"start_step": 2, "weights": {"code": 1}}], "the first phase must start at step 1"),
+        (TWO_PHASES[::-1], "the first phase must start at step 1"),
+        (TWO_PHASES + [{"start_step": 3, "weights": {"code": 1}}], "increasing start_step order"),
+        ([{"start_step": 1, "weights": {"cdoe": 1}}], "unknown source 'cdoe'; did you mean 'code'"),
+        ([{"start_step": 1, "weights": {"code": -1}}], "weight of 'code' must be a finite number >= 0"),
+        ([{"start_step": 1, "weights": {"code": 0}}], "no source has a weight > 0"),
+        ([TWO_PHASES[0], {**TWO_PHASES[1], "ramp_steps": 9}, {"start_step": 10, "weights": {"code": 1}}], "runs into"),
+        ([{"start_step": 1, "weights": {"code": 1}, "ramp": 3}], "unknown key 'ramp'"),
+        ([{"start_step": 1}], "needs start_step"),
+    ],
+)
+def test_schedule_mistakes_name_the_phase(corpus_dir, tokenizer_dir, phases, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({"sources": _sources(corpus_dir), "phases": phases})
+
+
+def test_a_source_weight_beside_phases_is_refused(corpus_dir):
+    sources = _sources(corpus_dir)
+    sources["code"]["weight"] = 0.5
+    with pytest.raises(ConfigError, match=r"\[dataloader.sources.code\] weight: with \[\[dataloader.phases\]\]"):
+        config_from_dict({"sources": sources, "phases": TWO_PHASES})
+
+
+def _steps(spec, steps, first_step=0, states=None, lanes=None):
+    lanes = range(spec.num_lanes) if lanes is None else lanes
+    group = LaneGroup(spec, lanes, R, states, first_step)
+    return [group.next_step() for _ in range(steps)], group
+
+
+def _code_share(step) -> float:
+    counts = tally((row for rows in step for row in rows), 2)
+    return counts[0] / (counts[0] + counts[1])
+
+
+def test_each_phase_mixes_its_own_weights_from_its_first_step(corpus_dir, tokenizer_dir):
+    spec = _spec(corpus_dir, tokenizer_dir, num_lanes=8, seq_len=32)
+    steps, _ = _steps(spec, 8)
+    shares = [_code_share(step) for step in steps]
+    assert all(abs(s - 0.2) < 0.2 for s in shares[:3]), shares
+    assert all(abs(s - 0.8) < 0.2 for s in shares[3:]), shares  # from step 4 on, not after a debt is paid
+    # Negative control: without the second phase, steps 4-8 keep the first phase's mixture.
+    flat, _ = _steps(_spec(corpus_dir, tokenizer_dir, phases=TWO_PHASES[:1], num_lanes=8, seq_len=32), 8)
+    assert all(_code_share(step) < 0.45 for step in flat[3:])
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lane=st.integers(0, 7),
+    cut=st.integers(0, 24),
+    packing=st.sampled_from(["wrap", "best_fit"]),
+    ramp=st.integers(0, 3),
+)
+def test_restore_is_exact_at_random_cuts_under_a_schedule(corpus_dir, tokenizer_dir, lane, cut, packing, ramp):
+    phases = [TWO_PHASES[0], {**TWO_PHASES[1], "ramp_steps": ramp}, {"start_step": 9, "weights": {"prose": 1}}]
+    spec = _spec(corpus_dir, tokenizer_dir, phases=phases, packing=packing, seq_len=24, best_fit_window_docs=8)
+    reference = LaneStream(spec, lane, clock=StepClock(R))
+    reference.take(cut)
+    saved = reference.state().to_dict()
+    assert "mix" in saved
+    expected = reference.take(10)
+    restored = LaneStream(spec, lane, LaneState.from_dict(saved), StepClock(R))
+    assert rows_digest(restored.take(10)) == rows_digest(expected)
+    assert restored.state() == reference.state()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_rows_are_the_same_for_every_world_size(corpus_dir, tokenizer_dir, world):
+    spec = _spec(corpus_dir, tokenizer_dir)
+    everything, _ = _steps(spec, 6)
+    ranks = [_steps(spec, 6, lanes=lanes_of_rank(8, world, r))[0] for r in range(world)]
+    for t in range(6):
+        assert [rows_digest(rows) for rows in everything[t]] == [
+            rows_digest(rows) for rank in ranks for rows in rank[t]
+        ]
+
+
+def test_a_resume_in_the_middle_continues_by_step(corpus_dir, tokenizer_dir):
+    """Save after step 2, resume with the step known: steps 3-6 (across the phase at 4) are unchanged."""
+    spec = _spec(corpus_dir, tokenizer_dir)
+    everything, _ = _steps(spec, 6)
+    _, first = _steps(spec, 2)
+    states = first.state()
+    later, _ = _steps(spec, 4, first_step=2, states=states)
+    assert [[rows_digest(r) for r in step] for step in later] == [[rows_digest(r) for r in s] for s in everything[2:]]
+    # Negative control: resuming as if at step 0 puts the phase change elsewhere.
+    wrong, _ = _steps(spec, 4, first_step=0, states=states)
+    assert [[rows_digest(r) for r in step] for step in wrong] != [[rows_digest(r) for r in s] for s in everything[2:]]
+
+
+def test_the_future_of_a_schedule_may_change_at_a_resume_its_past_may_not(corpus_dir, tokenizer_dir):
+    sources = _sources(corpus_dir, anneal={"paths": [f"{corpus_dir}/prose/*.jsonl"], "block_bytes": 4096})
+    a = [TWO_PHASES[0], {"start_step": 8, "weights": {"code": 1}}]  # `anneal` rests in every phase
+    b = [TWO_PHASES[0], {"start_step": 5, "weights": {"anneal": 0.5, "code": 0.5}, "ramp_steps": 2}]
+
+    def spec_of(phases):
+        return make_spec(corpus_dir, tokenizer_dir, sources=sources, phases=phases)
+
+    spec_a, spec_b = spec_of(a), spec_of(b)
+    _, group = _steps(spec_a, 3)
+    states = group.state()
+    note = check_mixture(fingerprint(spec_a), fingerprint(spec_b), 3)
+    assert (
+        "changes after the checkpoint's step 3: from step 5 the weights are anneal 0.166667, code 0.3, prose 0.533333"
+        in note
+    )
+    resumed, _ = _steps(spec_b, 5, first_step=3, states=states)
+    planned, _ = _steps(spec_b, 5, first_step=3, states=states)
+    assert [[rows_digest(r) for r in s] for s in resumed] == [[rows_digest(r) for r in s] for s in planned]
+    assert _code_share(resumed[0]) < 0.5  # step 4: still the first phase
+    anneal = [tally((row for rows in step for row in rows), 3)[0] for step in resumed]
+    assert anneal[0] == 0 and all(anneal[3:])  # the annealing source from step 5 (a ramp) on
+    # The past may not change: a schedule that differs at step 3 is refused, naming the step.
+    c = [{"start_step": 1, "weights": {"code": 0.2, "prose": 0.8}}, {"start_step": 3, "weights": {"code": 1}}]
+    with pytest.raises(ResumeError, match=r"changed at step 3, at or before the checkpoint's step 3: weights code 0.2"):
+        check_mixture(fingerprint(spec_a), fingerprint(spec_of(c)), 3)
+    assert check_mixture(fingerprint(spec_a), fingerprint(spec_of(c)), 2)  # allowed from a step-2 checkpoint
