@@ -58,7 +58,16 @@ def _vocab(tokenizer_dir: str) -> int:
     return load_tokenizer(tokenizer_dir).vocab_size
 
 
-@pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
+# CI runs the fixture tokenizer (special tokens only its tokenizer_config.json declares) and GPT-2 and
+# OLMo-2 (the shared tokenizers with the most configuration); the other shared ones are `slow` (run with
+# -m slow). Every tokenizer's rows are also checked in-process (test_tokenizer_backends, test_torchtitan_parity).
+_IN_CI = ("fixture", "gpt2", "olmo2_dolma2")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in _IN_CI else pytest.param(n, marks=pytest.mark.slow) for n in ("fixture", *REAL_TOKENIZERS)],
+)
 def test_trainer_ledger_equals_plan_from_start_and_from_its_checkpoint(
     name, fixture_special_tokenizer, tmp_path, monkeypatch
 ):
