@@ -71,7 +71,7 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     loader_state = state["dataloader"]
     header = read_header(loader_state)
     check_header(header, fingerprint(job.spec), job.data.resume_allow)
-    lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, len(job.spec.sources))
+    lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, job.spec.source_names)
     states = {lane: entry[0] for lane, entry in lanes.items()}
     step = saved_step(header, states[0].rows)
     check_mixture(header["fingerprint"], fingerprint(job.spec), step)

@@ -1,7 +1,8 @@
 """Mixture schedules through real torchrun processes and DCP checkpoints (the data path, data_run):
 a two-phase run saved on 2 ranks and resumed on 4 across the phase boundary equals the uninterrupted
-run and `plan`; a run saved on 4 ranks and resumed on 2 with an annealing phase added keeps its past
-and follows `plan` of the new schedule from the checkpoint; a change to the past is refused."""
+run and `plan`; a run saved on 4 ranks and resumed on 2 with an annealing phase over an added source
+keeps its past and follows `plan` of the new schedule from the checkpoint; a change to the past is
+refused."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ pytestmark = pytest.mark.integration
 MODULE = "zephon_titan.titan.data_run"
 STEPS = 6
 
-# The CPU debug job's sources (weights removed: they come from the phases) plus `anneal`, declared
-# from the start and resting until a resume schedules it.
+# The CPU debug job's sources (weights removed: they come from the phases); B adds `anneal` at its resume.
 ANNEAL = '\n[dataloader.sources.anneal]\npaths = ["demo_out/prose/*.jsonl"]\nblock_bytes = 8192\n'
 PHASES_A = """
 [[dataloader.phases]]
@@ -30,9 +30,11 @@ weights = { code = 0.2, prose = 0.8 }
 start_step = 4
 weights = { code = 0.8, prose = 0.2 }
 """
-# B: A's past, then from step 5 (two steps after a step-3 checkpoint) an annealing phase, ramped.
+# B: A's past, then from step 5 (two steps after a step-3 checkpoint) an annealing phase, ramped, over a
+# source that A did not have.
 PHASES_B = (
-    PHASES_A
+    ANNEAL
+    + PHASES_A
     + """
 [[dataloader.phases]]
 start_step = 5
@@ -52,7 +54,7 @@ def _job(workdir: str, name: str, phases: str) -> str:
         text = text.replace(weight, "")
     path = os.path.join(workdir, name)
     with open(path, "w") as f:
-        f.write(text + ANNEAL + phases)
+        f.write(text + phases)
     return path
 
 
@@ -108,6 +110,7 @@ def test_a_new_future_at_resume_keeps_the_past_and_follows_the_new_plan(workdir,
     planned = {e.step: e for e in plan_ledger(jobs["B"], STEPS, "sched/a24/step-3")}
     assert sorted(planned) == [4, 5, 6] and {s: resumed[s] for s in planned} == planned
     assert "the mixture schedule changes after the checkpoint's step 3: from step 5" in runs["B log"]
+    assert "sources added at this resume: anneal" in runs["B log"]
     assert resumed[4].tokens["anneal"] == 0 and resumed[5].tokens["anneal"] > 0 and resumed[6].tokens["anneal"] > 0
     # Negative control: without the resume's new phase the steps after the checkpoint are A's.
     assert resumed[5] != runs["A 2 -> 4"][5]

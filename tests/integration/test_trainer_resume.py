@@ -161,3 +161,30 @@ def test_a_new_global_batch_size_at_resume_continues_every_lane(workdir, uninter
     # Negative control: a run with 32 rows per step from the start has other steps 3-4.
     from_start = {e.step: e.sha256 for e in plan_ledger(job, 4)}
     assert from_start[3] != expected[3] and from_start[4] != expected[4]
+
+
+def test_a_source_added_at_resume_with_an_annealing_phase(workdir, uninterrupted, monkeypatch):
+    """The real trainer resumes the 2-rank step-2 checkpoint on 1 rank with a schedule that adds `anneal`
+    from step 4: steps 1-2 stay, steps 3-4 are `plan --from-checkpoint` of the new job (DCP loads the
+    checkpoint's smaller lane entries: ZephonTrainer sizes them from its metadata)."""
+    from zephon_titan.plan import plan_ledger
+
+    with open(CPU_CONFIG) as f:
+        text = f.read().replace("weight = 0.3\n", "").replace("weight = 0.7\n", "")
+    text += (
+        '\n[dataloader.sources.anneal]\npaths = ["demo_out/prose/*.jsonl"]\nblock_bytes = 8192\n'
+        "\n[[dataloader.phases]]\nstart_step = 1\nweights = { code = 0.3, prose = 0.7 }\n"
+        "\n[[dataloader.phases]]\nstart_step = 4\nweights = { anneal = 0.5, code = 0.5 }\n"
+    )
+    job = os.path.join(workdir, "anneal.toml")
+    with open(job, "w") as f:
+        f.write(text)
+    copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_anneal")
+    args = ["--job.config_file", job, "--dump_folder", "runs/w2_anneal", "--training.steps", "4"]
+    output = check(torchrun(workdir, "zephon_titan.train_cpu", 1, args)).stdout
+    assert "sources added at this resume: anneal" in output
+    entries = {e.step: e for e in read_ledger(os.path.join(workdir, "runs/w2_anneal", "checkpoint", "ledger.jsonl"))}
+    assert {s: entries[s].sha256 for s in (1, 2)} == {s: uninterrupted[0][s] for s in (1, 2)}
+    monkeypatch.chdir(workdir)
+    assert {e.step: e for e in plan_ledger(job, 4, "runs/w2/checkpoint/step-2")} == {3: entries[3], 4: entries[4]}
+    assert entries[3].tokens["anneal"] == 0 < entries[4].tokens["anneal"]

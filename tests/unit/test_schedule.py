@@ -4,12 +4,21 @@ rows for every W, and a resume that may change the schedule's future but never i
 from __future__ import annotations
 
 import pytest
-from helpers import make_spec, rows_digest
+from helpers import data_table, make_spec, rows_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine import LaneGroup, LaneState, LaneStream, check_mixture, fingerprint, lanes_of_rank, tally
+from zephon_titan.engine import (
+    LaneGroup,
+    LaneState,
+    LaneStream,
+    check_fingerprint,
+    check_mixture,
+    fingerprint,
+    lanes_of_rank,
+    tally,
+)
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ConfigError, ResumeError
@@ -210,3 +219,78 @@ def test_a_resting_source_continues_where_it_was(corpus_dir, tokenizer_dir, pack
     if packing == "wrap":  # best_fit places a window drawn before the pause first (README: the lag)
         steps, _ = _steps(spec, 9)
         assert all(tally((row for rows in steps[t] for row in rows), 2)[0] == 0 for t in (3, 4))  # steps 4-5
+
+
+def _source_tokens(steps, num_sources, names, source):
+    """Per lane, one entry per (input, label) pair taken from `source`, in order (row cuts do not matter)."""
+    s = names.index(source)
+    per_lane = [[] for _ in range(len(steps[0]))]
+    for step in steps:
+        for lane, rows in enumerate(step):
+            per_lane[lane] += [
+                (p.file, p.row, at)
+                for row in rows
+                for p in row.pieces
+                if p.source == s
+                for at in range(p.doc_offset, p.doc_offset + p.length)
+            ]
+    return per_lane
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_a_source_added_at_a_resume_starts_later_and_nothing_else_is_lost(corpus_dir, tokenizer_dir, packing):
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+
+    options = dict(packing=packing, best_fit_window_docs=8)
+    later = {"start_step": 6, "weights": {"anneal": 0.5, "code": 0.5}}
+    anneal = {"anneal": {"paths": [f"{corpus_dir}/prose/*.jsonl"], "block_bytes": 4096}}
+    table_a = dict(sources=_sources(corpus_dir), phases=TWO_PHASES, **options)
+    table_b = dict(sources=_sources(corpus_dir, **anneal), phases=[*TWO_PHASES, later], **options)
+    spec_a = make_spec(corpus_dir, tokenizer_dir, seq_len=32, **table_a)
+    spec_b = make_spec(corpus_dir, tokenizer_dir, seq_len=32, **table_b)
+
+    def loader(table):
+        config = ZephonDataLoader.Config(data=config_from_dict(data_table(corpus_dir, tokenizer_dir, **table)))
+        config.global_batch_size = 16
+        return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=2)
+
+    old = loader(table_a)
+    batches = iter(old)
+    for _ in range(3 * 8):  # three steps of 8 microbatches
+        next(batches)
+    saved = old.state_dict()
+    old.close()
+    new = loader(table_b)
+    new.load_state_dict(saved)  # the checkpoint's sources matched by name; `anneal` starts at its beginning
+    assert new.consumed_tokens()[0] == 0 and new.consumed_tokens()[1:3] == old.consumed_tokens()[:2]
+    first = next(iter(new))[0]["input"]
+    new.close()
+
+    before, group = _steps(spec_a, 3)
+    states = {
+        lane: state.with_sources(spec_a.source_names, spec_b.source_names) for lane, state in group.state().items()
+    }
+    after, _ = _steps(spec_b, 6, first_step=3, states=states)
+    assert (first.numpy() == [row.inputs for row in after[0][0]]).all()  # the loader continues as the engine does
+    anneal_tokens = [tally((row for rows in step for row in rows), 3)[0] for step in after]
+    assert anneal_tokens[:2] == [0, 0] and anneal_tokens[-1]  # none in steps 4-5, then some
+    assert packing == "best_fit" or all(anneal_tokens[2:])  # from step 6 on (best_fit: after its open window)
+    # code and prose go on exactly where they were in every lane: the open units were replayed as drawn.
+    steady, _ = _steps(spec_a, 9)
+    for source in ("code", "prose"):
+        joined = [
+            a + b
+            for a, b in zip(
+                _source_tokens(before, 2, spec_a.source_names, source),
+                _source_tokens(after, 3, spec_b.source_names, source),
+            )
+        ]
+        reference = _source_tokens(steady, 2, spec_a.source_names, source)
+        for lane, got in enumerate(joined):
+            assert got and got == reference[lane][: len(got)], (source, lane)
+    # A removed source is refused, naming it and the way to rest it instead.
+    with pytest.raises(ResumeError, match=r"sources code were removed .* give it no weight in the phases"):
+        group.state()[0].with_sources(spec_a.source_names, ["prose"])
+    with pytest.raises(ResumeError, match=r"sources anneal were removed from the config"):  # at the header check
+        check_fingerprint(fingerprint(spec_b), fingerprint(spec_a), mixture_checked_apart=True)
+    check_fingerprint(fingerprint(spec_a), fingerprint(spec_b), mixture_checked_apart=True)  # adding is allowed

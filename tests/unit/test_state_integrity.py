@@ -90,7 +90,7 @@ def test_a_lane_copied_to_another_lane_is_refused(corpus_dir, tokenizer_dir, sav
         ),
         (lambda e: e["state"].__setitem__("lane_id", 4), r"lane 3 .*field 'lane_id' is 4, not 3"),
         (lambda e: e.__setitem__("tokens", [1]), r"lane 3 .*field 'tokens' must be 2 counts >= 0"),
-        (lambda e: e["state"]["cursors"].pop(), r"lane 3 .*field 'cursors' has 1 sources, the run has 2"),
+        (lambda e: e["state"]["cursors"].pop(), r"lane 3 .*field 'cursors' has 1 sources, the checkpoint has 2"),
         (lambda e: e["state"].__setitem__("rows", 7), r"lanes stand at rows \[6, 7\], not at the end of one step"),
     ],
 )

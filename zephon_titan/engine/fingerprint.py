@@ -14,7 +14,7 @@ import posixpath
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import STATE_VERSION
+from zephon_titan.engine.state import STATE_VERSION, refuse_removed_sources
 from zephon_titan.errors import ResumeError
 
 
@@ -115,6 +115,16 @@ def _split_component(spec: EngineSpec) -> dict[str, str]:
     return {"split": f"{spec.config.split} part, split_seed {spec.config.split_seed}, eval_fraction " + ", ".join(held)}
 
 
+def _added_sources(saved: dict[str, str], current: dict[str, str]) -> set[str]:
+    """The components a resume that only adds sources changes (the source list, the new sources' files):
+    allowed, since check_mixture makes sure no added source had a weight at a step already trained."""
+    old, new = saved.get("sources", "").split(","), current.get("sources", "").split(",")
+    added = [name for name in new if name not in old]
+    if not added or any(name not in new for name in old):
+        return set()
+    return {"sources"} | {f"{kind}.{name}" for name in added for kind in ("files", "layout", "locations", "mtimes")}
+
+
 def check_fingerprint(
     saved: dict[str, str],
     current: dict[str, str],
@@ -124,10 +134,13 @@ def check_fingerprint(
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`
     (and the mixture when `mixture_checked_apart`: check_mixture() knows the checkpoint's step)."""
     skip = set(allow) | (set(MIXTURE_KEYS) if mixture_checked_apart else set())
+    if mixture_checked_apart:  # a resume: sources may be added, not removed
+        refuse_removed_sources(saved.get("sources", "").split(","), current.get("sources", "").split(","))
+    skip_keys = _added_sources(saved, current) if mixture_checked_apart else set()
     changed = [
         f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"
         for key in sorted(set(saved) | set(current))
-        if saved.get(key) != current.get(key) and key.split(".")[0] not in skip
+        if saved.get(key) != current.get(key) and key.split(".")[0] not in skip and key not in skip_keys
     ]
     if changed:
         raise ResumeError(

@@ -76,11 +76,35 @@ class LaneState:
     mix: MixState | None = None
     """The mixer's segment at the start of the open unit; None without a schedule (always segment 1)."""
 
+    replay_names: tuple[str, ...] | None = None
+    """Not saved. Set when a resume added sources (with_sources): the sources the open unit was drawn
+    among, so that it is replayed exactly as it was drawn."""
+
     version: int = STATE_VERSION
 
     @property
     def feed(self) -> FeedState:
         return FeedState(self.cursors, self.mix or MixState.initial(len(self.cursors)))
+
+    def with_sources(self, saved: list[str], names: list[str]) -> LaneState:
+        """This state (saved with the sources `saved`) for a run with the sources `names`, matched by name:
+        an added source starts at its beginning. A removed one is refused: its open document (a piece of
+        the open unit) could not be replayed, and its position would be lost."""
+        refuse_removed_sources(saved, names)
+        at = {name: i for i, name in enumerate(saved)}
+        start = SourceCursor(window=0, position=0, tokens=0)
+        cursors = tuple(self.cursors[at[n]] if n in at else start for n in names)
+        mix = self.mix or MixState.initial(len(saved))
+        bases = tuple(mix.bases[at[n]] if n in at else 0 for n in names)
+        return LaneState(
+            lane_id=self.lane_id,
+            rows=self.rows,
+            cursors=cursors,
+            unit_open=self.unit_open,
+            unit_offset=self.unit_offset,
+            mix=MixState(mix.segment, bases),
+            replay_names=tuple(saved),
+        )
 
     @classmethod
     def initial(cls, lane_id: int, num_sources: int) -> LaneState:
@@ -133,6 +157,16 @@ class LaneState:
             unit_open=data["unit_open"],
             unit_offset=data["unit_offset"],
             mix=_mix_from(data["mix"], len(cursors), where) if "mix" in data else None,
+        )
+
+
+def refuse_removed_sources(saved: list[str], names: list[str]) -> None:
+    removed = [n for n in saved if n not in names]
+    if removed:
+        raise ResumeError(
+            f"sources {', '.join(removed)} were removed from the config; a resume may add sources but not "
+            f"remove them: keep [dataloader.sources.{removed[0]}] and give it no weight in the phases from the "
+            "next step on (it rests, and keeps its position)"
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zephon_titan.engine.feed import DocumentFeed
+from zephon_titan.engine.mixing import lane_phases
 from zephon_titan.engine.packing import Row, packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
@@ -57,7 +58,10 @@ class LaneStream:
         self.feed = DocumentFeed(spec, lane_id, feed_state)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
         if state is not None:
-            self.packer.restore(state.unit_open, state.unit_offset)
+            if state.replay_names is not None:  # sources were added at this resume
+                self.feed.phases = _phases_by_name(state.replay_names, spec, lane_id)
+            self.packer.restore(state.unit_open, state.unit_offset)  # the open unit, drawn as it was
+            self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes)
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
@@ -88,6 +92,13 @@ class LaneStream:
             unit_offset=unit_offset,
             mix=feed.mix if self.spec.schedule.scheduled else None,
         )
+
+
+def _phases_by_name(saved: tuple[str, ...], spec: EngineSpec, lane_id: int) -> tuple[float, ...]:
+    """The lane's phases (mixing.py) as they were with the `saved` sources, for this run's sources; an
+    added source gets 0 (it has no weight at any step already trained, so it is never drawn then)."""
+    old = dict(zip(saved, lane_phases(list(saved), lane_id, spec.num_lanes)))
+    return tuple(old.get(name, 0.0) for name in spec.source_names)
 
 
 def _check_state(spec: EngineSpec, lane_id: int, state: LaneState) -> None:

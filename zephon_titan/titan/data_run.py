@@ -14,6 +14,7 @@ loader over the first JSONL source instead (to show it cannot resume on another 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import sys
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         counter = StepCounter()
         if args.resume:
             load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.data.num_lanes)
-            load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
+            with contextlib.nullcontext() if args.builtin else loader.sized_for(args.resume):
+                load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
         ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
         ledger_seconds = data_seconds = 0.0

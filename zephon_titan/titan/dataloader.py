@@ -9,6 +9,7 @@ exactly those entries from TorchTitan's DCP checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -45,7 +46,9 @@ from zephon_titan.titan.state_codec import (
     lane_key,
     read_header,
     read_lane,
+    saved_sources,
     seal,
+    stored_lane_capacity,
 )
 from zephon_titan.titan.tokenizer import loader_tokenizer
 
@@ -104,6 +107,7 @@ class ZephonDataLoader(BaseDataLoader):
         logger.info(f"zephon_titan: tokenizer backend {self.spec.tokenizer.backend_reason}")
         self.fingerprint = fingerprint(self.spec)
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
+        self._load_capacity: int | None = None  # set by sized_for() during one DCP load
         try:
             encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
         except ResumeError:
@@ -217,10 +221,25 @@ class ZephonDataLoader(BaseDataLoader):
             "fingerprint": self.fingerprint,
         }
 
+    @contextlib.contextmanager
+    def sized_for(self, checkpoint_id: str) -> Iterator[None]:
+        """Around a DCP load of `checkpoint_id`: state_dict() gives templates of the size the checkpoint
+        stored its lane entries with (a resume may add sources, whose entries are bigger)."""
+        self._load_capacity = stored_lane_capacity(checkpoint_id)
+        try:
+            yield
+        finally:
+            self._load_capacity = None  # saves size their entries for this run's sources
+
     def state_dict(self) -> dict[str, Any]:
         num_sources = len(self.spec.sources)
         header = seal(self._header(), HEADER_KEY)
         state = {HEADER_KEY: encode_entry(header, HEADER_CAPACITY)}
+        if self._load_capacity is not None:  # a template for sized_for's DCP load: only the size counts
+            state.update(
+                {lane_key(lane): torch.zeros(self._load_capacity, dtype=torch.uint8) for lane in self.lane_ids}
+            )
+            return state
         for lane in self.lane_ids:
             entry = {
                 "state": self._consumed[lane].to_dict(),
@@ -235,11 +254,15 @@ class ZephonDataLoader(BaseDataLoader):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         header = read_header(state_dict)
         check_header(header, self.fingerprint, self.config.data.resume_allow)
-        entries = read_lane_states(state_dict, self.lane_ids, header, len(self.spec.sources))
+        entries = read_lane_states(state_dict, self.lane_ids, header, self.spec.source_names)
         step = saved_step(header, next(iter(entries.values()))[0].rows)
         change = check_mixture(header["fingerprint"], self.fingerprint, step)
-        if change and dp_rank_zero():
-            logger.info(f"zephon_titan: {change}")
+        added = [name for name in self.spec.source_names if name not in saved_sources(header)]
+        if dp_rank_zero():
+            if added:
+                logger.info(f"zephon_titan: sources added at this resume: {', '.join(added)} (each from its start)")
+            if change:
+                logger.info(f"zephon_titan: {change}")
         saved_batch = header.get("global_batch_size")
         if saved_batch != self.config.global_batch_size and dp_rank_zero():
             logger.info(
@@ -265,12 +288,12 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 def read_lane_states(
-    state: dict[str, Any], lane_ids, header: dict, num_sources: int
+    state: dict[str, Any], lane_ids, header: dict, source_names: list[str]
 ) -> dict[int, tuple[LaneState, list[int], int]]:
     """The checked entries of `lane_ids`; every lane must stand at the same row (the end of one step).
 
     Not a multiple of this run's rows per lane: the global batch size may have changed at a resume."""
-    entries = {lane: read_lane(state, lane, header, num_sources) for lane in lane_ids}
+    entries = {lane: read_lane(state, lane, header, source_names) for lane in lane_ids}
     rows = {entry[0].rows for entry in entries.values()}
     if len(rows) != 1:
         raise ResumeError(

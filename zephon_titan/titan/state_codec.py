@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 import torch
@@ -40,6 +41,25 @@ HEADER_CAPACITY = 1 << 17
 
 def lane_capacity(num_sources: int) -> int:
     return 512 + 96 * num_sources
+
+
+def stored_lane_capacity(checkpoint_id: str) -> int | None:
+    """The size of the lane entries a DCP checkpoint folder holds (None if it cannot be told): DCP loads
+    into a template of the saved size, and a resume that adds sources has bigger entries of its own.
+    Reads the folder's `.metadata` (a pickle, as TorchTitan's own load does: trust the checkpoint)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    if not os.path.isdir(checkpoint_id):
+        return None
+    try:
+        metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
+    except Exception:  # no readable .metadata: the load itself reports it
+        return None
+    for key, meta in metadata.items():
+        if key.startswith("dataloader.lane_") and isinstance(meta, TensorStorageMetadata) and len(meta.size) == 1:
+            return int(meta.size[0])
+    return None
 
 
 def _canonical(obj: dict) -> bytes:
@@ -122,8 +142,11 @@ def read_header(state: dict[str, Any]) -> dict:
     return header
 
 
-def read_lane(state: dict[str, Any], lane: int, header: dict, num_sources: int) -> tuple[LaneState, list[int], int]:
-    """(state, tokens per source, padding) of one lane, checked against its seal, its key and the run's shape."""
+def read_lane(
+    state: dict[str, Any], lane: int, header: dict, source_names: list[str]
+) -> tuple[LaneState, list[int], int]:
+    """(state, tokens per source, padding) of one lane, checked against its seal, its key and the
+    checkpoint's sources, then matched by name to this run's `source_names` (a resume may add sources)."""
     key = lane_key(lane)
     entry = _check_seal(_entry(state, key), key, header["seal"])
     where = f"dataloader state of lane {lane} ({key!r})"
@@ -131,14 +154,24 @@ def read_lane(state: dict[str, Any], lane: int, header: dict, num_sources: int) 
     lane_state = LaneState.from_dict(raw, where)
     if lane_state.lane_id != lane:
         raise ResumeError(f"{where}: field 'lane_id' is {lane_state.lane_id}, not {lane}; the checkpoint is damaged")
-    if len(lane_state.cursors) != num_sources:
+    saved = saved_sources(header)
+    if len(lane_state.cursors) != len(saved):
         raise ResumeError(
-            f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the run has "
-            f"{num_sources}; the checkpoint belongs to another config"
+            f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the checkpoint has "
+            f"{len(saved)}; the checkpoint is damaged"
         )
-    tokens = _counts(entry.get("tokens"), num_sources, "tokens", where)
+    tokens = _counts(entry.get("tokens"), len(saved), "tokens", where)
     padding = _counts([entry.get("padding")], 1, "padding", where)[0]
+    if saved != source_names:
+        by_name = dict(zip(saved, tokens))
+        lane_state = lane_state.with_sources(saved, source_names)
+        tokens = [by_name.get(name, 0) for name in source_names]
     return lane_state, tokens, padding
+
+
+def saved_sources(header: dict) -> list[str]:
+    """The names of the sources a checkpoint was saved with (its fingerprint's `sources`)."""
+    return header["fingerprint"].get("sources", "").split(",")
 
 
 def _entry(state: dict[str, Any], key: str) -> Any:

@@ -119,3 +119,12 @@ class ZephonTrainer(Trainer):
 
     def _wrap_checkpoint_load(self) -> None:
         self.checkpointer.load = with_lane_check(self.checkpointer.load, self.dataloader.config.data.num_lanes)
+        dcp_load = getattr(self.checkpointer, "dcp_load", None)
+        if dcp_load is None:
+            return
+
+        def dcp_load_sized(state_dict, checkpoint_id, *args, **kwargs):
+            with self.dataloader.sized_for(checkpoint_id):  # the checkpoint's entry sizes (sources may be added)
+                return dcp_load(state_dict, checkpoint_id, *args, **kwargs)
+
+        self.checkpointer.dcp_load = dcp_load_sized
