@@ -51,6 +51,18 @@ class MixState:
 
 
 @dataclass(frozen=True, slots=True)
+class Replay:
+    """The sources' places when a lane's open unit was drawn, before a resume added sources: the unit is
+    replayed with the mixing phases it was drawn with (mixing.py's phi depends on each source's index
+    among S sources). Saved while that unit is open, so a checkpoint taken then resumes exactly too."""
+
+    num_sources: int
+    """S when the unit was drawn."""
+    indices: tuple[int, ...]
+    """Per source of this run, its index then (-1: added since; it had no weight then)."""
+
+
+@dataclass(frozen=True, slots=True)
 class FeedState:
     """A lane's feed at the start of its open unit: what a restore replays from."""
 
@@ -76,9 +88,8 @@ class LaneState:
     mix: MixState | None = None
     """The mixer's segment at the start of the open unit; None without a schedule (always segment 1)."""
 
-    replay_names: tuple[str, ...] | None = None
-    """Not saved. Set when a resume added sources (with_sources): the sources the open unit was drawn
-    among, so that it is replayed exactly as it was drawn."""
+    replay: Replay | None = None
+    """Set when the open unit was drawn among other sources (a resume added some): how to replay it."""
 
     version: int = STATE_VERSION
 
@@ -96,6 +107,9 @@ class LaneState:
         cursors = tuple(self.cursors[at[n]] if n in at else start for n in names)
         mix = self.mix or MixState.initial(len(saved))
         bases = tuple(mix.bases[at[n]] if n in at else 0 for n in names)
+        # The open unit's places: as saved, or as an earlier resume that added sources left them.
+        before = self.replay or Replay(len(saved), tuple(range(len(saved))))
+        replay = Replay(before.num_sources, tuple(before.indices[at[n]] if n in at else -1 for n in names))
         return LaneState(
             lane_id=self.lane_id,
             rows=self.rows,
@@ -103,7 +117,7 @@ class LaneState:
             unit_open=self.unit_open,
             unit_offset=self.unit_offset,
             mix=MixState(mix.segment, bases),
-            replay_names=tuple(saved),
+            replay=replay if self.unit_open else None,
         )
 
     @classmethod
@@ -122,13 +136,15 @@ class LaneState:
         }
         if self.mix is not None:  # only runs with a schedule: other states keep their old form
             out["mix"] = [self.mix.segment, list(self.mix.bases)]
+        if self.replay is not None:  # only while a unit drawn before sources were added is open
+            out["replay"] = [self.replay.num_sources, list(self.replay.indices)]
         return out
 
     @classmethod
     def from_dict(cls, data: object, where: str = "lane state") -> LaneState:
         """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
-        if not isinstance(data, dict) or set(data) - {"mix"} != expected:
+        if not isinstance(data, dict) or set(data) - {"mix", "replay"} != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
         if data["version"] != STATE_VERSION:
@@ -157,6 +173,7 @@ class LaneState:
             unit_open=data["unit_open"],
             unit_offset=data["unit_offset"],
             mix=_mix_from(data["mix"], len(cursors), where) if "mix" in data else None,
+            replay=_replay_from(data["replay"], len(cursors), where) if "replay" in data else None,
         )
 
 
@@ -181,6 +198,16 @@ def _mix_from(value: object, num_sources: int, where: str) -> MixState:
     if value[0] < 1:
         raise ResumeError(f"{where}: field 'mix.segment' must be a step >= 1, got {value[0]}")
     return MixState(value[0], tuple(value[1]))
+
+
+def _replay_from(value: object, num_sources: int, where: str) -> Replay:
+    ok = isinstance(value, list) and len(value) == 2 and isinstance(value[1], list) and len(value[1]) == num_sources
+    if not ok or not all(type(i) is int for i in [value[0], *value[1]]):  # type: ignore[index]
+        raise ResumeError(f"{where}: field 'replay' must be [sources, [one index per source]], got {value!r:.80}")
+    count, indices = value[0], value[1]  # type: ignore[index]
+    if not 1 <= count <= 1 << 16 or not all(-1 <= i < count for i in indices):
+        raise ResumeError(f"{where}: field 'replay' has indices outside [-1, {count}); the checkpoint is damaged")
+    return Replay(count, tuple(indices))
 
 
 def initial_cursors(num_sources: int) -> tuple[SourceCursor, ...]:

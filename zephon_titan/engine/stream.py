@@ -8,7 +8,7 @@ from zephon_titan.engine.feed import DocumentFeed
 from zephon_titan.engine.mixing import lane_phases
 from zephon_titan.engine.packing import Row, packer_class
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import LaneState
+from zephon_titan.engine.state import LaneState, Replay
 from zephon_titan.errors import ResumeError
 
 
@@ -57,11 +57,14 @@ class LaneStream:
             self.rows = state.rows
         self.feed = DocumentFeed(spec, lane_id, feed_state)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
+        self._replay: tuple[Replay, object] | None = None
         if state is not None:
-            if state.replay_names is not None:  # sources were added at this resume
-                self.feed.phases = _phases_by_name(state.replay_names, spec, lane_id)
+            if state.replay is not None:  # the open unit was drawn before sources were added
+                self.feed.phases = _replay_phases(state.replay, lane_id, spec.num_lanes)
             self.packer.restore(state.unit_open, state.unit_offset)  # the open unit, drawn as it was
             self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes)
+            if state.replay is not None:  # kept in this lane's states while that unit stays open
+                self._replay = (state.replay, self.packer.unit()[0])
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
@@ -91,14 +94,15 @@ class LaneStream:
             unit_open=unit_open,
             unit_offset=unit_offset,
             mix=feed.mix if self.spec.schedule.scheduled else None,
+            replay=self._replay[0] if self._replay is not None and self._replay[1] is feed else None,
         )
 
 
-def _phases_by_name(saved: tuple[str, ...], spec: EngineSpec, lane_id: int) -> tuple[float, ...]:
-    """The lane's phases (mixing.py) as they were with the `saved` sources, for this run's sources; an
-    added source gets 0 (it has no weight at any step already trained, so it is never drawn then)."""
-    old = dict(zip(saved, lane_phases(list(saved), lane_id, spec.num_lanes)))
-    return tuple(old.get(name, 0.0) for name in spec.source_names)
+def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:
+    """The lane's mixing phases as they were when its open unit was drawn, for this run's sources; an
+    added source gets 0 (it had no weight then, so it is never drawn in the replay)."""
+    then = lane_phases(["_"] * replay.num_sources, lane_id, num_lanes)  # phi depends on the index and S only
+    return tuple(then[i] if i >= 0 else 0.0 for i in replay.indices)
 
 
 def _check_state(spec: EngineSpec, lane_id: int, state: LaneState) -> None:
