@@ -28,8 +28,8 @@ def data_run(workdir, nproc, ledger_name, *extra):
 
 @pytest.fixture(scope="module")
 def reference(workdir):
-    """The uninterrupted run on 2 ranks. (Resumes at other rank counts, 4 -> 2, 4 -> 8 and 4 -> 2 -> 8,
-    are test_elastic_scale.py's; 2 -> 4 -> 1 with the real trainer is test_trainer_resume.py's.)"""
+    """The uninterrupted run on 2 ranks. (Resumes at other rank counts, 4 -> 8 and 4 -> 2, are
+    test_elastic_scale.py's; 2 -> 4 -> 2 and 2 -> 1 with the real trainer are test_trainer_resume.py's.)"""
     reference = data_run(workdir, 2, "data/ref.jsonl")
     assert sorted(reference) == list(range(1, STEPS + 1)) and len(set(reference.values())) == STEPS
     return reference

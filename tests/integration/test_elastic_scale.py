@@ -1,6 +1,6 @@
 """scripts/elastic_scale.py: save on W ranks, resume on others, through real torchrun + DCP, data only.
 
-CI runs the reduced variant (4 -> 2, 4 -> 8, chain 4 -> 2 -> 8); the full 16 -> 8/32/64 run is `slow`."""
+CI runs the reduced variant (4 -> 8, 4 -> 2); the full 16 -> 8/32/64 run and its chain are `slow`."""
 
 import json
 import os
@@ -41,9 +41,9 @@ def test_reduced_variant(tmp_path):
         "--ranks",
         "4",
         "--resume-on",
-        "2,8",
+        "8",
         "--chain",
-        "4,2,8",
+        "4,2",
         "--steps",
         "5",
         "--save-at",
@@ -51,7 +51,7 @@ def test_reduced_variant(tmp_path):
         timeout=900,
     )
     ranks = [p["ranks"] for p in summary["phases"]]
-    assert ranks == [0, 4, 2, 8, 2, 8]
+    assert ranks == [0, 4, 8, 2]
     assert "| 4 -> 8 | 8 | 3-5 | 3/3 | 3/3 |" in stdout
 
 
