@@ -198,8 +198,7 @@ class ZephonDataLoader(BaseDataLoader):
             step = None
         if self.spec.repeat or not dist.is_initialized():
             return step
-        device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
-        have = torch.tensor([0 if step is None else 1], dtype=torch.int32, device=device)
+        have = torch.tensor([0 if step is None else 1], dtype=torch.int32, device=collective_device())
         dist.all_reduce(have, op=dist.ReduceOp.MIN)
         return step if int(have.item()) == 1 else None
 
@@ -362,6 +361,11 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
             ) from None
 
     return load_with_lane_check
+
+
+def collective_device() -> torch.device | str:
+    """Where a tensor for a collective over the default group must live (NCCL: this rank's GPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
 
 
 def dp_rank_zero() -> bool:

@@ -35,6 +35,7 @@ from zephon_titan.config import DataConfig
 from zephon_titan.engine import batch_digest, build_engine, lanes_of_rank, validate_batch_layout
 from zephon_titan.engine.eval_set import EvalStep, eval_set_digest, eval_steps, slot_sources
 from zephon_titan.errors import ConfigError
+from zephon_titan.titan.dataloader import collective_device
 from zephon_titan.titan.tokenizer import loader_tokenizer
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
@@ -114,8 +115,7 @@ def _any_rank(live: bool) -> bool:
     """Does a lane of any rank still have rows? (MAX over every rank; every rank steps the eval set.)"""
     if not dist.is_initialized():
         return live
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
-    flag = torch.tensor([int(live)], dtype=torch.int32, device=device)
+    flag = torch.tensor([int(live)], dtype=torch.int32, device=collective_device())
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
