@@ -109,6 +109,9 @@ def test_eval_rows_are_the_same_for_every_world_size(corpus_dir, tokenizer_dir, 
     ]
     for t, step in enumerate(every_lane):
         assert rows_digest(step.rows) == rows_digest(row for rank in per_rank for row in rank[t].rows)
+    if world > 1:  # negative control: the comparison sees the lane order (ranks concatenated backwards)
+        backwards = [row for rank in reversed(per_rank) for row in rank[0].rows]
+        assert rows_digest(every_lane[0].rows) != rows_digest(backwards)
     # The last step still has a row; after it every lane only pads.
     assert any(row.pieces for row in every_lane[-1].rows)
     assert sum(label_counts(step.rows, 2)[s] for step in every_lane for s in range(2)) == sum(
