@@ -341,11 +341,9 @@ def main(argv=None) -> int:
             return "—" if v is None else f"{v:,.{d}f}{unit}"
 
         print(
-            f"| {name} | {tps / 1e6:.3f} M | {tps / raw:.0%} | {fmt(r.get('time_to_first_batch_s'), ' s')} | "
+            f"| {name} | {tps / 1e6:.3f} M | {f'{tps / raw:.0%}' if raw else '—'} | {fmt(r.get('time_to_first_batch_s'), ' s')} | "
             f"{r['peak_rss_mb']} / {r['peak_worker_rss_mb'] or '—'} MB | {fmt(r.get('state_bytes_per_lane'), ' B', 0)} | "
             f"{fmt(r.get('restore_to_first_batch_s'), ' s')} | {fmt(r.get('restore_warm_s'), ' s')} |"
-            if raw
-            else f"| {name} | {tps:,.0f} |"
         )
     sweep = [results[k] for k in results if k.startswith("files:") and "error" not in results[k]]
     if sweep:

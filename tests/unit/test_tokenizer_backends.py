@@ -13,13 +13,21 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from helpers import REAL_TOKENIZERS, data_table, make_spec, real_tokenizer, special_token_strings, with_special_tokens
 
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine import ConfigError, LaneState, LaneStream, fingerprint
-from zephon_titan.engine.tokenizer_backends import FastBackend, select_backend
+from zephon_titan.engine import ConfigError, LaneState, LaneStream, fingerprint, tokenizer_backends
+from zephon_titan.engine.tokenizer_backends import (
+    VERIFY_DOCUMENTS,
+    FastBackend,
+    ReferenceBackend,
+    first_difference,
+    probe_texts,
+    select_backend,
+)
 from zephon_titan.titan.tokenizer import load_tokenizer
 
 # Tokenizers fastokens 0.3.5 cannot encode with ("byte 0x20 has no token in vocabulary").
@@ -107,6 +115,94 @@ def test_a_fast_backend_that_differs_on_a_document_is_replaced_by_the_reference(
     assert [g.tolist() for g in got] == [r.tolist() for r in reference.encode(prose_docs[:8])]
     assert "fastokens gave other ids than tokenizers for a document" in caplog.text
     assert tokenizer._backend.name == "tokenizers"
+
+
+def _broken_beyond_probes(tokenizer_path, texts) -> str:
+    """The tokenizer.json with one merge removed that no probe text needs and one of `texts` does:
+    a fast tokenizer the probe check passes and a document check must catch."""
+    reference = load_tokenizer(tokenizer_path).tokenizer
+    data = json.loads(reference.to_str())
+    ref, probes = ReferenceBackend(reference), probe_texts(reference)
+    in_texts, in_probes = (set(ref.encode_flat(t)[0].tolist()) for t in (texts, probes))
+    vocab = data["model"]["vocab"]
+    for i, (a, b) in enumerate(data["model"]["merges"]):
+        if vocab.get(a + b) not in in_texts - in_probes:  # candidates: tokens only the texts end with
+            continue
+        broken = json.loads(json.dumps(data))
+        del broken["model"]["merges"][i]
+        fast = FastBackend(json.dumps(broken))
+        if first_difference(ref, fast, texts) is not None and first_difference(ref, fast, probes) is None:
+            return json.dumps(broken)
+    raise AssertionError("no merge is needed by the texts and not by the probes")
+
+
+@pytest.fixture
+def held_load(monkeypatch):
+    """Hold the fast backend's background load until the test sets the event; `held_load.json` (if
+    set) is loaded instead of the tokenizer's own tokenizer.json. The real load runs then."""
+    gate = threading.Event()
+    gate.json = None
+    real = tokenizer_backends.load_fast
+
+    def load_when_released(tokenizer_json):
+        gate.wait(60)
+        return real(gate.json or tokenizer_json)
+
+    monkeypatch.setattr(tokenizer_backends, "load_fast", load_when_released)
+    return gate
+
+
+def test_the_reference_tokenizes_while_the_fast_backend_loads(tokenizer_dir, prose_docs, held_load):
+    tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
+    reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
+    tokenizer.start_backend()
+    first = tokenizer.encode(prose_docs[:40])
+    assert tokenizer._backend is None  # still loading: these are the reference's own ids
+    held_load.set()
+    tokenizer._loading.join()
+    second = tokenizer.encode(prose_docs[40:70])
+    assert tokenizer._backend.name == "fastokens"
+    # Checked on the 40 documents the reference did while it loaded, then on the next 30 as usual.
+    assert tokenizer._verify_left == VERIFY_DOCUMENTS - 70
+    assert [a.tolist() for a in first + second] == [b.tolist() for b in reference.encode(prose_docs[:70])]
+
+
+def test_documents_tokenized_while_the_fast_backend_loads_are_its_first_check(
+    tokenizer_dir, prose_docs, held_load, caplog
+):
+    broken = _broken_beyond_probes(tokenizer_dir, prose_docs[:40])
+    # Control: the probe check alone lets this fast tokenizer through.
+    chosen, _ = select_backend(load_tokenizer(tokenizer_dir).tokenizer, "auto", loaded=FastBackend(broken))
+    assert chosen.name == "fastokens"
+    tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
+    reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
+    tokenizer.start_backend()
+    first = tokenizer.encode(prose_docs[:40])  # by the reference: the broken backend is not loaded yet
+    held_load.json = broken
+    held_load.set()
+    tokenizer._loading.join()
+    with caplog.at_level(logging.WARNING, logger="zephon_titan"):
+        second = tokenizer.encode(["plain words", "that every merge list handles"])  # no difference here
+    assert "fastokens gave other ids than tokenizers for a document" in caplog.text  # found in the first 40
+    assert tokenizer._backend.name == "tokenizers"
+    expected = reference.encode(prose_docs[:40] + ["plain words", "that every merge list handles"])
+    assert [a.tolist() for a in first + second] == [b.tolist() for b in expected]
+
+
+@pytest.mark.parametrize("name", ["fixture", "gpt2"])
+def test_a_process_that_exits_while_the_fast_backend_loads_exits_cleanly(name, special_dir):
+    # The load runs in Rust without the GIL; at exit Python stops daemon threads and one stopped
+    # inside Rust aborts the process ("FATAL: exception not rethrown", exit code 134: seen with GPT-2).
+    script = textwrap.dedent(
+        f"""
+        from zephon_titan.titan.tokenizer import load_tokenizer
+        tokenizer = load_tokenizer({_tokenizer_path(name, special_dir)!r}, backend="auto")
+        tokenizer.start_backend()
+        print(len(tokenizer.encode(["exits at once"])[0]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "FATAL" not in out.stderr, (out.returncode, out.stderr[-2000:])
 
 
 def test_backend_setting_is_checked(corpus_dir, tokenizer_dir):

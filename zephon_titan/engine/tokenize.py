@@ -9,8 +9,11 @@ code computes the ids (a speed knob only) is engine/tokenizer_backends.py.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -47,6 +50,8 @@ class DocumentTokenizer:
         self.backend_setting = backend
         self._reference = ReferenceBackend(tokenizer)
         self._backend: Backend | None = None  # chosen at the first encode, in the process that encodes
+        self._loading: _BackendLoad | None = None  # start_backend(): the backend being loaded meanwhile
+        self._done_by_reference: list[tuple[str, np.ndarray]] = []  # while it loads: (text, ids) to check it on
         self.backend_reason = ""
         self._verify_left = tokenizer_backends.VERIFY_DOCUMENTS
         self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
@@ -64,11 +69,38 @@ class DocumentTokenizer:
 
     def select_backend(self, announce: bool = True) -> str:
         """Choose the backend now (probe check included); returns its name. Idempotent."""
+        if self._loading is not None:  # start_backend() began it: wait for it
+            self._loading.join()
+            self._adopt_loaded()
+            if announce and self._backend is self._reference and self.backend_setting != "tokenizers":
+                tokenizer_backends.announce_fallback(self.backend_reason)
         if self._backend is None:
-            self._backend, self.backend_reason = tokenizer_backends.select_backend(
-                self.tokenizer, self.backend_setting, announce=announce
-            )
+            self._take(*tokenizer_backends.select_backend(self.tokenizer, self.backend_setting, announce=announce))
+        assert self._backend is not None
         return self._backend.name
+
+    def _take(self, backend: Backend, reason: str) -> None:
+        self._backend = self._reference if backend.name == self._reference.name else backend
+        self.backend_reason = reason
+
+    def start_backend(self) -> None:
+        """Load and probe-check the backend in a background thread (fastokens loads without holding the
+        GIL), so that tokenizing starts at once: until the backend is ready the reference tokenizes, and
+        the backend is then checked first on those same documents. Idempotent."""
+        if self._backend is None and self._loading is None:
+            self._loading = _BackendLoad(self.tokenizer, self.backend_setting)
+
+    def _adopt_loaded(self) -> None:
+        """Take the background load's result and check it on the documents the reference did meanwhile."""
+        assert self._loading is not None
+        self._take(*self._loading.result())  # raises the ConfigError of tokenizer_backend = fastokens
+        self._loading = None
+        done, self._done_by_reference = self._done_by_reference, []
+        if done and self._backend is not self._reference:
+            texts = [text for text, _ in done]
+            lengths = np.fromiter((len(ids) for _, ids in done), dtype=np.int64, count=len(done))
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            self._checked(texts, (np.concatenate([ids for _, ids in done]), offsets), None)
 
     def encode(self, texts: Sequence[str | np.ndarray]) -> list[np.ndarray]:
         """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized."""
@@ -80,8 +112,19 @@ class DocumentTokenizer:
     def _encode_checked(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The reference's ids for `strings`, computed by the chosen backend once it has matched the
         reference on this process's first documents."""
-        self.select_backend(announce=False)
-        assert self._backend is not None
+        if self._backend is None:
+            self.start_backend()
+            assert self._loading is not None
+            if self._loading.done():
+                self._adopt_loaded()
+        if self._backend is None:  # still loading: the reference's ids, kept to check the backend on
+            ids, offsets = self._reference.encode_flat(strings)
+            room = self._verify_left - len(self._done_by_reference)
+            bounds = offsets.tolist()
+            self._done_by_reference += [
+                (strings[i], ids[bounds[i] : bounds[i + 1]]) for i in range(min(room, len(strings)))
+            ]
+            return ids, offsets
         if self._backend is self._reference:
             return self._reference.encode_flat(strings)
         try:
@@ -91,7 +134,24 @@ class DocumentTokenizer:
         if self._verify_left <= 0:
             return ids, offsets
         k = min(len(strings), self._verify_left)
-        ref_ids, ref_offsets = self._reference.encode_flat(strings[:k])
+        return self._checked(strings, self._reference.encode_flat(strings[:k]), (ids, offsets))
+
+    def _checked(
+        self,
+        strings: list[str],
+        reference: tuple[np.ndarray, np.ndarray],
+        fast: tuple[np.ndarray, np.ndarray] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `strings` once the backend's (`fast`, computed here if None) agree with the
+        `reference` ids of the first strings; on a difference this process uses the reference for good."""
+        assert self._backend is not None
+        if fast is None:
+            try:
+                fast = self._backend.encode_flat(strings)
+            except Exception as e:
+                return self._use_reference(f"failed on a document ({type(e).__name__}: {e})", strings)
+        (ids, offsets), (ref_ids, ref_offsets) = fast, reference
+        k = len(ref_offsets) - 1
         if np.array_equal(ref_offsets, offsets[: k + 1]) and np.array_equal(ref_ids, ids[: offsets[k]]):
             self._verify_left -= k
             return ids, offsets
@@ -140,3 +200,36 @@ class DocumentTokenizer:
             h.update(json.dumps([self.bos_id, self.eos_id]).encode())
             self._digest = h.hexdigest()
         return self._digest
+
+
+class _BackendLoad:
+    """The fast backend loaded in a thread (fastokens loads without holding the GIL).
+
+    Only the load: its probe check runs in the encoding thread (`select_backend(loaded=...)`), so
+    the thread pools the backends start when they first encode are not this thread's children. The
+    thread runs at a lower priority (Linux): where cores are short, the first rows come first."""
+
+    def __init__(self, tokenizer: Tokenizer, setting: str):
+        self._tokenizer, self._setting = tokenizer, setting
+        self._loaded: tokenizer_backends.FastBackend | Exception | None = None
+        # Not a daemon: at exit, Python would stop a daemon thread inside fastokens' Rust code (an abort).
+        self._thread = threading.Thread(target=self._run, name="zephon-backend-load")
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self._setting == "tokenizers":
+            return
+        with contextlib.suppress(AttributeError, OSError):  # not Linux: the same, at normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        self._loaded = tokenizer_backends.load_fast(self._tokenizer.to_str())
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> tuple[Backend, str]:
+        """The backend and why, after the probe check (raises the ConfigError of tokenizer_backend = fastokens)."""
+        self._thread.join()
+        return tokenizer_backends.select_backend(self._tokenizer, self._setting, announce=False, loaded=self._loaded)

@@ -110,21 +110,32 @@ def first_difference(a: Backend, b: Backend, texts: list[str]) -> int | None:
     return None
 
 
+def load_fast(tokenizer_json: str) -> FastBackend | Exception:
+    """fastokens over `tokenizer_json`, or why it cannot load it (ImportError: it is not installed)."""
+    try:
+        return FastBackend(tokenizer_json)
+    except Exception as e:  # fastokens refuses a tokenizer.json it does not support
+        return e
+
+
 def select_backend(
-    tokenizer: Tokenizer, setting: str, fast_json: str | None = None, announce: bool = True
+    tokenizer: Tokenizer,
+    setting: str,
+    fast_json: str | None = None,
+    announce: bool = True,
+    loaded: FastBackend | Exception | None = None,
 ) -> tuple[Backend, str]:
-    """The backend for `setting` and why, after the probe check. `fast_json` (tests) loads the fast
-    backend from another tokenizer.json than the reference's."""
+    """The backend for `setting` and why, after the probe check. `loaded`: load_fast()'s result when
+    it was loaded already; `fast_json` (tests) loads it from another tokenizer.json than the reference's."""
     reference = ReferenceBackend(tokenizer)
     if setting == "tokenizers":
         return reference, "[dataloader] tokenizer_backend = tokenizers"
-    try:
-        fast = FastBackend(fast_json if fast_json is not None else tokenizer.to_str())
-    except ImportError:
+    fast = loaded if loaded is not None else load_fast(fast_json if fast_json is not None else tokenizer.to_str())
+    if isinstance(fast, ImportError):
         reason = "fastokens is not installed (pip install 'zephon-titan[fast]')"
         return _fall_back(reference, setting, reason, announce)
-    except Exception as e:  # fastokens refuses a tokenizer.json it does not support
-        first_line = (str(e).splitlines() or [type(e).__name__])[0]
+    if isinstance(fast, Exception):
+        first_line = (str(fast).splitlines() or [type(fast).__name__])[0]
         return _fall_back(reference, setting, f"fastokens cannot load this tokenizer ({first_line})", announce)
     texts = probe_texts(tokenizer)
     try:
@@ -147,8 +158,14 @@ def _fall_back(reference: Backend, setting: str, reason: str, announce: bool) ->
             'use tokenizer_backend = "auto" (falls back to tokenizers) or "tokenizers"'
         )
     if announce:
-        log.info("zephon_titan: tokenizing with tokenizers, not fastokens: %s", reason)
+        announce_fallback(f"tokenizers ({reason})")
     return reference, f"tokenizers ({reason})"
+
+
+def announce_fallback(reason: str) -> None:
+    """One log line for a fallback `reason` ("tokenizers (why)", as select_backend returns it)."""
+    why = reason.removeprefix("tokenizers (").removesuffix(")")
+    log.info("zephon_titan: tokenizing with tokenizers, not fastokens: %s", why)
 
 
 def default_threads(num_workers: int) -> int:

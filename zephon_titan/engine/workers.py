@@ -30,6 +30,7 @@ import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -38,6 +39,7 @@ import traceback
 import types
 import weakref
 from collections.abc import Iterable, Iterator
+from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from zephon_titan import errors
@@ -50,7 +52,6 @@ from zephon_titan.errors import DataError, LaneExhausted, ZephonError
 
 if TYPE_CHECKING:
     from multiprocessing import synchronize
-    from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
 _POLL_SECONDS = 1.0
@@ -72,7 +73,6 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 def _worker_main(
-    spec_data: PortableSpec,
     lanes: list[int],
     start: Connection[Any, Any],
     rows_per_step: int,
@@ -89,8 +89,12 @@ def _worker_main(
     try:
         from zephon_titan.engine.stream import LaneStream, lane_clock
 
+        try:
+            spec_data: PortableSpec = pickle.loads(start.recv_bytes())  # sent once every worker has started
+        except EOFError:  # the group was closed before we were needed
+            return
         spec = spec_from_portable(spec_data)
-        spec.tokenizer.select_backend(announce=False)  # warm: load the tokenizer backend before the states come
+        spec.tokenizer.start_backend()  # loads while the states come (or while the reference tokenizes)
         while not start.poll(_POLL_SECONDS):  # the lane states: sent by start(), once the consumer knows them
             if stop.is_set():
                 return
@@ -120,6 +124,17 @@ def _worker_main(
         _report(fd, ("error", lane, (type(e).__name__, str(e))))
     except BaseException:  # a bug (or an error while building the spec): keep the traceback
         _report(fd, ("bug", lane, traceback.format_exc()))
+
+
+def _send_all(conns: list[Connection[Any, Any]], payload: bytes) -> None:
+    """Send `payload` to each connection, through a duplicate of its handle: close() may close the
+    connection meanwhile, and this thread must never write to a handle number reused since."""
+    for conn in conns:
+        try:
+            with Connection(os.dup(conn.fileno()), readable=False) as own:
+                own.send_bytes(payload)
+        except OSError:  # that worker is gone (its pipe says why at the first receive) or the group closed
+            pass
 
 
 def _report(fd: int, message: object) -> None:
@@ -193,7 +208,10 @@ class ProcessLaneGroup:
         # PR_SET_PDEATHSIG fires when the *thread* that started the child exits, so it is armed only
         # for groups started on the main thread; elsewhere the worker's parent-pid watcher does it.
         arm_pdeathsig = threading.current_thread() is threading.main_thread()
-        data = portable(spec)
+        # The spec (tokenizer.json included, megabytes) goes through the start pipe once every process is
+        # started: as a Process argument, each start would wait until that child had imported its modules
+        # and read it, and the workers would start one after another.
+        spec_bytes = pickle.dumps(portable(spec), protocol=pickle.HIGHEST_PROTOCOL)
         threads = default_threads(workers)
         for w in range(workers):
             mine = self._lanes_of(w)
@@ -203,7 +221,6 @@ class ProcessLaneGroup:
             proc = ctx.Process(
                 target=_worker_main,
                 args=(
-                    data,
                     mine,
                     start_reader,
                     rows_per_step,
@@ -227,6 +244,12 @@ class ProcessLaneGroup:
             self._credits.append(credits)
             self._procs.append(proc)
         self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._readers + self._starts, self._procs)
+        # Sent from a thread: a child reads it only once its interpreter is up (~0.3 s), and the
+        # constructor returns at once (the trainer builds its model meanwhile). start() sends after it.
+        self._spec_sent = threading.Thread(
+            target=_send_all, args=(self._starts, spec_bytes), name="zephon-spec-send", daemon=True
+        )
+        self._spec_sent.start()
         if not deferred:
             self.start(states or {}, first_step)
 
@@ -238,6 +261,7 @@ class ProcessLaneGroup:
         self._consumed = {
             lane: states.get(lane) or LaneState.initial(lane, self._num_sources) for lane in self.lane_ids
         }
+        self._spec_sent.join()
         for w, conn in enumerate(self._starts):
             try:
                 conn.send(({lane: states[lane] for lane in self._lanes_of(w) if lane in states}, first_step))
