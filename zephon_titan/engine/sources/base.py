@@ -30,17 +30,17 @@ class LazyTexts(Sequence[str]):
 
     A lane reads a whole shuffle window of blocks before its first row; parsing all of it up front
     was most of the time to the first batch. A bad line raises its DataError (file, line, byte)
-    when its document is reached, as `zephon-titan validate` reaches every document."""
+    when its document is reached, as `zephon-titan validate` reaches every document. A decoded text
+    replaces its line, so a window holds each document once (as bytes or as text), never both."""
 
-    __slots__ = ("_raw", "_decode", "_done")
+    __slots__ = ("_items", "_decode")
 
     def __init__(self, raw: list[bytes], decode: Callable[[int, bytes], str]):
-        self._raw = raw
+        self._items: list[bytes | str] = list(raw)
         self._decode = decode
-        self._done: dict[int, str] = {}
 
     def __len__(self) -> int:
-        return len(self._raw)
+        return len(self._items)
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -50,14 +50,14 @@ class LazyTexts(Sequence[str]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
-            i += len(self._raw)
-        text = self._done.get(i)
-        if text is None:
-            text = self._done[i] = self._decode(i, self._raw[i])
-        return text
+            i += len(self._items)
+        item = self._items[i]
+        if isinstance(item, bytes):
+            item = self._items[i] = self._decode(i, item)
+        return item
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self._raw)))
+        return (self[i] for i in range(len(self._items)))
 
     def __eq__(self, other: object) -> bool:  # equal to the list of the same texts
         if not isinstance(other, (list, LazyTexts)):
