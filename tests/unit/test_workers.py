@@ -47,6 +47,17 @@ def test_close_leaves_no_process(corpus_dir, tokenizer_dir):
     assert not mp.active_children()
 
 
+def test_a_group_closed_before_its_workers_have_started_leaves_no_process(corpus_dir, tokenizer_dir):
+    # The spec is still being sent to the booting workers when the group closes (a trainer that
+    # fails while building its model): they exit, nothing hangs, nothing is left.
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    group = open_lane_group(spec, range(8), 2, num_workers=3, deferred=True)
+    procs = list(group._procs)
+    group.close()
+    assert not mp.active_children()
+    assert all(p.exitcode is not None for p in procs)
+
+
 def test_a_killed_worker_is_a_clear_error_not_a_hang(corpus_dir, tokenizer_dir):
     spec = make_spec(corpus_dir, tokenizer_dir)
     with open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1) as group:

