@@ -10,6 +10,7 @@ first-documents check; worker processes import neither torch nor torchtitan.
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -203,6 +204,36 @@ def test_a_process_that_exits_while_the_fast_backend_loads_exits_cleanly(name, s
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "FATAL" not in out.stderr, (out.returncode, out.stderr[-2000:])
+
+
+@pytest.fixture(scope="module")
+def refused_dir(tokenizer_dir, tmp_path_factory) -> str:
+    """The fixture tokenizer with a pre-tokenizer fastokens does not support (Whitespace)."""
+    target = tmp_path_factory.mktemp("refused")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), target / name)
+    data = json.loads((target / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = {"type": "Whitespace"}
+    (target / "tokenizer.json").write_text(json.dumps(data))
+    return str(target)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_trainers_loader_says_its_backend_before_the_first_batch(corpus_dir, refused_dir, workers, caplog):
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+
+    def first_batch(backend):
+        data = config_from_dict(data_table(corpus_dir, refused_dir, tokenizer_backend=backend, num_workers=workers))
+        config = ZephonDataLoader.Config(data=data, global_batch_size=8)
+        loader = config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=8)
+        return next(iter(loader))
+
+    with caplog.at_level(logging.INFO):
+        first_batch("auto")
+    assert caplog.text.count("tokenizing with tokenizers, not fastokens: fastokens cannot load this tokenizer") == 1
+    assert "tokenizer backend tokenizers (fastokens cannot load" in caplog.text
+    with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens cannot load this tokenizer"):
+        first_batch("fastokens")
 
 
 def test_backend_setting_is_checked(corpus_dir, tokenizer_dir):

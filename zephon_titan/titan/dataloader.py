@@ -103,8 +103,8 @@ class ZephonDataLoader(BaseDataLoader):
                                                    local_batch_size)  # fmt: skip
         self.local_batch_size = local_batch_size
         self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
-        self.spec.tokenizer.select_backend()  # probe-checked now: a fallback is said at startup, once per rank
-        logger.info(f"zephon_titan: tokenizer backend {self.spec.tokenizer.backend_reason}")
+        # Loaded while the trainer builds its model; chosen (and said, once per rank) at the first batch.
+        self.spec.tokenizer.start_backend()
         self.fingerprint = fingerprint(self.spec)
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self._load_capacity: int | None = None  # set by sized_for() during one DCP load
@@ -153,7 +153,12 @@ class ZephonDataLoader(BaseDataLoader):
                     first_step=self._steps_done,
                 )
             # In process, a thread produces the next steps while the trainer computes (titan/prefetch.py).
-            self._group = group if data.num_workers else PrefetchedSteps(group, data.prefetch_factor)
+            if data.num_workers:
+                self._group = group
+                self._announce_backend()  # after the workers have their states: they need not wait for it
+            else:
+                self._announce_backend()  # before the prefetch thread encodes: one thread uses the tokenizer
+                self._group = PrefetchedSteps(group, data.prefetch_factor)
         while True:
             step = self._next_step_everywhere()
             if step is None:
@@ -183,6 +188,12 @@ class ZephonDataLoader(BaseDataLoader):
                     self.last_step = record  # the step's last microbatch is consumed with this one
                     self._steps_done += 1
                 yield batch
+
+    def _announce_backend(self) -> None:
+        """Choose the backend (loaded in the background since __init__, while the model was built) and
+        say which, once per rank: a fallback, or tokenizer_backend = fastokens refused, before step 1."""
+        self.spec.tokenizer.select_backend()
+        logger.info(f"zephon_titan: tokenizer backend {self.spec.tokenizer.backend_reason}")
 
     def _next_step_everywhere(self):
         """The next step's rows, or None on every rank once any lane of the run is exhausted.
