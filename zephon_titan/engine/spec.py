@@ -132,13 +132,16 @@ def portable(spec: EngineSpec) -> PortableSpec:
 def spec_from_portable(data: PortableSpec) -> EngineSpec:
     from tokenizers import Tokenizer
 
-    from zephon_titan.engine.tokenize import SpecialTokenChoice
+    from zephon_titan.engine.tokenize import BackendLoad, SpecialTokenChoice
 
+    backend = data["config"]["tokenizer_backend"]
+    loading = BackendLoad(data["tokenizer"], backend)  # alongside the reference's load, not after it
     tokenizer = DocumentTokenizer(
         Tokenizer.from_str(data["tokenizer"]),
         SpecialTokenChoice(*data["bos"]),
         SpecialTokenChoice(*data["eos"]),
-        data["config"]["tokenizer_backend"],
+        backend,
+        loading,
     )
     return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
 

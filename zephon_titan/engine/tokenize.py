@@ -43,12 +43,14 @@ class DocumentTokenizer:
         bos: SpecialTokenChoice | int | None = None,
         eos: SpecialTokenChoice | int | None = None,
         backend: str = "auto",
+        loading: BackendLoad | None = None,
     ):
+        """`loading`: the backend's load, started before the reference was (worker processes)."""
         self.tokenizer = tokenizer
         self.backend_setting = backend
         self._reference = ReferenceBackend(tokenizer)
         self._backend: Backend | None = None  # chosen at the first encode, in the process that encodes
-        self._loading: _BackendLoad | None = None  # start_backend(): the backend being loaded meanwhile
+        self._loading = loading  # the backend being loaded meanwhile (start_backend(), or given)
         self._done_by_reference: list[tuple[str, np.ndarray]] = []  # while it loads: (text, ids) to check it on
         self.backend_reason = ""
         self._verify_left = tokenizer_backends.VERIFY_DOCUMENTS
@@ -87,12 +89,12 @@ class DocumentTokenizer:
         the backend is then checked first on those same documents. Idempotent. Measured in process (one
         rank, 8 lanes, GPT-2): the first batch 0.71-0.74 s -> 0.49-0.57 s, at the same throughput."""
         if self._backend is None and self._loading is None:
-            self._loading = _BackendLoad(self.tokenizer, self.backend_setting)
+            self._loading = BackendLoad(self.tokenizer, self.backend_setting)
 
     def _adopt_loaded(self) -> None:
         """Take the background load's result and check it on the documents the reference did meanwhile."""
         assert self._loading is not None
-        self._take(*self._loading.result())  # raises the ConfigError of tokenizer_backend = fastokens
+        self._take(*self._loading.result(self.tokenizer))  # raises the ConfigError of tokenizer_backend = fastokens
         self._loading = None
         done, self._done_by_reference = self._done_by_reference, []
         if done and self._backend is not self._reference:
@@ -201,23 +203,24 @@ class DocumentTokenizer:
         return self._digest
 
 
-class _BackendLoad:
-    """The fast backend loaded in a thread (fastokens loads without holding the GIL).
+class BackendLoad:
+    """A tokenizer backend loaded in a thread (fastokens loads without holding the GIL).
 
-    Only the load: its probe check runs in the thread that encodes (`select_backend(loaded=...)`),
-    so one thread at a time uses the tokenizers."""
+    Only the load: the probe check runs in the thread that encodes (`result()`), so one thread at a
+    time uses the tokenizers. `source` is the tokenizer.json's text, or the reference Tokenizer to
+    take it from (in the thread)."""
 
-    def __init__(self, tokenizer: Tokenizer, setting: str):
-        self._tokenizer, self._setting = tokenizer, setting
+    def __init__(self, source: str | Tokenizer, setting: str):
+        self._source, self._setting = source, setting
         self._loaded: tokenizer_backends.FastBackend | Exception | None = None
         # Not a daemon: at exit, Python would stop a daemon thread inside fastokens' Rust code (an abort).
         self._thread = threading.Thread(target=self._run, name="zephon-backend-load")
         self._thread.start()
 
     def _run(self) -> None:
-        if self._setting == "tokenizers":
-            return
-        self._loaded = tokenizer_backends.load_fast(self._tokenizer.to_str())
+        if self._setting != "tokenizers":
+            text = self._source if isinstance(self._source, str) else self._source.to_str()
+            self._loaded = tokenizer_backends.load_fast(text)
 
     def done(self) -> bool:
         return not self._thread.is_alive()
@@ -225,7 +228,8 @@ class _BackendLoad:
     def join(self) -> None:
         self._thread.join()
 
-    def result(self) -> tuple[Backend, str]:
-        """The backend and why, after the probe check (raises the ConfigError of tokenizer_backend = fastokens)."""
+    def result(self, tokenizer: Tokenizer) -> tuple[Backend, str]:
+        """The backend and why, after the probe check against `tokenizer` (raises the ConfigError of
+        tokenizer_backend = fastokens)."""
         self._thread.join()
-        return tokenizer_backends.select_backend(self._tokenizer, self._setting, announce=False, loaded=self._loaded)
+        return tokenizer_backends.select_backend(tokenizer, self._setting, announce=False, loaded=self._loaded)
