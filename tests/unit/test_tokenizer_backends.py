@@ -26,6 +26,7 @@ from zephon_titan.engine.tokenizer_backends import (
     FastBackend,
     ReferenceBackend,
     first_difference,
+    load_fast,
     probe_texts,
     select_backend,
 )
@@ -97,11 +98,11 @@ def test_a_broken_fast_tokenizer_is_caught_by_the_probe_check(tokenizer_dir, cap
     reference = load_tokenizer(tokenizer_dir).tokenizer
     broken = _broken_json(tokenizer_dir)
     with caplog.at_level(logging.INFO, logger="zephon_titan"):
-        backend, reason = select_backend(reference, "auto", fast_json=broken)
+        backend, reason = select_backend(reference, "auto", loaded=load_fast(broken))
     assert backend.name == "tokenizers" and "fastokens gives other ids than tokenizers for the probe text" in reason
     assert "tokenizing with tokenizers, not fastokens" in caplog.text
     with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens gives other ids"):
-        select_backend(reference, "fastokens", fast_json=broken)
+        select_backend(reference, "fastokens", loaded=load_fast(broken))
     # Control: the unbroken tokenizer passes the same check.
     assert select_backend(reference, "auto")[0].name == "fastokens"
 

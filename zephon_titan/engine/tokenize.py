@@ -70,10 +70,7 @@ class DocumentTokenizer:
     def select_backend(self, announce: bool = True) -> str:
         """Choose the backend now (probe check included); returns its name. Idempotent."""
         if self._loading is not None:  # start_backend() began it: wait for it
-            self._loading.join()
-            self._adopt_loaded()
-            if announce and self._backend is self._reference and self.backend_setting != "tokenizers":
-                tokenizer_backends.announce_fallback(self.backend_reason)
+            self._adopt_loaded(announce)
         if self._backend is None:
             self._take(*tokenizer_backends.select_backend(self.tokenizer, self.backend_setting, announce=announce))
         assert self._backend is not None
@@ -91,10 +88,10 @@ class DocumentTokenizer:
         if self._backend is None and self._loading is None:
             self._loading = BackendLoad(self.tokenizer, self.backend_setting)
 
-    def _adopt_loaded(self) -> None:
+    def _adopt_loaded(self, announce: bool = False) -> None:
         """Take the background load's result and check it on the documents the reference did meanwhile."""
         assert self._loading is not None
-        self._take(*self._loading.result(self.tokenizer))  # raises the ConfigError of tokenizer_backend = fastokens
+        self._take(*self._loading.result(self.tokenizer, announce))  # raises tokenizer_backend = fastokens' ConfigError
         self._loading = None
         done, self._done_by_reference = self._done_by_reference, []
         if done and self._backend is not self._reference:
@@ -228,8 +225,8 @@ class BackendLoad:
     def join(self) -> None:
         self._thread.join()
 
-    def result(self, tokenizer: Tokenizer) -> tuple[Backend, str]:
+    def result(self, tokenizer: Tokenizer, announce: bool) -> tuple[Backend, str]:
         """The backend and why, after the probe check against `tokenizer` (raises the ConfigError of
-        tokenizer_backend = fastokens)."""
+        tokenizer_backend = fastokens); `announce`: log a fallback."""
         self._thread.join()
-        return tokenizer_backends.select_backend(tokenizer, self._setting, announce=False, loaded=self._loaded)
+        return tokenizer_backends.select_backend(tokenizer, self._setting, announce=announce, loaded=self._loaded)

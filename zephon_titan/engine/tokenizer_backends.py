@@ -119,18 +119,14 @@ def load_fast(tokenizer_json: str) -> FastBackend | Exception:
 
 
 def select_backend(
-    tokenizer: Tokenizer,
-    setting: str,
-    fast_json: str | None = None,
-    announce: bool = True,
-    loaded: FastBackend | Exception | None = None,
+    tokenizer: Tokenizer, setting: str, announce: bool = True, loaded: FastBackend | Exception | None = None
 ) -> tuple[Backend, str]:
     """The backend for `setting` and why, after the probe check. `loaded`: load_fast()'s result when
-    it was loaded already; `fast_json` (tests) loads it from another tokenizer.json than the reference's."""
+    it was loaded already (from the reference's tokenizer.json, or in tests another one)."""
     reference = ReferenceBackend(tokenizer)
     if setting == "tokenizers":
         return reference, "[dataloader] tokenizer_backend = tokenizers"
-    fast = loaded if loaded is not None else load_fast(fast_json if fast_json is not None else tokenizer.to_str())
+    fast = loaded if loaded is not None else load_fast(tokenizer.to_str())
     if isinstance(fast, ImportError):
         reason = "fastokens is not installed (pip install 'zephon-titan[fast]')"
         return _fall_back(reference, setting, reason, announce)
@@ -158,14 +154,8 @@ def _fall_back(reference: Backend, setting: str, reason: str, announce: bool) ->
             'use tokenizer_backend = "auto" (falls back to tokenizers) or "tokenizers"'
         )
     if announce:
-        announce_fallback(f"tokenizers ({reason})")
+        log.info("zephon_titan: tokenizing with tokenizers, not fastokens: %s", reason)
     return reference, f"tokenizers ({reason})"
-
-
-def announce_fallback(reason: str) -> None:
-    """One log line for a fallback `reason` ("tokenizers (why)", as select_backend returns it)."""
-    why = reason.removeprefix("tokenizers (").removesuffix(")")
-    log.info("zephon_titan: tokenizing with tokenizers, not fastokens: %s", why)
 
 
 def default_threads(num_workers: int) -> int:
