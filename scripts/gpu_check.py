@@ -176,13 +176,15 @@ def _copy_seconds(batch, device, pinned: bool, repeats: int = 20) -> float | Non
 
 
 def run(args) -> dict:
+    from zephon_titan.cpu import use_sdpa_attention
+
     if args.cpu:
         from zephon_titan.cpu import install_cpu_device, prepare_cpu_config
 
         install_cpu_device()
         prepare = prepare_cpu_config
     else:
-        prepare = None
+        prepare = use_sdpa_attention if args.attn == "sdpa" else None
     from zephon_titan.titan.job import load_job
 
     root = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
@@ -200,22 +202,69 @@ def run(args) -> dict:
     trainer = config.build()
     try:
         trainer.train()
-        batch = trainer.first_batch
-        device = trainer.device
-        steady = trainer.step_seconds[2:] or trainer.step_seconds  # the first steps compile and warm up
-        waits = trainer.wait_seconds[2:] or trainer.wait_seconds
-        result = {
-            "loader": args.loader,
-            "device": str(device),
-            "steps": len(trainer.step_seconds),
-            "median_step_s": statistics.median(steady),
-            "data_wait_fraction": sum(waits) / sum(steady),
-            "copy_pageable_s": _copy_seconds(batch, device, pinned=False),
-            "copy_pinned_s": _copy_seconds(batch, device, pinned=True),
-            "tokens_per_step": job.global_batch_size * job.seq_len,
-        }
+        return _result(args, trainer.device, trainer.first_batch, trainer.step_seconds, trainer.wait_seconds,
+                       job.global_batch_size * job.seq_len, trainer="torchtitan")  # fmt: skip
     finally:
         trainer.close()
+
+
+def run_plain(args) -> dict:
+    """The same job without TorchTitan's trainer (scripts/plain_loop.py says why and what)."""
+    import plain_loop
+    import torch
+
+    from zephon_titan.config import config_from_dict
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+    from zephon_titan.titan.tokenizer import load_hf_tokenizer
+    from zephon_titan.toml_file import load_toml
+
+    root = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
+    document = load_toml(write_job(root, args.steps, args.cpu))
+    training, table = document["training"], dict(document["dataloader"])
+    table.pop("ledger", None)
+    device = torch.device("cpu" if args.cpu else "cuda")
+    loader = ZephonDataLoader.Config(
+        data=config_from_dict(table), ledger=False, global_batch_size=training["global_batch_size"]
+    ).build(
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=load_hf_tokenizer(document["hf_assets_path"]),
+        seq_len=training["seq_len"],
+        local_batch_size=training["local_batch_size"],
+    )
+    try:
+        batches = iter(loader)
+        if args.loader == "premade":
+            batch = next(batches)
+            loader.close()
+            batches = iter(lambda: batch, None)
+        microbatches = training["global_batch_size"] // training["local_batch_size"]
+        shape = plain_loop.TINY if args.cpu else plain_loop.Shape(vocab_size=document["model"]["vocab_size"])
+        timed = plain_loop.train(batches, training["steps"], microbatches, shape, device)
+    finally:
+        loader.close()
+    return _result(args, device, timed["first_batch"], timed["step_seconds"], timed["wait_seconds"],
+                   training["global_batch_size"] * training["seq_len"], trainer="plain PyTorch loop")  # fmt: skip
+
+
+def _result(args, device, batch, step_seconds, wait_seconds, tokens_per_step: int, trainer: str) -> dict:
+    import torch
+
+    steady = step_seconds[2:] or step_seconds  # the first steps compile and warm up
+    waits = wait_seconds[2:] or wait_seconds
+    result = {
+        "loader": args.loader,
+        "trainer": trainer,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+        "attention": "sdpa" if args.cpu or trainer != "torchtitan" else args.attn,
+        "torch": torch.__version__,
+        "steps": len(step_seconds),
+        "median_step_s": statistics.median(steady),
+        "data_wait_fraction": sum(waits) / sum(steady),
+        "copy_pageable_s": _copy_seconds(batch, device, pinned=False),
+        "copy_pinned_s": _copy_seconds(batch, device, pinned=True),
+        "tokens_per_step": tokens_per_step,
+    }
     if int(os.environ.get("RANK", "0")) == 0:
         with open(args.out, "w") as f:
             json.dump(result, f)
@@ -229,12 +278,12 @@ def report(paths: list[str]) -> str:
         return "n/a (CPU)" if v is None else f"{v * 1000:.2f} ms"
 
     lines = [
-        "| loader | device | median step | data wait (of step) | tokens/s | H2D copy, pageable | H2D copy, pinned |",
-        "|---|---|---|---|---|---|---|",
+        "| loader | trainer | device (torch, attention) | median step | data wait (of step) | tokens/s | H2D copy, pageable | H2D copy, pinned |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['loader']} | {r['device']} | {r['median_step_s']:.3f} s | {r['data_wait_fraction']:.1%} | "
+            f"| {r['loader']} | {r.get('trainer', 'torchtitan')} | {r['device']} ({r.get('torch', '?')}, {r.get('attention', '?')}) | {r['median_step_s']:.3f} s | {r['data_wait_fraction']:.1%} | "
             f"{r['tokens_per_step'] / r['median_step_s']:,.0f} | {ms(r['copy_pageable_s'])} | {ms(r['copy_pinned_s'])} |"
         )
     by = {r["loader"]: r for r in rows}
@@ -249,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loader", choices=["zephon", "premade"], default="zephon", help="what feeds the trainer")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps (the first 2 are not timed)")
     p.add_argument("--cpu", action="store_true", help="dry run on CPU: the debug model, tiny rows")
+    p.add_argument(
+        "--trainer",
+        choices=["torchtitan", "plain"],
+        default="torchtitan",
+        help="plain: our loader feeds a Llama-3 1B-shaped model in a plain loop (torch older than 2.14)",
+    )
+    p.add_argument("--attn", choices=["flex", "sdpa"], default="flex", help="the model's attention (GPU run)")
     p.add_argument("--workdir", help="where the demo corpus and job go (default: a new temporary directory)")
     p.add_argument("--out", default="gpu_check.json", help="result file (JSON)")
     p.add_argument("--report", nargs="+", metavar="RESULT", help="print the table of these result files")
@@ -256,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         print(report(args.report))
         return 0
-    print(json.dumps(run(args)))
+    print(json.dumps(run_plain(args) if args.trainer == "plain" else run(args)))
     return 0
 
 

@@ -42,8 +42,8 @@ def install_cpu_device() -> None:
     cpu.current_device = lambda: 0  # type: ignore[assignment,return-value]
 
 
-def prepare_cpu_config(config):
-    """SDPA attention and replicate-only data parallelism over all ranks."""
+def use_sdpa_attention(config):
+    """Swap the model's Flex attention for SDPA (Flex needs a GPU compiler)."""
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 
     for _, _, parent, attr in list(config.model_spec.model.traverse(FlexAttention.Config)):
@@ -51,6 +51,12 @@ def prepare_cpu_config(config):
             parent[attr] = ScaledDotProductAttention.Config()
         elif parent is not None:
             setattr(parent, attr, ScaledDotProductAttention.Config())
+    return config
+
+
+def prepare_cpu_config(config):
+    """SDPA attention and replicate-only data parallelism over all ranks."""
+    use_sdpa_attention(config)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     config.parallelism.data_parallel_replicate_degree = world
     config.parallelism.data_parallel_shard_degree = 1

@@ -11,6 +11,7 @@ EOFError, at any message size.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import select
@@ -20,6 +21,20 @@ from typing import Any
 
 _HEADER = struct.Struct("!Q")  # payload length
 _READ_BYTES = 1 << 20
+
+
+_PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+
+
+def widen(fd: int) -> None:
+    """Let the pipe hold up to 1 MiB (64 KiB by default): a worker then writes a whole step of rows
+    ahead (a lane's row at seq_len 2048 is ~26 KB) while the trainer computes, and the consumer reads
+    it at the step boundary in one go, instead of waiting while it trickles through 64 KiB at a time.
+    Best effort: a system with a lower limit keeps a smaller pipe, which is only slower."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+    except OSError:
+        pass
 
 
 def send(fd: int, message: object) -> None:
@@ -37,19 +52,23 @@ class Inbox:
     def __init__(self, fd: int):
         self.fd = fd
         self._buffer = bytearray()
+        self._start = 0  # where the next message begins in _buffer (consumed bytes are dropped per read)
 
     def receive(self, writer_alive: Callable[[], bool], poll_seconds: float) -> Any:
         """The next message (unpickled: whatever the writer sent). Messages already in the pipe are
         delivered even if the writer has died since; EOFError once it is gone (exited, killed, or
         closed its end) with no whole message left."""
         while True:
-            if len(self._buffer) >= _HEADER.size:
-                (size,) = _HEADER.unpack_from(self._buffer)
-                end = _HEADER.size + size
+            if len(self._buffer) - self._start >= _HEADER.size:
+                (size,) = _HEADER.unpack_from(self._buffer, self._start)
+                begin, end = self._start + _HEADER.size, self._start + _HEADER.size + size
                 if len(self._buffer) >= end:
-                    data = bytes(self._buffer[_HEADER.size : end])
-                    del self._buffer[:end]
-                    return pickle.loads(data)
+                    with memoryview(self._buffer) as view:  # no copy of the message, no shifting of the rest
+                        message = pickle.loads(view[begin:end])
+                    self._start = end
+                    return message
+            del self._buffer[: self._start]  # once per read, not once per message
+            self._start = 0
             ready, _, _ = select.select([self.fd], [], [], poll_seconds)
             if ready:
                 chunk = os.read(self.fd, _READ_BYTES)

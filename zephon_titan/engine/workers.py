@@ -219,6 +219,7 @@ class ProcessLaneGroup:
         for w in range(workers):
             mine = self._lanes_of(w)
             reader, writer = ctx.Pipe(duplex=False)
+            channel.widen(reader.fileno())
             start_reader, start_writer = ctx.Pipe(duplex=False)
             credits = ctx.Semaphore(prefetch_steps * len(mine))
             proc = ctx.Process(
