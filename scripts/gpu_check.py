@@ -49,7 +49,7 @@ enable = false
 log_freq = 5
 [dataloader]
 num_lanes = 64
-num_workers = 2
+num_workers = {workers}
 ledger = false
 """
 
@@ -71,7 +71,7 @@ enable = false
 log_freq = 1
 [dataloader]
 num_lanes = 2
-num_workers = 2
+num_workers = {workers}
 ledger = false
 """
 
@@ -86,12 +86,12 @@ block_bytes = 32768
 """
 
 
-def write_job(root: str, steps: int, cpu: bool) -> str:
+def write_job(root: str, steps: int, cpu: bool, workers: int = 2) -> str:
     import demo
 
     demo.build_corpus(root)
     text = (CPU_JOB if cpu else GPU_JOB).format(
-        tokenizer=os.path.join(root, "tokenizer"), dump=os.path.join(root, "run"), steps=steps
+        tokenizer=os.path.join(root, "tokenizer"), dump=os.path.join(root, "run"), steps=steps, workers=workers
     ) + SOURCES.format(root=root)
     path = os.path.join(root, "gpu_check.toml")
     with open(path, "w") as f:
@@ -188,7 +188,7 @@ def run(args) -> dict:
     from zephon_titan.titan.job import load_job
 
     root = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
-    job = load_job(write_job(root, args.steps, args.cpu), [], prepare)
+    job = load_job(write_job(root, args.steps, args.cpu, args.workers), [], prepare)
     job.preflight(int(os.environ.get("WORLD_SIZE", "1")))
     trainer_class, premade_class = _timed_classes()
     config = job.config
@@ -208,30 +208,40 @@ def run(args) -> dict:
         trainer.close()
 
 
-def run_plain(args) -> dict:
-    """The same job without TorchTitan's trainer (scripts/plain_loop.py says why and what)."""
-    import plain_loop
-    import torch
-
+def build_loader(root: str, steps: int, cpu: bool, workers: int):
+    """Our loader for the job gpu_check writes, built as the trainer builds it, without the trainer:
+    the [dataloader] table, TorchTitan's HuggingFaceTokenizer, `ZephonDataLoader.Config.build(...)`.
+    Returns the loader and the job's TOML document."""
     from zephon_titan.config import config_from_dict
     from zephon_titan.titan.dataloader import ZephonDataLoader
     from zephon_titan.titan.tokenizer import load_hf_tokenizer
     from zephon_titan.toml_file import load_toml
 
-    root = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
-    document = load_toml(write_job(root, args.steps, args.cpu))
+    document = load_toml(write_job(root, steps, cpu, workers))
     training, table = document["training"], dict(document["dataloader"])
     table.pop("ledger", None)
-    device = torch.device("cpu" if args.cpu else "cuda")
-    loader = ZephonDataLoader.Config(
+    config = ZephonDataLoader.Config(
         data=config_from_dict(table), ledger=False, global_batch_size=training["global_batch_size"]
-    ).build(
+    )
+    loader = config.build(
         dp_world_size=1,
         dp_rank=0,
         tokenizer=load_hf_tokenizer(document["hf_assets_path"]),
         seq_len=training["seq_len"],
         local_batch_size=training["local_batch_size"],
     )
+    return loader, document
+
+
+def run_plain(args) -> dict:
+    """The same job without TorchTitan's trainer (scripts/plain_loop.py says why and what)."""
+    import plain_loop
+    import torch
+
+    root = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
+    loader, document = build_loader(root, args.steps, args.cpu, args.workers)
+    training = document["training"]
+    device = torch.device("cpu" if args.cpu else "cuda")
     try:
         batches = iter(loader)
         if args.loader == "premade":
@@ -243,8 +253,9 @@ def run_plain(args) -> dict:
         timed = plain_loop.train(batches, training["steps"], microbatches, shape, device)
     finally:
         loader.close()
+    tokens_per_step = training["global_batch_size"] * training["seq_len"]
     return _result(args, device, timed["first_batch"], timed["step_seconds"], timed["wait_seconds"],
-                   training["global_batch_size"] * training["seq_len"], trainer="plain PyTorch loop")  # fmt: skip
+                   tokens_per_step, trainer="plain PyTorch loop")  # fmt: skip
 
 
 def _result(args, device, batch, step_seconds, wait_seconds, tokens_per_step: int, trainer: str) -> dict:
@@ -254,6 +265,7 @@ def _result(args, device, batch, step_seconds, wait_seconds, tokens_per_step: in
     waits = wait_seconds[2:] or wait_seconds
     result = {
         "loader": args.loader,
+        "workers": args.workers,
         "trainer": trainer,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
         "attention": "sdpa" if args.cpu or trainer != "torchtitan" else args.attn,
@@ -283,13 +295,17 @@ def report(paths: list[str]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r['loader']} | {r.get('trainer', 'torchtitan')} | {r['device']} ({r.get('torch', '?')}, {r.get('attention', '?')}) | {r['median_step_s']:.3f} s | {r['data_wait_fraction']:.1%} | "
+            f"| {r['loader']}, {r.get('workers', 2)} workers | {r.get('trainer', 'torchtitan')} | {r['device']} ({r.get('torch', '?')}, {r.get('attention', '?')}) | {r['median_step_s']:.3f} s | {r['data_wait_fraction']:.1%} | "
             f"{r['tokens_per_step'] / r['median_step_s']:,.0f} | {ms(r['copy_pageable_s'])} | {ms(r['copy_pinned_s'])} |"
         )
-    by = {r["loader"]: r for r in rows}
-    if "zephon" in by and "premade" in by:
-        ratio = by["zephon"]["median_step_s"] / by["premade"]["median_step_s"]
-        lines.append(f"\nstep time with our loader / with pre-made batches: {ratio:.3f}")
+    premade = [r for r in rows if r["loader"] == "premade"]
+    lines += [""] if premade else []
+    for r in rows:
+        if premade and r["loader"] == "zephon":
+            ratio = r["median_step_s"] / premade[0]["median_step_s"]
+            lines.append(
+                f"step time with our loader ({r.get('workers', 2)} workers) / with pre-made batches: {ratio:.3f}"
+            )
     return "\n".join(lines)
 
 
@@ -304,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         default="torchtitan",
         help="plain: our loader feeds a Llama-3 1B-shaped model in a plain loop (torch older than 2.14)",
     )
+    p.add_argument("--workers", type=int, default=2, help="[dataloader] num_workers (0: in process)")
     p.add_argument("--attn", choices=["flex", "sdpa"], default="flex", help="the model's attention (GPU run)")
     p.add_argument("--workdir", help="where the demo corpus and job go (default: a new temporary directory)")
     p.add_argument("--out", default="gpu_check.json", help="result file (JSON)")

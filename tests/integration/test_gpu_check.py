@@ -34,4 +34,4 @@ def test_gpu_check_dry_run_on_cpu(tmp_path, trainer):
         )
         assert r["median_step_s"] > 0 and 0 <= r["data_wait_fraction"] < 1
         assert r["copy_pinned_s"] is None  # no device to copy to
-    assert "step time with our loader / with pre-made batches:" in out.stdout
+    assert "step time with our loader (2 workers) / with pre-made batches:" in out.stdout
