@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from zephon_titan.engine import channel
 
 
-def _pipe() -> tuple[int, int]:
+def _pipe(needed: int = 1 << 20) -> tuple[int, int]:
     reader, writer = os.pipe()
-    channel.widen(reader)
+    channel.widen(reader, needed)
     return reader, writer
 
 
@@ -62,15 +62,25 @@ def test_a_dead_writer_is_noticed_while_the_pipe_stays_open():
     os.close(writer)
 
 
-def test_a_widened_pipe_holds_a_step_of_rows():
-    reader, writer = _pipe()
-    try:
-        import fcntl
+def _pipe_size(fd: int) -> int:
+    import fcntl
 
-        size = fcntl.fcntl(reader, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+    return fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032))
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 8, 32, 64])
+def test_a_pipe_holds_a_step_of_rows_and_no_more_than_it_needs(lanes):
+    """Sized to a worker's step at seq_len 2048 (pipe sizes are powers of two pages), within the
+    system's maximum; pipe buffers count against a per-user limit, so a small step keeps the default."""
+    from zephon_titan.engine.workers import step_bytes
+
+    needed = step_bytes(2048, lanes)
+    reader, writer = _pipe(needed)
+    try:
         with open("/proc/sys/fs/pipe-max-size") as f:
-            limit = int(f.read())
-        assert size == min(1 << 20, limit)
+            limit = min(int(f.read()), 1 << 20)
+        size = _pipe_size(reader)
+        assert size >= min(needed, limit) and size <= max(2 * needed, 1 << 16)
     finally:
         os.close(reader)
         os.close(writer)

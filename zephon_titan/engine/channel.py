@@ -23,16 +23,21 @@ _HEADER = struct.Struct("!Q")  # payload length
 _READ_BYTES = 1 << 20
 
 
-_PIPE_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+_PIPE_MAX_BYTES = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+_PIPE_DEFAULT_BYTES = 1 << 16
 
 
-def widen(fd: int) -> None:
-    """Let the pipe hold up to 1 MiB (64 KiB by default): a worker then writes a whole step of rows
-    ahead (a lane's row at seq_len 2048 is ~26 KB) while the trainer computes, and the consumer reads
-    it at the step boundary in one go, instead of waiting while it trickles through 64 KiB at a time.
-    Best effort: a system with a lower limit keeps a smaller pipe, which is only slower."""
+def widen(fd: int, needed: int) -> None:
+    """Let the pipe hold `needed` bytes (at most 1 MiB; 64 KiB by default), so that a worker writes a
+    whole step of rows ahead while the trainer computes and the consumer reads it at the step boundary
+    in one go, instead of waiting while it trickles through 64 KiB at a time. Sized to the need, not to
+    the maximum: pipe buffers count against a per-user limit (pipe-user-pages-soft, 64 MiB by default),
+    past which the user's new pipes get one page. Best effort: where the system refuses, the pipe stays
+    as it is, which is only slower."""
+    if needed <= _PIPE_DEFAULT_BYTES:
+        return
     try:
-        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), min(needed, _PIPE_MAX_BYTES))
     except OSError:
         pass
 

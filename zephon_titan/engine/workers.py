@@ -183,6 +183,12 @@ class StopFlag:
         return bool(self._value.value)
 
 
+def step_bytes(seq_len: int, rows: int) -> int:
+    """About what one step of `rows` rows weighs in a worker's pipe: three int32 arrays per row (inputs,
+    labels, positions) and ~1 KB of pieces and lane state."""
+    return rows * (3 * 4 * seq_len + 1024)
+
+
 class ProcessLaneGroup:
     """The same interface as LaneGroup, with lanes produced by `workers` processes."""
 
@@ -219,7 +225,7 @@ class ProcessLaneGroup:
         for w in range(workers):
             mine = self._lanes_of(w)
             reader, writer = ctx.Pipe(duplex=False)
-            channel.widen(reader.fileno())
+            channel.widen(reader.fileno(), step_bytes(spec.seq_len, len(mine) * rows_per_step))
             start_reader, start_writer = ctx.Pipe(duplex=False)
             credits = ctx.Semaphore(prefetch_steps * len(mine))
             proc = ctx.Process(
