@@ -31,8 +31,9 @@ def test_messages_arrive_whole_and_in_order(sizes, seed):
     sender.start()
     try:
         inbox = channel.Inbox(reader)
-        for kind, i, array in messages:
-            got_kind, got_i, got_array = inbox.receive(lambda: True, 0.05)
+        # All received first: a message must not share memory with the buffer that later reads reuse.
+        received = [inbox.receive(lambda: True, 0.05) for _ in messages]
+        for (kind, i, array), (got_kind, got_i, got_array) in zip(messages, received):
             assert (got_kind, got_i) == (kind, i)
             np.testing.assert_array_equal(got_array, array)
     finally:
