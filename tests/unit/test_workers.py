@@ -1,10 +1,12 @@
 """Worker processes: a pure performance knob, consumer-side state, clean shutdown, clear failures."""
 
+import gc
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -39,12 +41,42 @@ def test_restart_from_consumed_state_continues_exactly(corpus_dir, tokenizer_dir
         assert [rows_digest(r) for r in got] == [rows_digest(r) for r in want]
 
 
+def _receiving_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "zephon-receive"]
+
+
 def test_close_leaves_no_process(corpus_dir, tokenizer_dir):
     spec = make_spec(corpus_dir, tokenizer_dir)
     group = open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1)
-    group.next_step()  # workers now block on their full queues
+    group.next_step()  # workers now block on their full queues, the receiving thread on its full one
     group.close()
     assert not mp.active_children()
+    assert not _receiving_threads()
+
+
+def test_the_next_step_is_received_while_the_consumer_computes(corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    with open_lane_group(spec, range(8), 2, num_workers=2) as group:
+        group.next_step()
+        deadline = time.time() + 60
+        while group._collector._steps.qsize() == 0 and time.time() < deadline:
+            time.sleep(0.01)  # the trainer's step
+        assert group._collector._steps.qsize() == 1  # taken from the pipes already, ready when asked for
+        assert {s.rows for s in group.state().values()} == {2}  # and not counted as consumed
+
+
+def test_a_group_nobody_closes_is_collected_with_its_workers(corpus_dir, tokenizer_dir):
+    # The receiving thread must not keep its group alive: a trainer that drops its loader still stops them.
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    group = open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1)
+    procs = list(group._procs)
+    group.next_step()
+    del group
+    gc.collect()
+    for proc in procs:
+        proc.join(timeout=30)
+    assert all(p.exitcode is not None for p in procs)
+    assert not _receiving_threads()
 
 
 def test_a_group_closed_before_its_workers_have_started_leaves_no_process(corpus_dir, tokenizer_dir):
@@ -63,8 +95,7 @@ def test_a_killed_worker_is_a_clear_error_not_a_hang(corpus_dir, tokenizer_dir):
     with open_lane_group(spec, range(8), 2, num_workers=2, prefetch_factor=1) as group:
         group.next_step()
         victim = group._procs[1]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.join(timeout=10)
+        os.kill(victim.pid, signal.SIGKILL)  # not joined here: the group's receiving thread reaps it
         with pytest.raises(DataError, match=r"loader worker 1 \(lanes \[1, 3, 5, 7\]\) died with exit code -9"):
             for _ in range(5):  # steps already queued drain first
                 group.next_step()
@@ -77,6 +108,8 @@ def test_an_error_inside_a_worker_reaches_the_consumer(tmp_path, corpus_dir, tok
     spec = make_spec(corpus_dir, tokenizer_dir, sources=sources, num_lanes=2)
     with open_lane_group(spec, range(2), 2, num_workers=2) as group:
         with pytest.raises(DataError, match=r"bad.jsonl line 2 \(at byte 17\): line is not valid JSON"):
+            group.next_step()
+        with pytest.raises(DataError, match=r"bad.jsonl line 2"):  # the same error again, never a hang
             group.next_step()
 
 

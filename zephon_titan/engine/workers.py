@@ -2,10 +2,10 @@
 
 Each worker process rebuilds the spec, owns every N-th lane of the rank, and
 produces R rows per lane per step, each row with the lane state right after it,
-into its own pipe, at most `prefetch_steps` steps ahead (a semaphore of credits). The
-consumer takes the lanes in canonical order, so rows never depend on the number of
-workers or the prefetch depth, and the state it reports is that of the rows it handed
-out, never the prefetcher's. Workers are started with `spawn` (safe beside CUDA and
+into its own pipe, at most `prefetch_steps` steps ahead (a semaphore of credits). A thread
+of the consumer (StepCollector) takes the lanes in canonical order, one step ahead of the
+trainer, so rows never depend on the number of workers or the prefetch depth; the state the
+group reports is that of the rows it handed out, never the prefetcher's. Workers are started with `spawn` (safe beside CUDA and
 threads) and `close()` (also run at garbage collection and interpreter exit) stops and
 joins them.
 
@@ -31,6 +31,7 @@ import ctypes
 import multiprocessing as mp
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
@@ -38,7 +39,7 @@ import time
 import traceback
 import types
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
 _POLL_SECONDS = 1.0
+_COLLECT_POLL_SECONDS = 0.05  # how soon the receiving thread notices a close (it must stop before the pipes close)
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
@@ -189,6 +191,69 @@ def step_bytes(seq_len: int, rows: int) -> int:
     return rows * (3 * 4 * seq_len + 1024)
 
 
+class StepCollector:
+    """Receives whole steps from the workers' pipes in a thread, one step ahead of the consumer.
+
+    Taking a step from the pipes costs the trainer process ~5 ms (64 lanes of 2048-token rows: reading
+    and unpickling); done here while the trainer computes, the step is ready when asked for. Measured
+    with benchmarks/handoff.py. A failure (a worker's error, a dead worker, an exhausted lane) is handed
+    over in order and raised by `next_step`, then again at every later call. The collector holds no
+    reference to its group, so a group nobody closed is still collected (and its workers stopped)."""
+
+    def __init__(self, lane_ids: list[int], receive: Callable[[int, Callable[[], bool]], Any]):
+        self._lane_ids = lane_ids
+        self._receive = receive
+        self._steps: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=1)
+        self._closing = threading.Event()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="zephon-receive", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        def open_() -> bool:
+            return not self._closing.is_set()
+
+        try:
+            while open_():
+                self._put(("step", [self._receive(lane, open_) for lane in self._lane_ids]))
+        except _Closing:
+            pass
+        except BaseException as e:  # every failure is the consumer's to raise, in order
+            if open_():
+                self._put(("error", e))
+
+    def _put(self, item: tuple[str, Any]) -> None:
+        while not self._closing.is_set():
+            try:
+                self._steps.put(item, timeout=_COLLECT_POLL_SECONDS)
+                return
+            except queue.Full:
+                continue
+
+    def next_step(self) -> list[list[tuple[Row, LaneState]]]:
+        while self._failure is None:
+            try:
+                kind, value = self._steps.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                if not self._thread.is_alive():  # cannot happen while open: _run hands over its failure
+                    raise RuntimeError("the loader's receiving thread stopped") from None
+                continue
+            if kind == "step":
+                step: list[list[tuple[Row, LaneState]]] = value
+                return step
+            self._failure = value
+        raise self._failure
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it, before the pipes it reads are closed (a closed descriptor's
+        number can be reused at once by another open: a thread still reading it would read someone else's)."""
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 class ProcessLaneGroup:
     """The same interface as LaneGroup, with lanes produced by `workers` processes."""
 
@@ -253,7 +318,12 @@ class ProcessLaneGroup:
             self._inboxes.append(channel.Inbox(reader.fileno()))
             self._credits.append(credits)
             self._procs.append(proc)
-        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._readers + self._starts, self._procs)
+        lanes_of = {w: self._lanes_of(w) for w in range(workers)}
+        receive = _receiver(self._worker_of, self._inboxes, self._credits, self._procs, lanes_of)
+        self._collector = StepCollector(self.lane_ids, receive)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._collector, self._stop, self._readers + self._starts, self._procs
+        )
         # Sent from a thread: a child reads it only once its interpreter is up (~0.3 s), and the
         # constructor returns at once (the trainer builds its model meanwhile). start() sends after it.
         self._spec_sent = threading.Thread(
@@ -277,38 +347,15 @@ class ProcessLaneGroup:
                 conn.send(({lane: states[lane] for lane in self._lanes_of(w) if lane in states}, first_step))
             except OSError:  # the worker is gone: its pipe says why at the first receive
                 pass
+        self._collector.start()
 
     def _lanes_of(self, w: int) -> list[int]:
         return [lane for lane in self.lane_ids if self._worker_of[lane] == w]
 
-    def _receive(self, lane: int) -> list[tuple[Row, LaneState]]:
-        w = self._worker_of[lane]
-        try:
-            kind, got_lane, payload = self._inboxes[w].receive(self._procs[w].is_alive, _POLL_SECONDS)
-        except EOFError:
-            self._procs[w].join(timeout=5)  # it closed its pipe by exiting: collect the exit code
-            raise DataError(
-                f"loader worker {w} (lanes {self._lanes_of(w)}) died with exit code {self._procs[w].exitcode} "
-                "(killed? out of memory?); restart from the last checkpoint, or set [dataloader] num_workers = 0 to debug"
-            ) from None
-        self._credits[w].release()
-        if kind == "error":
-            name, text = payload
-            cls = getattr(errors, name, None)
-            cls = cls if isinstance(cls, type) and issubclass(cls, ZephonError) else DataError
-            where = f"lane {got_lane}" if got_lane is not None else f"lanes {self._lanes_of(w)}"
-            raise cls(f"{text} (in loader worker {w}, {where})") from None
-        if kind == "bug":
-            raise RuntimeError(f"loader worker {w} (lanes {self._lanes_of(w)}) failed:\n{payload}")
-        if got_lane != lane:
-            raise RuntimeError(f"loader worker {w} sent lane {got_lane}, expected lane {lane}")
-        if kind == "exhausted":
-            raise LaneExhausted
-        rows: list[tuple[Row, LaneState]] = payload  # a "rows" message (unpickled: not checked)
-        return rows
-
     def next_step_with_states(self) -> list[list[tuple[Row, LaneState]]]:
-        step = [self._receive(lane) for lane in self.lane_ids]
+        if not self._consumed:
+            raise RuntimeError("ProcessLaneGroup.start() first: the workers have no lane states yet")
+        step = self._collector.next_step()
         for lane, rows in zip(self.lane_ids, step):
             self._consumed[lane] = rows[-1][1]
         return step
@@ -329,8 +376,57 @@ class ProcessLaneGroup:
         self.close()
 
 
-def _shutdown(stop: StopFlag, readers: Iterable[Connection[Any, Any]], procs: Iterable[BaseProcess]) -> None:
+class _Closing(Exception):
+    """The group is closing: the receiving thread stops without a word."""
+
+
+def _receiver(
+    worker_of: dict[int, int],
+    inboxes: list[channel.Inbox],
+    credits: list[synchronize.Semaphore],
+    procs: Sequence[BaseProcess],
+    lanes_of: dict[int, list[int]],
+) -> Callable[[int, Callable[[], bool]], list[tuple[Row, LaneState]]]:
+    """`receive(lane, open_)`: the lane's next rows from its worker's pipe (for StepCollector; it holds
+    these parts, never the group)."""
+
+    def receive(lane: int, open_: Callable[[], bool]) -> list[tuple[Row, LaneState]]:
+        w = worker_of[lane]
+        proc = procs[w]
+        try:
+            kind, got_lane, payload = inboxes[w].receive(lambda: open_() and proc.is_alive(), _COLLECT_POLL_SECONDS)
+        except EOFError:
+            if not open_():
+                raise _Closing from None
+            proc.join(timeout=5)  # it closed its pipe by exiting: collect the exit code
+            raise DataError(
+                f"loader worker {w} (lanes {lanes_of[w]}) died with exit code {proc.exitcode} "
+                "(killed? out of memory?); restart from the last checkpoint, or set [dataloader] num_workers = 0 to debug"
+            ) from None
+        credits[w].release()
+        if kind == "error":
+            name, text = payload
+            cls = getattr(errors, name, None)
+            cls = cls if isinstance(cls, type) and issubclass(cls, ZephonError) else DataError
+            where = f"lane {got_lane}" if got_lane is not None else f"lanes {lanes_of[w]}"
+            raise cls(f"{text} (in loader worker {w}, {where})") from None
+        if kind == "bug":
+            raise RuntimeError(f"loader worker {w} (lanes {lanes_of[w]}) failed:\n{payload}")
+        if got_lane != lane:
+            raise RuntimeError(f"loader worker {w} sent lane {got_lane}, expected lane {lane}")
+        if kind == "exhausted":
+            raise LaneExhausted
+        rows: list[tuple[Row, LaneState]] = payload  # a "rows" message (unpickled: not checked)
+        return rows
+
+    return receive
+
+
+def _shutdown(
+    collector: StepCollector, stop: StopFlag, readers: Iterable[Connection[Any, Any]], procs: Iterable[BaseProcess]
+) -> None:
     stop.set()
+    collector.stop()  # before the pipes it reads are closed
     for reader in readers:  # a worker blocked writing to a full pipe gets BrokenPipeError and exits
         reader.close()
     for proc in procs:
