@@ -231,8 +231,12 @@ def test_the_trainers_loader_says_its_backend_before_the_first_batch(corpus_dir,
 
     with caplog.at_level(logging.INFO):
         first_batch("auto")
-    assert caplog.text.count("tokenizing with tokenizers, not fastokens: fastokens cannot load this tokenizer") == 1
-    assert "tokenizer backend tokenizers (fastokens cannot load" in caplog.text
+    if workers:  # each worker chose and checked its own; this process says it once, naming them
+        assert caplog.text.count("tokenizer backend tokenizers (fastokens cannot load") == 1
+        assert "(loader workers 0, 1)" in caplog.text
+    else:
+        assert caplog.text.count("tokenizing with tokenizers, not fastokens: fastokens cannot load this tokenizer") == 1
+        assert "tokenizer backend tokenizers (fastokens cannot load" in caplog.text
     with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens cannot load this tokenizer"):
         first_batch("fastokens")
 
@@ -286,3 +290,22 @@ def test_validate_check_tokenizer_compares_every_document(tmp_path, corpus_dir, 
     # Negative control: a fast tokenizer with one merge removed is caught, naming the file and row.
     assert _check_tokenizer(load_job(job).spec, fast_json=_broken_json(tokenizer_dir)) == 1
     assert "first difference: " in capsys.readouterr().out
+
+
+def test_with_workers_the_trainer_process_loads_no_fast_backend(corpus_dir, tokenizer_dir, caplog):
+    """The workers tokenize: they load and check fastokens, and say so through the trainer process, which
+    keeps only the reference (for the fingerprint) and spends neither the load nor its memory."""
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+
+    data = config_from_dict(data_table(corpus_dir, tokenizer_dir, tokenizer_backend="auto", num_workers=2))
+    loader = ZephonDataLoader.Config(data=data, global_batch_size=8).build(
+        dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=32, local_batch_size=8
+    )
+    try:
+        with caplog.at_level(logging.INFO):
+            next(iter(loader))
+        assert caplog.text.count("tokenizer backend fastokens (matches tokenizers on") == 1
+        assert "(loader workers 0, 1)" in caplog.text
+        assert loader.spec.tokenizer._backend is None and loader.spec.tokenizer._loading is None
+    finally:
+        loader.close()

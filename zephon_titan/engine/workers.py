@@ -99,7 +99,8 @@ def _worker_main(
         # Load and check the backend before producing (while the states come, under the trainer). Not in
         # the background as in process: with cores shared by the workers, producing with the reference
         # until it is ready measured slower, both to the first batch and over the first steps.
-        spec.tokenizer.select_backend(announce=False)
+        name = spec.tokenizer.select_backend(announce=False)
+        channel.send(fd, ("backend", None, (name, spec.tokenizer.backend_reason)))  # the consumer says it, once
         while not start.poll(_POLL_SECONDS):  # the lane states: sent by start(), once the consumer knows them
             if stop.is_set():
                 return
@@ -319,7 +320,8 @@ class ProcessLaneGroup:
             self._credits.append(credits)
             self._procs.append(proc)
         lanes_of = {w: self._lanes_of(w) for w in range(workers)}
-        receive = _receiver(self._worker_of, self._inboxes, self._credits, self._procs, lanes_of)
+        self._backends: dict[int, tuple[str, str]] = {}  # worker -> (backend, why), from its first message
+        receive = _receiver(self._worker_of, self._inboxes, self._credits, self._procs, lanes_of, self._backends)
         self._collector = StepCollector(self.lane_ids, receive)
         self._finalizer = weakref.finalize(
             self, _shutdown, self._collector, self._stop, self._readers + self._starts, self._procs
@@ -366,6 +368,10 @@ class ProcessLaneGroup:
     def state(self) -> dict[int, LaneState]:
         return dict(self._consumed)
 
+    def backends(self) -> dict[int, tuple[str, str]]:
+        """Per worker, the tokenizer backend it chose and why; complete once a step has been received."""
+        return dict(self._backends)
+
     def close(self) -> None:
         self._finalizer()
 
@@ -386,15 +392,19 @@ def _receiver(
     credits: list[synchronize.Semaphore],
     procs: Sequence[BaseProcess],
     lanes_of: dict[int, list[int]],
+    backends: dict[int, tuple[str, str]],
 ) -> Callable[[int, Callable[[], bool]], list[tuple[Row, LaneState]]]:
     """`receive(lane, open_)`: the lane's next rows from its worker's pipe (for StepCollector; it holds
-    these parts, never the group)."""
+    these parts, never the group). A worker's first message, its tokenizer backend, goes to `backends`."""
 
     def receive(lane: int, open_: Callable[[], bool]) -> list[tuple[Row, LaneState]]:
         w = worker_of[lane]
         proc = procs[w]
         try:
             kind, got_lane, payload = inboxes[w].receive(lambda: open_() and proc.is_alive(), _COLLECT_POLL_SECONDS)
+            if kind == "backend":  # sent once, before any rows (and outside the credits)
+                backends[w] = payload
+                kind, got_lane, payload = inboxes[w].receive(lambda: open_() and proc.is_alive(), _COLLECT_POLL_SECONDS)
         except EOFError:
             if not open_():
                 raise _Closing from None

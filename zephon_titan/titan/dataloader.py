@@ -35,6 +35,7 @@ from zephon_titan.engine import (
     tally,
     validate_batch_layout,
 )
+from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.titan.state_codec import (
@@ -103,8 +104,10 @@ class ZephonDataLoader(BaseDataLoader):
                                                    local_batch_size)  # fmt: skip
         self.local_batch_size = local_batch_size
         self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
-        # Loaded while the trainer builds its model; chosen (and said, once per rank) at the first batch.
-        self.spec.tokenizer.start_backend()
+        # In process: loaded while the trainer builds its model; chosen (and said, once per rank) at the first
+        # batch. Worker processes load, check and report their own: this process then never tokenizes.
+        if not data.num_workers:
+            self.spec.tokenizer.start_backend()
         self.fingerprint = fingerprint(self.spec)
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self._load_capacity: int | None = None  # set by sized_for() during one DCP load
@@ -137,6 +140,7 @@ class ZephonDataLoader(BaseDataLoader):
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         num_sources = len(self.spec.sources)
+        announce_workers = False
         if self._group is None:
             data = self.config.data
             if self._warm is not None:
@@ -155,7 +159,7 @@ class ZephonDataLoader(BaseDataLoader):
             # In process, a thread produces the next steps while the trainer computes (titan/prefetch.py).
             if data.num_workers:
                 self._group = group
-                self._announce_backend()  # after the workers have their states: they need not wait for it
+                announce_workers = True  # with the first step: the workers report their backend before any rows
             else:
                 self._announce_backend()  # before the prefetch thread encodes: one thread uses the tokenizer
                 self._group = PrefetchedSteps(group, data.prefetch_factor)
@@ -167,6 +171,9 @@ class ZephonDataLoader(BaseDataLoader):
                     f"{self._consumed[self.lane_ids[0]].rows} rows per lane; every rank stops here"
                 )
                 return
+            if announce_workers:
+                self._announce_workers_backend()
+                announce_workers = False
             record = StepRecord.of(step, num_sources) if self.config.ledger else None
             flat = [(lane, row, state) for lane, rows in zip(self.lane_ids, step) for row, state in rows]
             for start in range(0, len(flat), self.local_batch_size):
@@ -194,6 +201,16 @@ class ZephonDataLoader(BaseDataLoader):
         say which, once per rank: a fallback, or tokenizer_backend = fastokens refused, before step 1."""
         self.spec.tokenizer.select_backend()
         logger.info(f"zephon_titan: tokenizer backend {self.spec.tokenizer.backend_reason}")
+
+    def _announce_workers_backend(self) -> None:
+        """Say which backend the loader workers chose, once per rank, before step 1: each worker loads and
+        checks its own (a refused tokenizer_backend = fastokens is its error, raised with the first step)."""
+        assert isinstance(self._group, ProcessLaneGroup)
+        chosen: dict[str, list[int]] = {}
+        for worker, (_, why) in sorted(self._group.backends().items()):
+            chosen.setdefault(why, []).append(worker)
+        for why, workers in chosen.items():
+            logger.info(f"zephon_titan: tokenizer backend {why} (loader workers {', '.join(map(str, workers))})")
 
     def _next_step_everywhere(self):
         """The next step's rows, or None on every rank once any lane of the run is exhausted.
