@@ -5,9 +5,9 @@ produces R rows per lane per step, each row with the lane state right after it,
 into its own pipe, at most `prefetch_steps` steps ahead (a semaphore of credits). A thread
 of the consumer (StepCollector) takes the lanes in canonical order, one step ahead of the
 trainer, so rows never depend on the number of workers or the prefetch depth; the state the
-group reports is that of the rows it handed out, never the prefetcher's. Workers are started with `spawn` (safe beside CUDA and
-threads) and `close()` (also run at garbage collection and interpreter exit) stops and
-joins them.
+group reports is that of the rows it handed out, never the prefetcher's. Workers are started
+with `spawn` (safe beside CUDA and threads) and `close()` (also run at garbage collection and
+interpreter exit) stops and joins them.
 
 Failures are bounded in time and said in one line:
 - a worker that dies, even halfway through writing a message of any size, is a DataError
