@@ -212,17 +212,14 @@ def build_loader(root: str, steps: int, cpu: bool, workers: int):
     """Our loader for the job gpu_check writes, built as the trainer builds it, without the trainer:
     the [dataloader] table, TorchTitan's HuggingFaceTokenizer, `ZephonDataLoader.Config.build(...)`.
     Returns the loader and the job's TOML document."""
-    from zephon_titan.config import config_from_dict
-    from zephon_titan.titan.dataloader import ZephonDataLoader
+    from zephon_titan.titan.dataloader import loader_config
     from zephon_titan.titan.tokenizer import load_hf_tokenizer
     from zephon_titan.toml_file import load_toml
 
     document = load_toml(write_job(root, steps, cpu, workers))
-    training, table = document["training"], dict(document["dataloader"])
-    table.pop("ledger", None)
-    config = ZephonDataLoader.Config(
-        data=config_from_dict(table), ledger=False, global_batch_size=training["global_batch_size"]
-    )
+    training = document["training"]
+    config = loader_config(document["dataloader"])  # ledger = false in the job
+    config.global_batch_size = training["global_batch_size"]  # what ZephonTrainer copies in
     loader = config.build(
         dp_world_size=1,
         dp_rank=0,

@@ -400,11 +400,15 @@ def _receiver(
     def receive(lane: int, open_: Callable[[], bool]) -> list[tuple[Row, LaneState]]:
         w = worker_of[lane]
         proc = procs[w]
+
+        def alive() -> bool:
+            return open_() and proc.is_alive()
+
         try:
-            kind, got_lane, payload = inboxes[w].receive(lambda: open_() and proc.is_alive(), _COLLECT_POLL_SECONDS)
+            kind, got_lane, payload = inboxes[w].receive(alive, _COLLECT_POLL_SECONDS)
             if kind == "backend":  # sent once, before any rows (and outside the credits)
                 backends[w] = payload
-                kind, got_lane, payload = inboxes[w].receive(lambda: open_() and proc.is_alive(), _COLLECT_POLL_SECONDS)
+                kind, got_lane, payload = inboxes[w].receive(alive, _COLLECT_POLL_SECONDS)
         except EOFError:
             if not open_():
                 raise _Closing from None

@@ -21,7 +21,7 @@ import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
-from zephon_titan.config import DataConfig
+from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import (
     LaneState,
     Row,
@@ -312,6 +312,18 @@ class ZephonDataLoader(BaseDataLoader):
         if self._group is not None:
             self._group.close()
             self._group = None
+
+
+def loader_config(table: Any) -> ZephonDataLoader.Config:
+    """The [dataloader] table: the data settings (config.py) plus the TorchTitan loader's own (`ledger`).
+    Here, not in job.py, so that it is usable where TorchTitan's trainer cannot import (scripts/gpu_check.py)."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[dataloader] must be a table, got {short_repr(table)}")
+    table = dict(table)
+    ledger = table.pop("ledger", True)
+    if not isinstance(ledger, bool):
+        raise ConfigError(f"[dataloader] ledger must be true or false, got {short_repr(ledger)}")
+    return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
 
 
 def read_lane_states(

@@ -42,7 +42,7 @@ from torchtitan.trainer import Trainer
 from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.dataloader import loader_config
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
 from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data, eval_message
@@ -181,17 +181,6 @@ class Job:
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
-
-
-def _loader_config(table: Any) -> ZephonDataLoader.Config:
-    """The [dataloader] table: the data settings (config.py) plus the TorchTitan loader's own (`ledger`)."""
-    if not isinstance(table, dict):
-        raise ConfigError(f"[dataloader] must be a table, got {short_repr(table)}")
-    table = dict(table)
-    ledger = table.pop("ledger", True)
-    if not isinstance(ledger, bool):
-        raise ConfigError(f"[dataloader] ledger must be true or false, got {short_repr(ledger)}")
-    return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
 
 
 def _validator_config(
@@ -388,7 +377,7 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
         if isinstance(table, dict) and key in table:
             raise ConfigError(f"{path}: [dataloader] {key} is not a loader setting; {fix}")
     try:
-        loader = _loader_config(table)
+        loader = loader_config(table)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
     validator = _validator_config(document.pop("validator", {}), table, loader.data, base.validator, path)
