@@ -12,12 +12,15 @@ has rows is a global question: the caller answers it (one all-reduce per step un
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from zephon_titan.engine.digest import lane_digest
+from zephon_titan.engine.jsonl_log import RecordFormat, read_entries
 from zephon_titan.engine.packing import IGNORE_INDEX, Row, RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.stream import LaneStream
@@ -96,3 +99,45 @@ def eval_steps(
 def eval_set_digest(step_digests: Iterable[str]) -> str:
     """SHA-256 of a whole eval set, over its steps' global batch digests (engine/digest.py)."""
     return hashlib.sha256("".join(step_digests).encode("ascii")).hexdigest()
+
+
+# validation.jsonl: one entry per validation (titan/validator.py), an append-only record like the ledger.
+_VALIDATION_FIELDS: dict[str, tuple[type, ...]] = {
+    "step": (int,),
+    "sha256": (str,),
+    "steps": (int,),
+    "rows": (int,),
+    "tokens": (dict,),
+    "loss": (float, int),
+    "loss_per_source": (dict,),
+}
+
+
+def _validation_entry(raw: bytes) -> dict[str, Any]:
+    """One line of validation.jsonl; ValueError saying what is wrong with it."""
+    data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    if not isinstance(data, dict) or set(data) != set(_VALIDATION_FIELDS):
+        raise ValueError(f"expected an object with the fields {', '.join(_VALIDATION_FIELDS)}, got {str(data)[:80]}")
+    for key, kinds in _VALIDATION_FIELDS.items():
+        if type(data[key]) not in kinds:  # bool is not an int here
+            raise ValueError(f"{key} must be {kinds[0].__name__}, got {data[key]!r:.40}")
+    if not all(isinstance(k, str) and type(v) is int for k, v in data["tokens"].items()):
+        raise ValueError("tokens must map source names to integers")
+    if not all(isinstance(k, str) and type(v) in (int, float) for k, v in data["loss_per_source"].items()):
+        raise ValueError("loss_per_source must map source names to numbers")
+    return data
+
+
+VALIDATION_RECORD: RecordFormat[dict[str, Any]] = RecordFormat(
+    record="the eval record",
+    entry="validation entry",
+    parse=_validation_entry,
+    to_line=lambda entry: json.dumps(entry, sort_keys=True),
+    step=lambda entry: int(entry["step"]),
+    remedy="fix or delete that line, or delete the file (it only records the run's earlier validations)",
+)
+
+
+def read_validation_entries(path: str) -> list[dict[str, Any]]:
+    """The entries of a validation.jsonl; a bad line (the last one too) is a DataError naming file and line."""
+    return read_entries(path, VALIDATION_RECORD)[0]

@@ -8,10 +8,10 @@ digests), so it can be computed without gathering tokens, and predicted offline.
 labels = "document"; its tokens, the last label of each row included, under
 "stream"; see engine/packing.py), `padding` its padding slots.
 
-A crash or a full disk can stop an append halfway. Each entry is therefore written with
-one write() of the whole line, a short write is cut off again, and a restart drops an
-incomplete last line (saying so) instead of failing forever; a bad line anywhere else
-is corruption, refused naming the file and line.
+A crash or a full disk can stop an append halfway: the ledger is an append-only record
+(engine/jsonl_log.py, shared with validation.jsonl): one write() per line, a short write cut
+off again, an incomplete last line dropped at a restart (saying so), a bad line anywhere else
+refused as corruption naming the file and line.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
+from zephon_titan.engine.jsonl_log import AppendOnlyLog, RecordFormat, read_entries
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.errors import DataError
 
 log = logging.getLogger("zephon_titan")
 
@@ -80,80 +80,36 @@ def _entry(raw: bytes) -> LedgerEntry:
     return LedgerEntry(**data)
 
 
-def _read(path: str, drop_torn_tail: bool) -> tuple[list[LedgerEntry], int]:
-    """The entries, and the number of the incomplete last line that was dropped (0 if none)."""
-    entries, bad = [], None
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            if bad is not None:  # a bad line with more after it: not a torn append
-                raise DataError(
-                    f"{path} line {bad[0]}: not a ledger entry ({bad[1]}); the ledger is corrupt there "
-                    "(not an interrupted append, which only ever tears the last line): fix or delete "
-                    "that line, or delete the file (`zephon-titan plan` recomputes the entries)"
-                )
-            if raw.strip():  # NUL bytes (what a crash can leave of an unflushed append) are a bad line
-                try:
-                    entries.append(_entry(raw))
-                except ValueError as e:
-                    bad = (number, e)
-    if bad is not None and not drop_torn_tail:
-        raise DataError(
-            f"{path} line {bad[0]}: not a ledger entry ({bad[1]}); it is the last line: a run was "
-            "interrupted while appending it? Delete that line to compare the steps before it"
-        )
-    return entries, bad[0] if bad else 0
+LEDGER: RecordFormat[LedgerEntry] = RecordFormat(
+    record="the ledger",
+    entry="ledger entry",
+    parse=_entry,
+    to_line=LedgerEntry.to_json,
+    step=lambda e: e.step,
+    remedy="fix or delete that line, or delete the file (`zephon-titan plan` recomputes the entries)",
+)
 
 
 def read_ledger(path: str) -> list[LedgerEntry]:
-    return _read(path, drop_torn_tail=False)[0]
+    return read_entries(path, LEDGER)[0]
 
 
 class LedgerWriter:
-    """Appends entries; on resume keeps only the steps up to the checkpoint's step."""
+    """Appends entries (engine/jsonl_log.py); on resume keeps only the steps up to the checkpoint's step."""
 
     def __init__(self, path: str, resume_step: int):
         self.path = path
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        kept = []
-        if resume_step > 0 and os.path.exists(path):  # a fresh run keeps nothing: no need to read
-            entries, torn = _read(path, drop_torn_tail=True)
-            if torn:
-                log.warning(
-                    "zephon: %s line %d was incomplete (a crash or a full disk while appending it); dropped "
-                    "it, the run resumes at step %d and writes that step again",
-                    path,
-                    torn,
-                    resume_step,
-                )
-            kept = [e for e in entries if e.step <= resume_step]
-            if not kept or kept[-1].step != resume_step:
-                log.warning(
-                    "zephon: %s ends at step %d but the run resumes after step %d: the steps between are "
-                    "missing from it (`zephon-titan plan` computes them)",
-                    path,
-                    kept[-1].step if kept else 0,
-                    resume_step,
-                )
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:  # replaced whole: a crash leaves the old or the new file
-            f.writelines(e.to_json() + "\n" for e in kept)
-        os.replace(tmp, path)
+        existed = os.path.exists(path)
+        self._log = AppendOnlyLog(path, LEDGER, resume_step)
+        kept = self._log.kept
+        if resume_step > 0 and existed and (not kept or kept[-1].step != resume_step):
+            log.warning(
+                "zephon: %s ends at step %d but the run resumes after step %d: the steps between are "
+                "missing from it (`zephon-titan plan` computes them)",
+                path,
+                kept[-1].step if kept else 0,
+                resume_step,
+            )
 
     def write(self, entry: LedgerEntry) -> None:
-        line = (entry.to_json() + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            size = os.fstat(fd).st_size
-            try:
-                written = os.write(fd, line)  # one write of the whole line
-            except OSError:
-                os.ftruncate(fd, size)  # a full disk may have taken part of it
-                raise
-            if written != len(line):
-                os.ftruncate(fd, size)  # never leave half a line for the next append to follow
-                raise OSError(
-                    f"{self.path}: only {written} of the {len(line)} bytes of step {entry.step}'s "
-                    "ledger line could be written (disk full?); removed them"
-                )
-        finally:
-            os.close(fd)
+        self._log.append(entry)

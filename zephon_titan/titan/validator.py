@@ -10,13 +10,12 @@ whole eval steps (`steps` counts steps of global_batch_size rows, not microbatch
 which would change the set with W), and besides `validation_metrics/loss` it logs
 `validation_metrics/loss/<source>`: each token's loss counts for the source of its input, so the
 token-weighted mean of the sources' losses is the overall loss. Each validation also logs the
-eval set's SHA-256 and appends it, with the losses, to validation.jsonl beside the checkpoints.
+eval set's SHA-256 and appends it, with the losses, to validation.jsonl beside the checkpoints
+(an append-only record like the ledger, engine/jsonl_log.py: a crash or a full disk cannot tear it).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -33,7 +32,15 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import batch_digest, build_engine, lanes_of_rank, validate_batch_layout
-from zephon_titan.engine.eval_set import EvalStep, eval_set_digest, eval_steps, slot_sources
+from zephon_titan.engine.eval_set import (
+    VALIDATION_RECORD,
+    EvalStep,
+    eval_set_digest,
+    eval_steps,
+    slot_sources,
+)
+from zephon_titan.engine.eval_set import read_validation_entries as read_validation_entries  # the record's reader
+from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import collective_device
 from zephon_titan.titan.tokenizer import loader_tokenizer
@@ -186,7 +193,8 @@ class ZephonValidator(Validator):
         )
         self.source_names = self.loader.spec.source_names
         self.ledger_path: str | None = None  # validation.jsonl; set by ZephonTrainer
-        self.resume_step = 0
+        self.resume_step = 0  # the checkpoint's step; set by ZephonTrainer before the first validation
+        self._record: AppendOnlyLog[dict[str, Any]] | None = None
         self._cached: _EvalSet | None = None
 
     # ---- the eval set ----------------------------------------------------------------------
@@ -287,31 +295,6 @@ class ZephonValidator(Validator):
             "loss": loss,
             "loss_per_source": per_source,
         }
-        append_validation_entry(self.ledger_path, entry, self.resume_step)
-        self.resume_step = -1  # dropped what followed the checkpoint: from now on only append
-
-
-def append_validation_entry(path: str, entry: dict, resume_step: int) -> None:
-    """Append one line to validation.jsonl; the first append of a resumed run (resume_step >= 0) first
-    drops the entries written after the checkpoint by the run that crashed or was stopped."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    if resume_step >= 0 and os.path.exists(path):
-        kept = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    if json.loads(line)["step"] <= resume_step:
-                        kept.append(line if line.endswith("\n") else line + "\n")
-                except (ValueError, KeyError, TypeError):
-                    break  # a torn last line
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(kept)
-        os.replace(tmp, path)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, sort_keys=True) + "\n")
-
-
-def read_validation_entries(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+        if self._record is None:  # drops what a stopped run wrote after the checkpoint, then only appends
+            self._record = AppendOnlyLog(self.ledger_path, VALIDATION_RECORD, self.resume_step)
+        self._record.append(entry)
