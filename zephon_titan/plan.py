@@ -8,6 +8,8 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -33,40 +35,40 @@ from zephon_titan.titan.validator import check_eval_data, eval_message
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
     """(step, lane states) from a TorchTitan DCP checkpoint folder (e.g. outputs/checkpoint/step-500).
 
-    Reads only the loader's entries, as raw tensors: nothing in the checkpoint's data is unpickled
-    (DCP unpickles entries stored as bytes, such as TorchTitan's train_state; the step is taken
-    from the folder name instead). DCP's `.metadata` index itself is a pickle: read a checkpoint
-    only from a place you trust as you would trust code.
+    Runs no byte of the checkpoint (titan/checkpoint.py): its `.metadata` index is read by an
+    allow-listed unpickler, the loader's entries are loaded as raw tensors (one declared as a Python
+    object is refused), and the train_state step, when the checkpoint has one, as plain data. The
+    loader state's step must be the checkpoint's: the train_state's and the folder's (`step-N`).
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    try:
-        keys = FileSystemReader(checkpoint).read_metadata().state_dict_metadata
-    except Exception as e:  # a missing folder or .metadata: an incomplete or wrong path
-        raise ResumeError(f"{checkpoint} is not a readable DCP checkpoint ({e})") from None
-    entries = {k.split(".", 1)[1]: meta for k, meta in keys.items() if k.startswith("dataloader.")}
-    if HEADER_KEY not in entries:
-        raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
-    sizes = {}
-    for key, meta in entries.items():
-        if not isinstance(meta, TensorStorageMetadata):  # would be unpickled by dcp.load
-            raise ResumeError(
-                f"{checkpoint}: dataloader.{key} is stored as a Python object, not a tensor; "
-                "zephon_titan never writes that, so the checkpoint was not written by it (or was "
-                "altered): refusing to load it"
-            )
-        sizes[key] = tuple(meta.size)
-    import torch
-
-    state = {"dataloader": {k: torch.zeros(size, dtype=torch.uint8) for k, size in sizes.items()}}
     import warnings
 
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from zephon_titan.engine import check_mixture, fingerprint
+    from zephon_titan.titan.checkpoint import read_checkpoint_metadata, refuse_objects, safe_load
+
+    metadata = read_checkpoint_metadata(checkpoint)
+    entries = {
+        k.split(".", 1)[1]: meta for k, meta in metadata.state_dict_metadata.items() if k.startswith("dataloader.")
+    }
+    if HEADER_KEY not in entries:
+        raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
+    refuse_objects(metadata, checkpoint, ["dataloader"])
+    state: dict = {
+        "dataloader": {
+            k: torch.zeros(tuple(meta.size), dtype=torch.uint8)
+            for k, meta in entries.items()
+            if isinstance(meta, TensorStorageMetadata)
+        }
+    }
+    step_meta = metadata.state_dict_metadata.get("train_state.step")
+    if step_meta is not None:  # TorchTitan's (an int stored as bytes) or data_run's (a tensor)
+        template = torch.zeros((), dtype=torch.int64) if isinstance(step_meta, TensorStorageMetadata) else None
+        state["train_state"] = {"step": template}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-        dcp.load(state, checkpoint_id=checkpoint)
-    from zephon_titan.engine import check_mixture, fingerprint
+        safe_load(state, checkpoint, metadata=metadata)
 
     loader_state = state["dataloader"]
     header = read_header(loader_state)
@@ -74,8 +76,31 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, job.spec.source_names)
     states = {lane: entry[0] for lane, entry in lanes.items()}
     step = saved_step(header, states[0].rows)
+    _check_checkpoint_step(checkpoint, step, state.get("train_state", {}).get("step"))
     check_mixture(header["fingerprint"], fingerprint(job.spec), step)
     return step, states
+
+
+def _check_checkpoint_step(checkpoint: str, step: int, train_step: object) -> None:
+    """The loader state's step must be the train_state's and the folder name's (`step-N`), when known."""
+    import torch
+
+    if isinstance(train_step, torch.Tensor) and train_step.numel() == 1:
+        train_step = int(train_step.item())
+    if train_step is not None and train_step != step:
+        if not isinstance(train_step, int) or isinstance(train_step, bool):
+            raise ResumeError(f"{checkpoint}: its train_state step is {train_step!r:.40}, not a step")
+        raise ResumeError(
+            f"{checkpoint}: its dataloader state is of step {step}, its train_state of step {train_step}; the "
+            "loader entries were copied from another checkpoint: restore it from a good copy"
+        )
+    named = re.fullmatch(r"step-(\d+)", os.path.basename(os.path.normpath(checkpoint)))
+    if named and int(named.group(1)) != step:
+        raise ResumeError(
+            f"{checkpoint}: its dataloader state is of step {step}, the folder is named for step "
+            f"{int(named.group(1))}; the loader entries were copied from another checkpoint (or the folder was "
+            "renamed): restore it from a good copy"
+        )
 
 
 def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Iterator[LedgerEntry]:

@@ -14,7 +14,6 @@ loader over the first JSONL source instead (to show it cannot resume on another 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import resource
 import sys
@@ -28,6 +27,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError, report_once
+from zephon_titan.titan.checkpoint import read_checkpoint_metadata, safe_load
 from zephon_titan.titan.dataloader import with_lane_check
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.ledger import gather_ledger_entry
@@ -38,7 +38,8 @@ class StepCounter(Stateful):
         self.step = 0
 
     def state_dict(self):
-        return {"step": self.step}
+        # A tensor, not an int: DCP stores other values as bytes and rebuilds them by unpickling.
+        return {"step": torch.tensor(self.step, dtype=torch.int64)}
 
     def load_state_dict(self, state_dict):
         self.step = int(state_dict["step"])
@@ -97,9 +98,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         counter = StepCounter()
         if args.resume:
-            load = dcp.load if args.builtin else with_lane_check(dcp.load, loader.config.data.num_lanes)
-            with contextlib.nullcontext() if args.builtin else loader.sized_for(args.resume):
-                load({"dataloader": loader, "train_state": counter}, checkpoint_id=args.resume)
+            # No checkpoint byte runs (titan/checkpoint.py). TorchTitan's own loader (--builtin) stores
+            # its state as pickles, which it unpickles itself.
+            metadata = read_checkpoint_metadata(args.resume)
+            states = {"dataloader": loader, "train_state": counter}
+            if args.builtin:
+                safe_load(states, args.resume, metadata=metadata, tensors_only=())
+            else:
+                with loader.sized_for(args.resume, metadata):
+                    with_lane_check(safe_load, loader.config.data.num_lanes)(states, args.resume, metadata=metadata)
+                loader.check_step(counter.step, args.resume)
         ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
         ledger_seconds = data_seconds = 0.0

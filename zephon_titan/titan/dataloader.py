@@ -36,7 +36,7 @@ from zephon_titan.engine import (
     validate_batch_layout,
 )
 from zephon_titan.engine.workers import ProcessLaneGroup
-from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError, ZephonError
 from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.titan.state_codec import (
     HEADER_CAPACITY,
@@ -110,6 +110,7 @@ class ZephonDataLoader(BaseDataLoader):
             self.spec.tokenizer.start_backend()
         self.fingerprint = fingerprint(self.spec)
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
+        self.restored_step: int | None = None  # the step of the state the last load_state_dict restored
         self._load_capacity: int | None = None  # set by sized_for() during one DCP load
         try:
             encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
@@ -249,10 +250,11 @@ class ZephonDataLoader(BaseDataLoader):
         }
 
     @contextlib.contextmanager
-    def sized_for(self, checkpoint_id: str) -> Iterator[None]:
+    def sized_for(self, checkpoint_id: str, metadata: Any = None) -> Iterator[None]:
         """Around a DCP load of `checkpoint_id`: state_dict() gives templates of the size the checkpoint
-        stored its lane entries with (a resume may add sources, whose entries are bigger)."""
-        self._load_capacity = stored_lane_capacity(checkpoint_id)
+        stored its lane entries with (a resume may add sources, whose entries are bigger). Reads its
+        `.metadata` without running it (or takes `metadata`, the index read so before)."""
+        self._load_capacity = stored_lane_capacity(checkpoint_id, metadata)
         try:
             yield
         finally:
@@ -301,6 +303,17 @@ class ZephonDataLoader(BaseDataLoader):
         self._tokens = {lane: entry[1] for lane, entry in entries.items()}
         self._padding = {lane: entry[2] for lane, entry in entries.items()}
         self._steps_done = step
+        self.restored_step = step
+
+    def check_step(self, trainer_step: int, checkpoint: str = "the checkpoint") -> None:
+        """After a load: the loader state restored must be of the trainer's restored step. A whole loader
+        state of another step of the same run passes every other check, and every later batch differs."""
+        if self.restored_step is not None and self.restored_step != trainer_step:
+            raise ResumeError(
+                f"{checkpoint}: its dataloader state is of step {self.restored_step}, its train_state of step "
+                f"{trainer_step}; the loader entries were copied from another checkpoint: restore the "
+                "checkpoint from a good copy or resume from another step"
+            )
 
     def close(self) -> None:
         self._close_started()
@@ -375,6 +388,8 @@ def with_lane_check(load: Callable, num_lanes: int) -> Callable:
     def load_with_lane_check(*args, **kwargs):
         try:
             return load(*args, **kwargs)
+        except ZephonError:
+            raise  # already says what is wrong (and may name dataloader entries)
         except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
             if "dataloader." in str(e) and "Size mismatch" in str(e):
                 raise ResumeError(

@@ -43,20 +43,20 @@ def lane_capacity(num_sources: int) -> int:
     return 512 + 96 * num_sources
 
 
-def stored_lane_capacity(checkpoint_id: str) -> int | None:
-    """The size of the lane entries a DCP checkpoint folder holds (None if it cannot be told): DCP loads
-    into a template of the saved size, and a resume that adds sources has bigger entries of its own.
-    Reads the folder's `.metadata` (a pickle, as TorchTitan's own load does: trust the checkpoint)."""
-    from torch.distributed.checkpoint import FileSystemReader
+def stored_lane_capacity(checkpoint_id: str, metadata: Any = None) -> int | None:
+    """The size of the lane entries a DCP checkpoint folder holds (None if it has no `.metadata`): DCP
+    loads into a template of the saved size, and a resume that adds sources has bigger entries of its own.
+    Reads the index (or takes `metadata`, read so before) with the allow-listed unpickler of
+    titan/checkpoint.py: a `.metadata` that names anything else is a ResumeError, never run."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    if not os.path.isdir(checkpoint_id):
-        return None
-    try:
-        metadata = FileSystemReader(checkpoint_id).read_metadata().state_dict_metadata
-    except Exception:  # no readable .metadata: the load itself reports it
-        return None
-    for key, meta in metadata.items():
+    from zephon_titan.titan.checkpoint import read_checkpoint_metadata
+
+    if metadata is None:
+        if "://" not in str(checkpoint_id) and not os.path.isfile(os.path.join(checkpoint_id, ".metadata")):
+            return None  # no folder or an incomplete save: the load itself reports it
+        metadata = read_checkpoint_metadata(checkpoint_id)
+    for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("dataloader.lane_") and isinstance(meta, TensorStorageMetadata) and len(meta.size) == 1:
             return int(meta.size[0])
     return None

@@ -6,23 +6,81 @@ docs/extension.md), so it copies training.global_batch_size into the loader.
 The trainer also logs globally correct tokens per source (TorchTitan's own
 `ntokens_seen` is per rank and wrong after a resize) and each source's share of the
 tokens since the previous log (per step with log_freq = 1), writes the batch ledger,
-and turns a checkpoint written with another lane count into an error that says so.
+and loads checkpoints with ZephonCheckpointManager: no checkpoint byte runs code, the loader's
+entries are sized from the checkpoint, a checkpoint written with another lane count is an error
+that says so, and the loader state must be of the checkpoint's training step.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torchtitan.components.checkpointer import DATALOADER, MODEL, TRAIN_STATE, CheckpointManager
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from zephon_titan.engine.ledger import LedgerWriter
+from zephon_titan.titan.checkpoint import read_checkpoint_metadata, safe_load
 from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
 from zephon_titan.titan.ledger import gather_ledger_entry
 from zephon_titan.titan.validator import ZephonValidator
+
+
+class ZephonCheckpointManager(CheckpointManager):
+    """TorchTitan's CheckpointManager, loading without running any checkpoint byte (titan/checkpoint.py):
+    `.metadata` through the allow-listed unpickler, bytes entries (train_state) weights-only, a
+    `dataloader.*` entry declared as a Python object refused before DCP reads it. With the zephon
+    loader it also sizes the loader's templates from the checkpoint (a resume may add sources), says
+    why a checkpoint of another lane count does not load, and binds the loader state to the trainer's
+    restored step. Loading HF safetensors (model only, no pickle) is TorchTitan's own."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        def __post_init__(self) -> None:
+            CheckpointManager.Config.__post_init__(self)
+
+        @classmethod
+        def of(cls, config: CheckpointManager.Config) -> ZephonCheckpointManager.Config:
+            """A recipe's CheckpointManager.Config as this one, field by field. Its values were checked
+            when it was built: __post_init__ is not run again (it would log TorchTitan's notes twice)."""
+            out = object.__new__(cls)
+            for f in fields(CheckpointManager.Config):
+                setattr(out, f.name, getattr(config, f.name))
+            return out
+
+    def _zephon_loader(self) -> ZephonDataLoader | None:
+        loader = self.states.get(DATALOADER)
+        return loader if isinstance(loader, ZephonDataLoader) else None
+
+    def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
+        if from_hf:  # safetensors: no pickle anywhere; the model only
+            return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
+        loader = self._zephon_loader()
+        self.loaded_from = checkpoint_id
+        metadata = read_checkpoint_metadata(checkpoint_id)
+        if loader is None:
+            safe_load(state_dict, checkpoint_id, metadata=metadata, tensors_only=())
+        else:
+            with loader.sized_for(checkpoint_id, metadata):  # the checkpoint's entry sizes (sources may be added)
+                safe_load(state_dict, checkpoint_id, metadata=metadata)
+        # As TorchTitan's dcp_load: the model's states are flattened into state_dict, loaded by hand.
+        if MODEL in self.states:
+            self.states[MODEL].load_state_dict(state_dict)
+
+    def _load(self, step: int = -1) -> bool:
+        loader = self._zephon_loader()
+        if loader is None:
+            return super()._load(step)
+        loader.restored_step = None  # set again only if this load restores the loader state
+        loaded = with_lane_check(super()._load, loader.config.data.num_lanes)(step)
+        trainer = self.states.get(TRAIN_STATE)
+        if loaded and trainer is not None and TRAIN_STATE not in self.exclude_from_loading:
+            loader.check_step(trainer.step, str(getattr(self, "loaded_from", "the checkpoint")))
+        return loaded
 
 
 class ZephonTrainer(Trainer):
@@ -30,9 +88,15 @@ class ZephonTrainer(Trainer):
     class Config(Trainer.Config):
         dataloader: ZephonDataLoader.Config = field(default_factory=ZephonDataLoader.Config)
         validator: ZephonValidator.Config = field(default_factory=ZephonValidator.Config)  # type: ignore[assignment]
+        checkpoint: ZephonCheckpointManager.Config = field(  # type: ignore[assignment]
+            default_factory=ZephonCheckpointManager.Config
+        )
 
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
+            # A recipe's (or job file's) stock checkpoint config: the same settings, loaded by ours.
+            if type(self.checkpoint) is CheckpointManager.Config:
+                self.checkpoint = ZephonCheckpointManager.Config.of(self.checkpoint)
             # training.global_batch_size is the single source of truth; the loader
             # refuses to start if it is left at TorchTitan's W-dependent default.
             if isinstance(self.dataloader, ZephonDataLoader.Config):
@@ -46,7 +110,6 @@ class ZephonTrainer(Trainer):
         self._share_base: list[int] | None = None  # global tokens per source at the previous log
         if isinstance(self.dataloader, ZephonDataLoader):
             self._wrap_metrics_log()
-            self._wrap_checkpoint_load()
         if isinstance(getattr(self, "validator", None), ZephonValidator):
             self.validator.ledger_path = os.path.join(os.path.dirname(self.ledger_path), "validation.jsonl")
 
@@ -116,15 +179,3 @@ class ZephonTrainer(Trainer):
             return log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
 
         self.metrics_processor.log = log_with_tokens
-
-    def _wrap_checkpoint_load(self) -> None:
-        self.checkpointer.load = with_lane_check(self.checkpointer.load, self.dataloader.config.data.num_lanes)
-        dcp_load = getattr(self.checkpointer, "dcp_load", None)
-        if dcp_load is None:
-            return
-
-        def dcp_load_sized(state_dict, checkpoint_id, *args, **kwargs):
-            with self.dataloader.sized_for(checkpoint_id):  # the checkpoint's entry sizes (sources may be added)
-                return dcp_load(state_dict, checkpoint_id, *args, **kwargs)
-
-        self.checkpointer.dcp_load = dcp_load_sized
