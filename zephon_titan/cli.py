@@ -13,22 +13,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import sys
 import time
 from collections.abc import Iterable
 
 from tqdm import tqdm
 
-from zephon_titan.engine import LaneStream, fingerprint, valid_world_sizes
+from zephon_titan.engine import LaneStream, build_engine, fingerprint, rows_per_lane, valid_world_sizes
+from zephon_titan.engine.eval_set import eval_steps
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
-from zephon_titan.engine.packing import RowShape
+from zephon_titan.engine.packing import RowShape, packer_class
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.index import read_index, write_index
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.split import held_out
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.engine.tokenizer_backends import first_difference
-from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
+from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError
 from zephon_titan.plan import mixture_report, plan_eval_set, plan_ledger
 from zephon_titan.titan.job import Job, load_job
 
@@ -261,7 +263,7 @@ def _print_schedule(job: Job) -> None:
         print(f"  resting in every phase (declared for a later phase): {', '.join(resting)}")
 
 
-def _print_validation(job: Job) -> None:
+def _print_validation(job: Job, count: bool) -> None:
     validator = job.config.validator
     if not validator.enable:
         print("validation: off ([validator] enable = true and eval_fraction on a source, or eval sources, turn it on)")
@@ -269,6 +271,16 @@ def _print_validation(job: Job) -> None:
     job.check_eval_layout(1)
     eval_loader = validator.dataloader
     data = eval_loader.data
+    from zephon_titan.titan.tokenizer import loader_tokenizer
+    from zephon_titan.titan.validator import eval_message
+
+    try:  # what the trainer's ZephonEvalLoader checks when it is built, named as [validator.dataloader]
+        packer_class(data.packing)
+        spec = build_engine(data, job.seq_len, loader_tokenizer(data, job.trainer_tokenizer))
+    except ConfigError as e:
+        raise ConfigError(f"{job.path}: {eval_message(e)}") from None
+    if count:  # its first step: an eval set without a single row is refused, as the trainer refuses it
+        next(eval_steps(spec, range(data.num_lanes), rows_per_lane(eval_loader.global_batch_size, data.num_lanes), 1))
     size = "the whole eval set once" if validator.steps == -1 else f"{validator.steps} eval steps"
     print(
         f"validation: every {validator.freq} steps, {size} of {eval_loader.global_batch_size} rows over "
@@ -329,6 +341,8 @@ def cmd_validate(args) -> int:
             line += f", {docs:,} documents, {tokens:,} tokens per epoch"
             if config.eval_fraction > 0:
                 line += f" ({held:,} documents held out for validation, eval_fraction {config.eval_fraction:g})"
+                if not held:
+                    line += "; WARNING: none, so validation reports no loss for this source (raise eval_fraction)"
         print(line)
         if config.index:
             print(f"  {'':<12} index {config.index}")
@@ -338,7 +352,7 @@ def cmd_validate(args) -> int:
                 f'index = "<path or URI>" in [dataloader.sources.{source.name}] to read one manifest instead'
             )
     _print_schedule(job)
-    _print_validation(job)
+    _print_validation(job, count=not args.no_count)
     usable = []
     for w in valid_world_sizes(spec.num_lanes):
         try:
@@ -528,10 +542,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Exit status when the reader of standard output went away (`zephon-titan verify A B | head -1`): what a
+# shell reports for a command ended by SIGPIPE (128 + 13), as `yes | head -1` does.
+EXIT_BROKEN_PIPE = 141
+
+
+def _stdout_closed() -> bool:
+    """Is standard output a pipe whose reader has gone (poll reports an error on its write end)?"""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll (not Linux), no file descriptor (a test's capture)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
+        return status
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe (a loader worker's): not the reader going away
+        # Nothing more can be said on standard output, and a traceback helps no one. Point it at /dev/null
+        # so that the interpreter's own final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
     except ZephonError as e:
         print(f"zephon-titan: error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR

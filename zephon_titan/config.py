@@ -58,6 +58,10 @@ SOURCE_BOUNDS = {
         "a source held out whole is an eval source: list it in [validator.dataloader.sources]",
     ),
 }
+# The smallest eval_fraction other than 0. engine/split.py holds a document out when the top 53 bits of its
+# hash are below eval_fraction * 2**53, so below 2**-53 (1.1e-16) nothing can ever be held out; at 1e-9 a
+# corpus of a billion documents is expected to hold out one. Anything smaller is a typo (1e-300), not a plan.
+MIN_EVAL_FRACTION = 1e-9
 # Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
 _OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
 
@@ -94,7 +98,8 @@ class SourceConfig:
     eval_fraction: float = 0.0
     """Share of this source's documents held out for validation, chosen by a keyed hash of each
     document's file name and row ([dataloader] split_seed): training never reads them, and
-    [validator.dataloader] reads them when it names no sources of its own. 0: none held out."""
+    [validator.dataloader] reads them when it names no sources of its own. 0: none held out;
+    otherwise in [1e-9, 0.99] (MIN_EVAL_FRACTION)."""
 
     index: str = ""
     """A manifest of the files and their blocks (JSON; local path or URI). Startup reads it instead
@@ -287,6 +292,11 @@ def validate_source(source: SourceConfig) -> None:
     _check_bounds(source, SOURCE_BOUNDS, where)
     if not math.isfinite(source.eval_fraction):
         raise ConfigError(f"{where} eval_fraction must be a share in [0, 0.99], got {source.eval_fraction}")
+    if 0 < source.eval_fraction < MIN_EVAL_FRACTION:
+        raise ConfigError(
+            f"{where} eval_fraction must be 0 (no eval part) or >= {MIN_EVAL_FRACTION:g}, got {source.eval_fraction:g} "
+            "(the share of documents held out: this one would hold out none of any real corpus)"
+        )
     if not source.format:  # the names are the engine's format registry (engine/sources/formats.py)
         raise ConfigError(f'{where} format must not be empty; use "auto" or a format name')
     if not source.text_field:

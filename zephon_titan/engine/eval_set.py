@@ -7,6 +7,8 @@ finite source, `exhaustion = "redistribute"`) gives padding rows (labels -100) f
 so the eval set is every row of every lane once; it ends after the first step in which no lane
 of the run had a row left, or after a fixed number of steps. Whether any lane of the run still
 has rows is a global question: the caller answers it (one all-reduce per step under torchrun).
+An eval set without a single row (an eval_fraction too small for its corpus) is a ConfigError,
+never a silent loss of 0.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from zephon_titan.engine.jsonl_log import RecordFormat, read_entries
 from zephon_titan.engine.packing import IGNORE_INDEX, Row, RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.stream import LaneStream
-from zephon_titan.errors import LaneExhausted
+from zephon_titan.errors import ConfigError, LaneExhausted
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +93,28 @@ def eval_steps(
                 rows.append(padding)
             lanes.append(rows)
         if not any_lane_live(live):
+            if step == 0:
+                raise ConfigError(empty_eval_set_message(spec))
             return
         yield EvalStep(lanes)
         step += 1
+
+
+def empty_eval_set_message(spec: EngineSpec) -> str:
+    """Why an eval set without a single row is empty, and the fix."""
+    config = spec.config
+    if config.split == "eval":
+        held = ", ".join(f"{s.name} (eval_fraction {s.eval_fraction:g})" for s in config.sources)
+        return (
+            f"[validator] the eval set is empty: the sources {held} hold out no document under split_seed "
+            f"{config.split_seed} (each document is held out with probability eval_fraction); raise eval_fraction "
+            "in their [dataloader.sources.<name>] tables or add eval files as [validator.dataloader.sources.<name>]"
+        )
+    names = ", ".join(s.name for s in config.sources)
+    return (
+        f"[validator] the eval set is empty: its sources ({names}) give no row; "
+        "point [validator.dataloader.sources.<name>] at files with documents"
+    )
 
 
 def eval_set_digest(step_digests: Iterable[str]) -> str:

@@ -34,7 +34,22 @@ def lanes_of_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> range:
     return range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
 
 
+# The most rows one optimizer step may take. A step's rows are produced and held in memory together (a
+# rank's share in training, every lane's in `zephon-titan plan` and in the eval set's offline proof), each
+# row a few arrays of seq_len + 1 ids plus its pieces: at 2**20 rows of 2,048 tokens that is already
+# ~25 GB for one step of `plan`. The largest published runs take ~16K rows per step (Llama 3 405B: 2,048
+# rows of 8,192 tokens; DeepSeek-V3: 15,360 of 4,096), so the bound is ~64 times that, while a mistyped
+# value (2**40) is refused in one line instead of growing `plan` without output until memory runs out.
+MAX_GLOBAL_BATCH_SIZE = 1 << 20
+
+
 def rows_per_lane(global_batch_size: int, num_lanes: int) -> int:
+    if global_batch_size > MAX_GLOBAL_BATCH_SIZE:
+        raise ConfigError(
+            f"[training] global_batch_size = {global_batch_size} rows per step is above the bound of "
+            f"{MAX_GLOBAL_BATCH_SIZE} (2**20): a step's rows are produced and held in memory together (all of "
+            "them in `zephon-titan plan`); the largest published runs take ~16K rows per step"
+        )
     if global_batch_size < 1 or global_batch_size % num_lanes:
         raise ConfigError(
             f"global batch size {global_batch_size} is not a positive multiple of num_lanes {num_lanes}; "

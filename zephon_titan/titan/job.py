@@ -41,6 +41,8 @@ from torchtitan.trainer import Trainer
 
 from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
+from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE
+from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import loader_config
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
@@ -216,9 +218,10 @@ def _eval_loader_config(
         raise ConfigError(f"validator.dataloader must be a table, got {short_repr(eval_table)}")
     eval_table = dict(eval_table)
     batch = eval_table.pop("global_batch_size", 0)
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 0:
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 0 <= batch <= MAX_GLOBAL_BATCH_SIZE:
         raise ConfigError(
-            f"[validator.dataloader] global_batch_size must be an integer >= 0 (0: training's), got {short_repr(batch)}"
+            f"[validator.dataloader] global_batch_size must be an integer in [0, {MAX_GLOBAL_BATCH_SIZE}] (0: "
+            f"training's; rows per eval step, held in memory together), got {short_repr(batch)}"
         )
     for key, why in _NOT_FOR_EVAL.items():
         if key in eval_table:
@@ -240,6 +243,8 @@ def _eval_loader_config(
         merged.update(sources=held, split="eval")
     try:
         data = config_from_dict(merged)
+        if "packing" in eval_table:  # config.py cannot see the engine's packer registry ([dataloader]'s: at build)
+            packer_class(data.packing)
     except ConfigError as e:
         raise ConfigError(eval_message(e)) from None
     if validator.steps == -1 and data.exhaustion == "repeat":

@@ -41,6 +41,7 @@ from zephon_titan.engine.eval_set import (
 )
 from zephon_titan.engine.eval_set import read_validation_entries as read_validation_entries  # the record's reader
 from zephon_titan.engine.jsonl_log import AppendOnlyLog
+from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.dataloader import collective_device
 from zephon_titan.titan.tokenizer import loader_tokenizer
@@ -88,11 +89,13 @@ class ZephonEvalLoader(BaseDataLoader):
             self.rows_per_lane = validate_batch_layout(
                 data.num_lanes, config.global_batch_size, dp_world_size, local_batch_size
             )
+            packer_class(data.packing)
+            self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
         except ConfigError as e:
             raise ConfigError(eval_message(e)) from None
         self.local_batch_size = local_batch_size
-        self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
+        next(iter(self.steps(1)), None)  # an empty eval set is a ConfigError now, not a silent loss of 0
 
     def steps(self, max_steps: int = -1) -> Iterator[EvalStep]:
         """The eval set's steps (this rank's lanes); a collective per step under torchrun."""
@@ -136,13 +139,11 @@ def check_eval_data(data: DataConfig) -> None:
 
 
 def eval_message(error: ConfigError) -> str:
-    """A [dataloader] error raised for the eval set, naming the table it came from."""
-    text = str(error)
-    return (
-        text.replace("[dataloader", "[validator.dataloader")
-        if "[dataloader" in text
-        else f"[validator.dataloader]: {text}"
-    )
+    """A [dataloader] (or batch layout) error raised for the eval set, naming the table it came from."""
+    text = str(error).replace("[training] global_batch_size", "[validator.dataloader] global_batch_size")
+    if "[dataloader" in text:
+        return text.replace("[dataloader", "[validator.dataloader")
+    return text if "[validator.dataloader" in text else f"[validator.dataloader]: {text}"
 
 
 def encode_labels(labels: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
