@@ -59,3 +59,30 @@ def ledger(path: str) -> dict[int, str]:
 def copy_checkpoint(workdir: str, src_run: str, step: int, dst_run: str) -> None:
     """Start run `dst_run` from `src_run`'s checkpoint at `step` (and its ledger up to there)."""
     runs.copy_checkpoint(os.path.join(workdir, src_run), step, os.path.join(workdir, dst_run))
+
+
+RUN_EACH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_each.py")
+
+
+def run_each(workdir: str, what: str, arg_lists: list[list[str]], nproc: int = 1) -> list[tuple[int, str]]:
+    """Each argument list run as `what` (data_run, train_cpu) would run it, all in one torchrun launch
+    (run_each.py): (exit status, stderr) per run."""
+    args = [what]
+    for arg_list in arg_lists:
+        args += ["--", *arg_list]
+    result = torchrun(workdir, RUN_EACH, nproc, args)
+    output = result.stderr
+    found = []
+    for i in range(len(arg_lists)):
+        begin, end = output.find(f"=== run {i}\n"), output.find(f"=== run {i}: exit ")
+        assert 0 <= begin < end, (result.stdout + output)[-4000:]
+        found.append((int(output[end:].split()[4]), output[begin:end]))
+    return found
+
+
+def assert_refused(outcome: tuple[int, str], message: str) -> None:
+    """Refused before any step: exit status 2, one line naming `message`, no traceback, no step."""
+    code, output = outcome
+    errors = [line for line in output.splitlines() if line.startswith("zephon_titan: error:")]
+    assert code == 2 and len(errors) == 1 and message in errors[0], output[-3000:]
+    assert "Traceback" not in output and "data_run: " not in output and not losses(output), output[-3000:]

@@ -1,9 +1,13 @@
 """The data path alone under torchrun with real DCP checkpoints, at more ranks than the trainer test."""
 
 import os
+import shutil
 
 import pytest
-from conftest import CPU_CONFIG, check, ledger, torchrun
+from checkpoint_attacks import load_entries, plant_payload, save_entries, with_loader_of
+from conftest import CPU_CONFIG, assert_refused, check, ledger, run_each, torchrun
+
+from zephon_titan.titan.state_codec import decode_entry
 
 pytestmark = pytest.mark.integration
 MODULE = "zephon_titan.titan.data_run"
@@ -30,7 +34,9 @@ def data_run(workdir, nproc, ledger_name, *extra):
 def reference(workdir):
     """The uninterrupted run on 2 ranks. (Resumes at other rank counts, 4 -> 8 and 4 -> 2, are
     test_elastic_scale.py's; 2 -> 4 -> 2 and 2 -> 1 with the real trainer are test_trainer_resume.py's.)"""
-    reference = data_run(workdir, 2, "data/ref.jsonl")
+    reference = data_run(
+        workdir, 2, "data/ref.jsonl", "--save-at", "2", "--save-at", "4", "--checkpoint", "data/ref_ckpt"
+    )
     assert sorted(reference) == list(range(1, STEPS + 1)) and len(set(reference.values())) == STEPS
     return reference
 
@@ -91,3 +97,47 @@ def test_torchtitans_builtin_loader_cannot_resume_on_another_size(workdir):
     result = torchrun(workdir, MODULE, 4, args + ["--resume", "data/builtin/step-2", "--local-batch-size", "2"])
     assert result.returncode != 0
     assert "Missing key in checkpoint state_dict: dataloader.dp_rank_2" in result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def crafted(workdir, reference):
+    """data_run resumed from crafted copies of the reference run's step-2 checkpoint, then (control) from the
+    genuine one on 1 rank: (exit status, output) per case, in one launch."""
+    root = os.path.join(workdir, "data", "crafted")
+    genuine, later = os.path.join(workdir, "data/ref_ckpt/step-2"), os.path.join(workdir, "data/ref_ckpt/step-4")
+    # The issue's attack: a .metadata that writes a marker and returns the genuine index (plain DCP runs it,
+    # then resumes as if nothing happened: tests/unit/test_checkpoint_safety.py's control).
+    payload = os.path.join(root, "payload", "step-2")
+    shutil.copytree(genuine, payload)
+    plant_payload(payload, os.path.join(root, "payload_ran"))
+    # A lane's sealed state as a Python dict, which DCP pickles (and its own load would hand to the loader).
+    entries = load_entries(genuine)
+    entries["dataloader.lane_00003"] = decode_entry(entries["dataloader.lane_00003"], "dataloader.lane_00003")
+    save_entries(entries, os.path.join(root, "object", "step-2"))
+    # The step-4 `dataloader` entries in the step-2 checkpoint.
+    with_loader_of(genuine, later, os.path.join(root, "step4_in_2", "step-2"))
+    shutil.copy(os.path.join(workdir, "data/ref.jsonl"), os.path.join(workdir, "data/genuine.jsonl"))
+    base = ["--job.config_file", CPU_CONFIG, "--local-batch-size", "2"]
+    runs = [
+        base + ["--steps", "3", "--resume", os.path.join(root, case, "step-2")]
+        for case in ("payload", "object", "step4_in_2")
+    ]
+    runs.append(base + ["--steps", str(STEPS), "--resume", genuine, "--ledger", "data/genuine.jsonl"])
+    outcomes = run_each(workdir, "data_run", runs)
+    return dict(zip(("payload", "object", "step4_in_2", "genuine"), outcomes))
+
+
+def test_a_payload_metadata_is_refused_without_running(workdir, crafted):
+    assert_refused(crafted["payload"], "its .metadata refers to builtins.eval")
+    assert not os.path.exists(os.path.join(workdir, "data", "crafted", "payload_ran")), "a checkpoint byte ran"
+
+
+def test_a_loader_entry_stored_as_an_object_is_refused(crafted):
+    assert_refused(crafted["object"], "dataloader.lane_00003 is stored as a Python object, not a tensor")
+
+
+def test_the_loader_state_of_another_step_is_refused(workdir, crafted, reference):
+    assert_refused(crafted["step4_in_2"], "its dataloader state is of step 4, its train_state of step 2")
+    # Control: the genuine checkpoint resumes (on 1 rank) to the uninterrupted run's batches.
+    assert crafted["genuine"][0] == 0, crafted["genuine"][1][-3000:]
+    assert ledger(os.path.join(workdir, "data/genuine.jsonl")) == reference

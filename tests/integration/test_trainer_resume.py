@@ -3,11 +3,26 @@ save on W ranks, resume on W' ranks, compare every global batch's SHA-256 and th
 
 import os
 import re
+import shutil
 
 import pytest
-from conftest import CPU_CONFIG, check, copy_checkpoint, cpu_job_args, ledger, losses, torchrun
+from checkpoint_attacks import load_entries, plant_payload, recorded_globals, save_entries, with_loader_of
+from conftest import (
+    CPU_CONFIG,
+    assert_refused,
+    check,
+    copy_checkpoint,
+    cpu_job_args,
+    ledger,
+    losses,
+    run_each,
+    torchrun,
+)
 
 from zephon_titan.engine.ledger import read_ledger
+from zephon_titan.errors import ResumeError
+from zephon_titan.titan.checkpoint import ALLOWED_GLOBALS
+from zephon_titan.titan.state_codec import decode_entry
 
 pytestmark = pytest.mark.integration
 STEPS = 6
@@ -188,3 +203,52 @@ def test_a_source_added_at_resume_with_an_annealing_phase(workdir, uninterrupted
     monkeypatch.chdir(workdir)
     assert {e.step: e for e in plan_ledger(job, 4, "runs/w2/checkpoint/step-2")} == {3: entries[3], 4: entries[4]}
     assert entries[3].tokens["anneal"] == 0 < entries[4].tokens["anneal"]
+
+
+@pytest.fixture(scope="module")
+def crafted(workdir, uninterrupted):
+    """The trainer resumed (1 rank, one launch) from crafted copies of the 2-rank run's step-4 checkpoint:
+    (exit status, output) per case. The genuine checkpoints' resumes are the `resumed` fixture's."""
+    source = os.path.join(workdir, "runs/w2/checkpoint")
+    cases = {}
+    for case in ("payload", "object", "step6_in_4"):
+        run = f"runs/crafted_{case}"
+        copy_checkpoint(workdir, "runs/w2", 4, run)
+        cases[case] = os.path.join(workdir, run, "checkpoint", "step-4")
+    # The issue's attack: a .metadata that writes a marker and returns the genuine index.
+    plant_payload(cases["payload"], os.path.join(workdir, "runs", "payload_ran"))
+    # A lane's sealed state as a Python dict (which DCP pickles; its own load would hand it to the loader).
+    entries = load_entries(os.path.join(source, "step-4"))
+    entries["dataloader.lane_00003"] = decode_entry(entries["dataloader.lane_00003"], "dataloader.lane_00003")
+    shutil.rmtree(cases["object"])
+    save_entries(entries, cases["object"])
+    # The step-6 `dataloader` entries in the step-4 checkpoint (model, optimizer, train_state of step 4).
+    shutil.rmtree(cases["step6_in_4"])
+    with_loader_of(os.path.join(source, "step-4"), os.path.join(source, "step-6"), cases["step6_in_4"])
+    outcomes = run_each(workdir, "train_cpu", [cpu_job_args(f"runs/crafted_{case}", STEPS) for case in cases])
+    return dict(zip(cases, outcomes)), cases
+
+
+def test_the_allow_list_covers_the_trainers_checkpoints(workdir, uninterrupted):
+    for step in (2, 4, 6):
+        seen = recorded_globals(os.path.join(workdir, f"runs/w2/checkpoint/step-{step}"))
+        assert ("torch.distributed.checkpoint.metadata", "Metadata") in seen and seen <= ALLOWED_GLOBALS, seen
+
+
+def test_the_trainer_refuses_a_payload_metadata_without_running_it(workdir, crafted):
+    assert_refused(crafted[0]["payload"], "its .metadata refers to builtins.eval")
+    assert not os.path.exists(os.path.join(workdir, "runs", "payload_ran")), "a checkpoint byte ran in the trainer"
+
+
+def test_the_trainer_refuses_a_loader_entry_stored_as_an_object(crafted):
+    assert_refused(crafted[0]["object"], "dataloader.lane_00003 is stored as a Python object, not a tensor")
+
+
+def test_the_trainer_refuses_the_loader_state_of_another_step(workdir, crafted, monkeypatch):
+    """Everything else of the crafted checkpoint loads (it was re-saved whole): only the bound step fails."""
+    assert_refused(crafted[0]["step6_in_4"], "its dataloader state is of step 6, its train_state of step 4")
+    from zephon_titan.plan import plan_ledger
+
+    monkeypatch.chdir(workdir)
+    with pytest.raises(ResumeError, match="its dataloader state is of step 6, its train_state of step 4"):
+        list(plan_ledger(CPU_CONFIG, STEPS, crafted[1]["step6_in_4"]))
