@@ -383,7 +383,7 @@ def cmd_validate(args) -> int:
 def _check_tokenizer(spec, fast_json: str | None = None) -> int:
     """fastokens against tokenizers, document by document over every source; 1 at the first difference.
     `fast_json` (tests) loads fastokens from another tokenizer.json."""
-    from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend
+    from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend, fast_eligibility
 
     reference = ReferenceBackend(spec.tokenizer.tokenizer)
     try:
@@ -393,6 +393,12 @@ def _check_tokenizer(spec, fast_json: str | None = None) -> int:
     except Exception as e:
         print(f"fastokens cannot load this tokenizer: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
         return 1
+    why_not = fast_eligibility(spec.tokenizer.tokenizer.to_str())
+    print(
+        "  fastokens is verified for this tokenizer's configuration"
+        if why_not is None
+        else f"  fastokens is not verified for this tokenizer ({why_not}): the run uses tokenizers whatever this finds"
+    )
     documents = 0
     for source in spec.sources:
         for block in tqdm(range(source.num_blocks), desc=f"comparing {source.name}", unit="block"):

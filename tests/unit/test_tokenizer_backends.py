@@ -17,14 +17,23 @@ import textwrap
 import threading
 
 import pytest
-from helpers import REAL_TOKENIZERS, data_table, make_spec, real_tokenizer, special_token_strings, with_special_tokens
+from helpers import (
+    REAL_TOKENIZERS,
+    SHARED_TOKENIZERS,
+    data_table,
+    make_spec,
+    real_tokenizer,
+    special_token_strings,
+    with_special_tokens,
+)
 
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine import ConfigError, LaneState, LaneStream, fingerprint, tokenizer_backends
+from zephon_titan.engine import ConfigError, DataError, LaneState, LaneStream, fingerprint, tokenizer_backends
+from zephon_titan.engine.tokenize import BackendMismatch
 from zephon_titan.engine.tokenizer_backends import (
-    VERIFY_DOCUMENTS,
     FastBackend,
     ReferenceBackend,
+    fast_eligibility,
     first_difference,
     load_fast,
     probe_texts,
@@ -107,88 +116,182 @@ def test_a_broken_fast_tokenizer_is_caught_by_the_probe_check(tokenizer_dir, cap
     assert select_backend(reference, "auto")[0].name == "fastokens"
 
 
-def test_a_fast_backend_that_differs_on_a_document_is_replaced_by_the_reference(tokenizer_dir, prose_docs, caplog):
+def test_a_fast_backend_that_differs_on_a_document_stops_the_run_naming_it(tokenizer_dir, tmp_path, prose_docs):
+    """A difference found at run time is a hard error naming the document, never a silent switch."""
     tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
     reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
     tokenizer.select_backend()
     tokenizer._backend = FastBackend(_broken_json(tokenizer_dir))  # as if it had passed the probes
-    with caplog.at_level(logging.WARNING, logger="zephon_titan"):
-        got = tokenizer.encode(prose_docs[:8])
-    assert [g.tolist() for g in got] == [r.tolist() for r in reference.encode(prose_docs[:8])]
-    assert "fastokens gave other ids than tokenizers for a document" in caplog.text
-    assert tokenizer._backend.name == "tokenizers"
+    with pytest.raises(BackendMismatch, match="fastokens gives other ids than tokenizers for this document") as e:
+        tokenizer.encode(prose_docs[:8])
+    assert reference.encode([prose_docs[e.value.index]])[0].tolist() != []  # it names one of the eight
+    # Through a lane: the error names the file and line (engine/feed.py).
+    sources = {"web": {"paths": [str(_write_jsonl(tmp_path / "data", prose_docs[:20]))]}}
+    spec = make_spec(str(tmp_path), tokenizer_dir, seq_len=64, sources=sources, num_lanes=1)
+    spec.tokenizer.select_backend()
+    spec.tokenizer._backend = FastBackend(_broken_json(tokenizer_dir))
+    with pytest.raises(DataError, match=r"docs\.jsonl byte offset \d+ \(source 'web'\): fastokens gives other ids"):
+        LaneStream(spec, 0).take(4)
+    # Control: the real fast backend encodes the same documents without a word.
+    spec = make_spec(str(tmp_path), tokenizer_dir, seq_len=64, sources=sources, num_lanes=1)
+    assert spec.tokenizer.select_backend() == "fastokens"
+    assert len(LaneStream(spec, 0).take(4)) == 4
 
 
-def _broken_beyond_probes(tokenizer_path, texts) -> str:
-    """The tokenizer.json with one merge removed that no probe text needs and one of `texts` does:
-    a fast tokenizer the probe check passes and a document check must catch."""
-    reference = load_tokenizer(tokenizer_path).tokenizer
-    data = json.loads(reference.to_str())
-    ref, probes = ReferenceBackend(reference), probe_texts(reference)
-    in_texts, in_probes = (set(ref.encode_flat(t)[0].tolist()) for t in (texts, probes))
-    vocab = data["model"]["vocab"]
-    for i, (a, b) in enumerate(data["model"]["merges"]):
-        if vocab.get(a + b) not in in_texts - in_probes:  # candidates: tokens only the texts end with
-            continue
-        broken = json.loads(json.dumps(data))
-        del broken["model"]["merges"][i]
-        fast = FastBackend(json.dumps(broken))
-        if first_difference(ref, fast, texts) is not None and first_difference(ref, fast, probes) is None:
-            return json.dumps(broken)
-    raise AssertionError("no merge is needed by the texts and not by the probes")
+def _write_jsonl(root, docs):
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, "docs.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs)
+    return path
 
 
 @pytest.fixture
 def held_load(monkeypatch):
-    """Hold the fast backend's background load until the test sets the event; `held_load.json` (if
-    set) is loaded instead of the tokenizer's own tokenizer.json. The real load runs then."""
+    """Hold the fast backend's background load until the test sets the event."""
     gate = threading.Event()
-    gate.json = None
     real = tokenizer_backends.load_fast
 
     def load_when_released(tokenizer_json):
         gate.wait(60)
-        return real(gate.json or tokenizer_json)
+        return real(tokenizer_json)
 
     monkeypatch.setattr(tokenizer_backends, "load_fast", load_when_released)
     return gate
 
 
-def test_the_reference_tokenizes_while_the_fast_backend_loads(tokenizer_dir, prose_docs, held_load):
+def test_the_first_encode_waits_for_the_backend_load(tokenizer_dir, prose_docs, held_load):
+    """No document is encoded before the backend is chosen: which backend gave a document's ids
+    never depends on how long the load took."""
     tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
     reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
     tokenizer.start_backend()
-    first = tokenizer.encode(prose_docs[:40])
-    assert tokenizer._backend is None  # still loading: these are the reference's own ids
+    got = []
+    encoder = threading.Thread(target=lambda: got.append(tokenizer.encode(prose_docs[:40])))
+    encoder.start()
+    encoder.join(1.0)
+    assert encoder.is_alive() and not got  # waiting for the load, not encoding with the reference meanwhile
     held_load.set()
-    tokenizer._loading.join()
-    second = tokenizer.encode(prose_docs[40:70])
+    encoder.join(60)
     assert tokenizer._backend.name == "fastokens"
-    # Checked on the 40 documents the reference did while it loaded, then on the next 30 as usual.
-    assert tokenizer._verify_left == VERIFY_DOCUMENTS - 70
-    assert [a.tolist() for a in first + second] == [b.tolist() for b in reference.encode(prose_docs[:70])]
+    assert [a.tolist() for a in got[0]] == [b.tolist() for b in reference.encode(prose_docs[:40])]
 
 
-def test_documents_tokenized_while_the_fast_backend_loads_are_its_first_check(
-    tokenizer_dir, prose_docs, held_load, caplog
-):
-    broken = _broken_beyond_probes(tokenizer_dir, prose_docs[:40])
-    # Control: the probe check alone lets this fast tokenizer through.
-    chosen, _ = select_backend(load_tokenizer(tokenizer_dir).tokenizer, "auto", loaded=FastBackend(broken))
-    assert chosen.name == "fastokens"
-    tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
-    reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
-    tokenizer.start_backend()
-    first = tokenizer.encode(prose_docs[:40])  # by the reference: the broken backend is not loaded yet
-    held_load.json = broken
-    held_load.set()
-    tokenizer._loading.join()
-    with caplog.at_level(logging.WARNING, logger="zephon_titan"):
-        second = tokenizer.encode(["plain words", "that every merge list handles"])  # no difference here
-    assert "fastokens gave other ids than tokenizers for a document" in caplog.text  # found in the first 40
-    assert tokenizer._backend.name == "tokenizers"
-    expected = reference.encode(prose_docs[:40] + ["plain words", "that every merge list handles"])
-    assert [a.tolist() for a in first + second] == [b.tolist() for b in expected]
+# A pre-tokenizer the two regex engines read differently: `\h` is a hex digit in Oniguruma (tokenizers)
+# and horizontal whitespace in PCRE2 (fastokens). Nothing in the probe set exercises it.
+HEX_OR_SPACE = {"type": "Split", "pattern": {"Regex": "Q\\h"}, "behavior": "Isolated", "invert": False}
+TRIGGERS = ["Qathe", "a Q the"]  # documents on which the two engines' ids differ
+
+
+@pytest.fixture(scope="module")
+def diverging_dir(tokenizer_dir, tmp_path_factory) -> str:
+    """The fixture tokenizer with the \\h pre-tokenizer in front of its byte-level one."""
+    target = tmp_path_factory.mktemp("diverging")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), target / name)
+    data = json.loads((target / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [HEX_OR_SPACE, data["pre_tokenizer"]]}
+    (target / "tokenizer.json").write_text(json.dumps(data))
+    return str(target)
+
+
+def test_the_backend_is_chosen_from_the_files_never_by_sampling(tokenizer_dir, diverging_dir, caplog):
+    reference = load_tokenizer(diverging_dir).tokenizer
+    fast, ref = FastBackend(reference.to_str()), ReferenceBackend(reference)
+    # Control: this fast tokenizer passes every probe and still gives other ids on ordinary-looking text,
+    # so a check by sampling (probes, first documents) lets it through.
+    assert first_difference(ref, fast, probe_texts(reference)) is None
+    assert all(first_difference(ref, fast, [t]) == 0 for t in TRIGGERS)
+    with caplog.at_level(logging.INFO, logger="zephon_titan"):
+        backend, reason = select_backend(reference, "auto")
+    assert backend.name == "tokenizers" and "is not on the verified list" in reason and "Q\\\\h" in reason
+    assert caplog.text.count("tokenizing with tokenizers, not fastokens: fastokens is not verified") == 1
+    with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens is not verified for this"):
+        select_backend(reference, "fastokens")
+    # The fixture tokenizer (byte-level, GPT-2's shape) is on the list.
+    assert fast_eligibility(load_tokenizer(tokenizer_dir).tokenizer.to_str()) is None
+
+
+@pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
+def test_the_verified_list_admits_the_fields_tokenizers(name, special_dir):
+    data = json.loads(load_tokenizer(_tokenizer_path(name, special_dir)).tokenizer.to_str())
+    assert fast_eligibility(json.dumps(data)) is None
+    # Controls: each part of the structure is compared.
+    for part, value in (
+        ("normalizer", {"type": "NFKC"}),
+        ("pre_tokenizer", {"type": "ByteLevel", "add_prefix_space": True}),
+    ):
+        assert "not on the verified list" in fast_eligibility(json.dumps({**data, part: value}))
+    model = {**data["model"], "byte_fallback": True}
+    assert "model settings" in fast_eligibility(json.dumps({**data, "model": model}))
+    added = [{"id": 0, "content": "<x>", "lstrip": True, "rstrip": False, "single_word": False}]
+    assert "sets lstrip" in fast_eligibility(json.dumps({**data, "added_tokens": added}))
+
+
+def test_a_fastokens_release_other_than_the_verified_one_is_not_used(tokenizer_dir, monkeypatch):
+    monkeypatch.setattr(tokenizer_backends, "fastokens_version", lambda: "0.4.0")
+    backend, reason = select_backend(load_tokenizer(tokenizer_dir).tokenizer, "auto")
+    assert backend.name == "tokenizers" and "fastokens 0.4.0 is installed; the verified list is for" in reason
+
+
+def _hex_or_space_job(tmp_path, diverging_dir, prose_docs, workers: int) -> str:
+    """A job whose documents exercise the \\h pre-tokenizer only late: 400 documents of 100 characters of
+    real text in file order, a trigger in every 20th from the 301st on."""
+    data = tmp_path / "hex"
+    if not data.exists():
+        text = "".join(prose_docs)
+        docs = [text[i : i + 100] for i in range(0, 100 * 400, 100)]
+        for i in range(300, len(docs), 20):
+            docs[i] = f"{docs[i][:50]} {TRIGGERS[i % 2]} {docs[i][50:]}"
+        _write_jsonl(data, docs)
+    path = tmp_path / f"hex_{workers}.toml"
+    path.write_text(f"""
+hf_assets_path = "{diverging_dir}"
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
+[training]
+seq_len = 64
+global_batch_size = 8
+local_batch_size = 8
+[dataloader]
+num_lanes = 1
+num_workers = {workers}
+shuffle = false  # file order: the first trigger is the 301st document
+[dataloader.sources.web]
+paths = ["{data}/docs.jsonl"]
+block_bytes = 1000000
+""")
+    return str(path)
+
+
+def test_rows_do_not_depend_on_timing_workers_or_what_is_installed(tmp_path, diverging_dir, prose_docs, monkeypatch):
+    """The attack's shape: `plan` of a job whose tokenizer the two engines read differently, on documents
+    that exercise it only after the first 256, run in process (three times, the load fast or held back),
+    with a worker, and on a machine without fastokens: one ledger."""
+    from zephon_titan.plan import plan_ledger
+
+    steps = 40  # 320 rows of 64 tokens (~20k): past the 300th document (~15k)
+
+    def ledger(workers=0):
+        return [e.sha256 for e in plan_ledger(_hex_or_space_job(tmp_path, diverging_dir, prose_docs, workers), steps)]
+
+    reference = ledger()
+    assert len(reference) == steps
+    assert ledger() == reference
+    assert ledger(workers=1) == reference
+    slow_load = tokenizer_backends.load_fast
+    monkeypatch.setattr(
+        tokenizer_backends, "load_fast", lambda text: (__import__("time").sleep(1.0), slow_load(text))[1]
+    )
+    assert ledger() == reference
+    monkeypatch.setattr(tokenizer_backends, "fastokens_version", lambda: None)  # as if it were not installed
+    assert ledger() == reference
+    # Negative control: had fastokens been trusted for this tokenizer, the rows would differ.
+    monkeypatch.setattr(tokenizer_backends, "fastokens_version", lambda: tokenizer_backends.FASTOKENS_VERSION)
+    monkeypatch.setattr(tokenizer_backends, "fast_eligibility", lambda text: None)
+    monkeypatch.setattr(tokenizer_backends, "VERIFY_DOCUMENTS", 0)  # the runtime check is a test of its own
+    assert ledger() != reference
 
 
 @pytest.mark.parametrize("name", ["fixture", "gpt2"])
@@ -209,7 +312,7 @@ def test_a_process_that_exits_while_the_fast_backend_loads_exits_cleanly(name, s
 
 @pytest.fixture(scope="module")
 def refused_dir(tokenizer_dir, tmp_path_factory) -> str:
-    """The fixture tokenizer with a pre-tokenizer fastokens does not support (Whitespace)."""
+    """The fixture tokenizer with a pre-tokenizer off fastokens' verified list (Whitespace)."""
     target = tmp_path_factory.mktemp("refused")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tokenizer_dir, name), target / name)
@@ -232,12 +335,12 @@ def test_the_trainers_loader_says_its_backend_before_the_first_batch(corpus_dir,
     with caplog.at_level(logging.INFO):
         first_batch("auto")
     if workers:  # each worker chose and checked its own; this process says it once, naming them
-        assert caplog.text.count("tokenizer backend tokenizers (fastokens cannot load") == 1
+        assert caplog.text.count("tokenizer backend tokenizers (fastokens is not verified for this tokenizer") == 1
         assert "(loader workers 0, 1)" in caplog.text
     else:
-        assert caplog.text.count("tokenizing with tokenizers, not fastokens: fastokens cannot load this tokenizer") == 1
-        assert "tokenizer backend tokenizers (fastokens cannot load" in caplog.text
-    with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens cannot load this tokenizer"):
+        assert caplog.text.count("tokenizing with tokenizers, not fastokens: fastokens is not verified for this") == 1
+        assert "tokenizer backend tokenizers (fastokens is not verified for this tokenizer" in caplog.text
+    with pytest.raises(ConfigError, match="tokenizer_backend = fastokens, but fastokens is not verified for this"):
         first_batch("fastokens")
 
 
@@ -285,7 +388,7 @@ def test_validate_check_tokenizer_compares_every_document(tmp_path, corpus_dir, 
     job = _job(tmp_path, corpus_dir, tokenizer_dir)
     assert main(["validate", job, "--check-tokenizer"]) == 0
     out = capsys.readouterr().out
-    assert "backend: fastokens (matches tokenizers on" in out
+    assert "backend: fastokens (a verified configuration; matches tokenizers on" in out
     assert "fastokens and tokenizers give the same ids for all" in out
     # Negative control: a fast tokenizer with one merge removed is caught, naming the file and row.
     assert _check_tokenizer(load_job(job).spec, fast_json=_broken_json(tokenizer_dir)) == 1
@@ -304,8 +407,65 @@ def test_with_workers_the_trainer_process_loads_no_fast_backend(corpus_dir, toke
     try:
         with caplog.at_level(logging.INFO):
             next(iter(loader))
-        assert caplog.text.count("tokenizer backend fastokens (matches tokenizers on") == 1
+        assert caplog.text.count("tokenizer backend fastokens (a verified configuration; matches tokenizers on") == 1
         assert "(loader workers 0, 1)" in caplog.text
         assert loader.spec.tokenizer._backend is None and loader.spec.tokenizer._loading is None
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("backend", ["auto", "tokenizers"])
+def test_truncation_or_padding_in_tokenizer_json_never_cuts_or_pads_a_document(tokenizer_dir, tmp_path, backend):
+    data = json.loads(load_tokenizer(tokenizer_dir).tokenizer.to_str())
+    data["truncation"] = {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}
+    data["padding"] = {"strategy": "BatchLongest", "direction": "Right", "pad_to_multiple_of": None,
+                       "pad_id": 0, "pad_type_id": 0, "pad_token": "<|pad|>"}  # fmt: skip
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizer_dir, name), tmp_path / name)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    texts = ["a short one", "a much longer document of many words than the first " * 3]
+    # Control: the tokenizers library itself truncates and pads with this file.
+    raw = load_tokenizer(str(tmp_path)).tokenizer.__class__.from_str(json.dumps(data))
+    assert [len(e.ids) for e in raw.encode_batch(texts, add_special_tokens=False)] == [4, 4]
+    plain, loaded = load_tokenizer(tokenizer_dir, backend=backend), load_tokenizer(str(tmp_path), backend=backend)
+    assert [a.tolist() for a in loaded.encode(texts)] == [a.tolist() for a in plain.encode(texts)]
+    assert loaded.digest() == plain.digest()  # the same ids: the same data stream
+
+
+def _real_texts(prose_docs, code_docs) -> list[str]:
+    """The shared corpora (C4, Wikipedia, Gutenberg, ...) where present, and always the standard library."""
+    texts = list(prose_docs) + list(code_docs)
+    corpora = os.path.join(os.path.dirname(os.path.dirname(SHARED_TOKENIZERS)), "data", "corpus")
+    for root, _, files in os.walk(corpora):
+        for name in sorted(files):
+            if name.endswith(".jsonl"):
+                with open(os.path.join(root, name), encoding="utf-8") as f:
+                    texts += [v for line in f for v in json.loads(line).values() if isinstance(v, str)][:20000]
+    return texts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pre_tokenizer", sorted(tokenizer_backends.VERIFIED))
+def test_every_verified_configuration_matches_the_reference_on_real_text(
+    pre_tokenizer, tokenizer_dir, prose_docs, code_docs
+):
+    """The evidence behind VERIFIED: each pre-tokenizer, with each verified normalizer and both
+    ignore_merges settings, over a real vocabulary (OLMo-2's or GPT-2's where present, else the
+    fixture's) and every real text at hand."""
+    byte_level = tokenizer_backends.VERIFIED[pre_tokenizer]["type"] == "ByteLevel"
+    shared = os.path.join(SHARED_TOKENIZERS, "gpt2" if byte_level else "olmo2_dolma2", "tokenizer.json")
+    base = json.loads(
+        open(shared).read() if os.path.isfile(shared) else load_tokenizer(tokenizer_dir).tokenizer.to_str()
+    )
+    texts = _real_texts(prose_docs, code_docs) + probe_texts(load_tokenizer(tokenizer_dir).tokenizer)
+    for normalizer in tokenizer_backends.VERIFIED_NORMALIZERS:
+        for ignore_merges in (False, True):
+            canonical = json.dumps(tokenizer_backends.VERIFIED[pre_tokenizer])  # + what the library needs to load it
+            loadable = json.loads(canonical.replace('"type": "ByteLevel"', '"type": "ByteLevel", "trim_offsets": true'))
+            data = {**base, "normalizer": normalizer, "pre_tokenizer": loadable}
+            data["model"] = {**base["model"], "ignore_merges": ignore_merges}
+            text = json.dumps(data)
+            assert fast_eligibility(text) is None
+            reference = ReferenceBackend(load_tokenizer(tokenizer_dir).tokenizer.from_str(text))
+            bad = first_difference(reference, FastBackend(text), texts)
+            assert bad is None, (normalizer, ignore_merges, texts[bad][:200])

@@ -29,6 +29,7 @@ from zephon_titan.engine.sources.base import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
 from zephon_titan.engine.state import FeedState, MixState, SourceCursor, initial_cursors
+from zephon_titan.engine.tokenize import BackendMismatch
 from zephon_titan.errors import DataError
 
 # Documents tokenized together in one encode_batch call (a speed knob only). Batches
@@ -207,7 +208,11 @@ class LaneSourceReader:
             for item, file, row in docs:
                 if not isinstance(item, str):
                     self._check_token_ids(item, file, row)
-            encoded = self.spec.tokenizer.encode([item for item, _, _ in docs])
+            try:
+                encoded = self.spec.tokenizer.encode([item for item, _, _ in docs])
+            except BackendMismatch as e:  # the e.index-th text of the batch
+                _, file, row = [doc for doc in docs if isinstance(doc[0], str)][e.index]
+                raise DataError(f"{file} {self.source.row_unit} {row} (source {self.source.name!r}): {e}") from None
             self._tokens = dict(zip(range(p, stop), encoded))
             self._where = {i: (file, row) for i, (_, file, row) in zip(range(p, stop), docs)}
         file, row = self._where[p]

@@ -159,7 +159,7 @@ def open_lane_group(
         from zephon_titan.engine.tokenizer_backends import default_threads, limit_threads
 
         limit_threads(default_threads(0))
-        spec.tokenizer.start_backend()  # loads while the first rows are read and tokenized by the reference
+        spec.tokenizer.start_backend()  # loads while the first blocks are read; the first encode waits for it
         return LaneGroup(spec, lane_ids, rows_per_step, states, first_step)
     from zephon_titan.engine.workers import ProcessLaneGroup
 

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from zephon_titan.engine import tokenizer_backends
 from zephon_titan.engine.tokenizer_backends import Backend, ReferenceBackend
-from zephon_titan.errors import ConfigError
+from zephon_titan.errors import ConfigError, ZephonError
 
 TOKEN_DTYPE = np.int32
 
@@ -32,6 +32,19 @@ class SpecialTokenChoice:
     token_id: int | None
     """The id added to every document, or None."""
     reason: str
+
+
+class BackendMismatch(ZephonError):
+    """The fast backend gave other ids than the reference for the document at `index` of an encode
+    call (engine/feed.py names its file and row). The run stops: the rows must be the reference's."""
+
+    def __init__(self, index: int, text: str, backend: str):
+        self.index = index
+        super().__init__(
+            f"{backend} gives other ids than tokenizers for this document ({text[:60]!r}); the rows would "
+            'depend on the backend, so the run stops: set [dataloader] tokenizer_backend = "tokenizers" '
+            "(and please report the document)"
+        )
 
 
 class DocumentTokenizer:
@@ -46,14 +59,14 @@ class DocumentTokenizer:
         loading: BackendLoad | None = None,
     ):
         """`loading`: the backend's load, started before the reference was (worker processes)."""
-        self.tokenizer = tokenizer
+        self.tokenizer = whole_documents(tokenizer)
         self.backend_setting = backend
-        self._reference = ReferenceBackend(tokenizer)
+        self._reference = ReferenceBackend(self.tokenizer)
         self._backend: Backend | None = None  # chosen at the first encode, in the process that encodes
         self._loading = loading  # the backend being loaded meanwhile (start_backend(), or given)
-        self._done_by_reference: list[tuple[str, np.ndarray]] = []  # while it loads: (text, ids) to check it on
         self.backend_reason = ""
         self._verify_left = tokenizer_backends.VERIFY_DOCUMENTS
+        self._fast_failed = False  # said once: fastokens raised on a document the reference encoded
         self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
         self.eos = eos if isinstance(eos, SpecialTokenChoice) else SpecialTokenChoice(eos, "given")
         bos_id, eos_id = self.bos.token_id, self.eos.token_id
@@ -68,104 +81,74 @@ class DocumentTokenizer:
         self._digest: str | None = None
 
     def select_backend(self, announce: bool = True) -> str:
-        """Choose the backend now (probe check included); returns its name. Idempotent."""
-        if self._loading is not None:  # start_backend() began it: wait for it
-            self._adopt_loaded(announce)
+        """Choose the backend now (structural check, version and probes); returns its name. Idempotent.
+        Waits for a load start_backend() began: which backend encodes never depends on timing."""
         if self._backend is None:
-            self._take(*tokenizer_backends.select_backend(self.tokenizer, self.backend_setting, announce=announce))
-        assert self._backend is not None
+            if self._loading is not None:
+                self._backend, self.backend_reason = self._loading.result(self.tokenizer, announce)
+                self._loading = None
+            else:
+                self._backend, self.backend_reason = tokenizer_backends.select_backend(
+                    self.tokenizer, self.backend_setting, announce=announce
+                )
         return self._backend.name
 
-    def _take(self, backend: Backend, reason: str) -> None:
-        self._backend = self._reference if backend.name == self._reference.name else backend
-        self.backend_reason = reason
-
     def start_backend(self) -> None:
-        """Load and probe-check the backend in a background thread (fastokens loads without holding the
-        GIL), so that tokenizing starts at once: until the backend is ready the reference tokenizes, and
-        the backend is then checked first on those same documents. Idempotent. Measured in process (one
-        rank, 8 lanes, GPT-2): the first batch 0.71-0.74 s -> 0.49-0.57 s, at the same throughput."""
+        """Load the backend in a background thread (fastokens loads without holding the GIL), so that
+        it loads while the caller does other work (the trainer builds its model). Idempotent."""
         if self._backend is None and self._loading is None:
             self._loading = BackendLoad(self.tokenizer, self.backend_setting)
 
-    def _adopt_loaded(self, announce: bool = False) -> None:
-        """Take the background load's result and check it on the documents the reference did meanwhile."""
-        assert self._loading is not None
-        self._take(*self._loading.result(self.tokenizer, announce))  # raises tokenizer_backend = fastokens' ConfigError
-        self._loading = None
-        done, self._done_by_reference = self._done_by_reference, []
-        if done and self._backend is not self._reference:
-            texts = [text for text, _ in done]
-            lengths = np.fromiter((len(ids) for _, ids in done), dtype=np.int64, count=len(done))
-            offsets = np.concatenate([[0], np.cumsum(lengths)])
-            self._checked(texts, (np.concatenate([ids for _, ids in done]), offsets), None)
-
     def encode(self, texts: Sequence[str | np.ndarray]) -> list[np.ndarray]:
-        """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized."""
+        """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized.
+        Raises BackendMismatch (with the index among `texts`' strings) if the fast backend differs."""
         strings = [t for t in texts if isinstance(t, str)]
         encoded = iter(self._with_specials(*self._encode_checked(strings)) if strings else [])
         prefix, suffix = np.array(self._prefix, dtype=TOKEN_DTYPE), np.array(self._suffix, dtype=TOKEN_DTYPE)
         return [next(encoded) if isinstance(t, str) else np.concatenate([prefix, t, suffix]) for t in texts]
 
     def _encode_checked(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The reference's ids for `strings`, computed by the chosen backend once it has matched the
-        reference on this process's first documents."""
-        if self._backend is None:
-            self.start_backend()
-            assert self._loading is not None
-            if self._loading.done():
-                self._adopt_loaded()
-        if self._backend is None:  # still loading: the reference's ids, kept to check the backend on
-            ids, offsets = self._reference.encode_flat(strings)
-            room = self._verify_left - len(self._done_by_reference)
-            bounds = offsets.tolist()
-            self._done_by_reference += [
-                (strings[i], ids[bounds[i] : bounds[i + 1]]) for i in range(min(room, len(strings)))
-            ]
-            return ids, offsets
-        if self._backend is self._reference:
+        """The ids of `strings`: the chosen backend's, each document's a function of its text alone."""
+        self.select_backend(announce=False)
+        backend = self._backend
+        assert backend is not None
+        if backend is self._reference or backend.name == self._reference.name:
             return self._reference.encode_flat(strings)
         try:
-            ids, offsets = self._backend.encode_flat(strings)
-        except Exception as e:  # a text the fast backend cannot encode: the reference can
-            return self._use_reference(f"failed on a document ({type(e).__name__}: {e})", strings)
-        if self._verify_left <= 0:
-            return ids, offsets
-        k = min(len(strings), self._verify_left)
-        return self._checked(strings, self._reference.encode_flat(strings[:k]), (ids, offsets))
-
-    def _checked(
-        self,
-        strings: list[str],
-        reference: tuple[np.ndarray, np.ndarray],
-        fast: tuple[np.ndarray, np.ndarray] | None,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of `strings` once the backend's (`fast`, computed here if None) agree with the
-        `reference` ids of the first strings; on a difference this process uses the reference for good."""
-        assert self._backend is not None
-        if fast is None:
-            try:
-                fast = self._backend.encode_flat(strings)
-            except Exception as e:
-                return self._use_reference(f"failed on a document ({type(e).__name__}: {e})", strings)
-        (ids, offsets), (ref_ids, ref_offsets) = fast, reference
-        k = len(ref_offsets) - 1
-        if np.array_equal(ref_offsets, offsets[: k + 1]) and np.array_equal(ref_ids, ids[: offsets[k]]):
+            ids, offsets = backend.encode_flat(strings)
+        except Exception:  # some document it cannot encode: find it, so that the others stay fast's
+            ids, offsets = self._encode_one_by_one(backend, strings)
+        if self._verify_left > 0:
+            k = min(len(strings), self._verify_left)
+            ref_ids, ref_offsets = self._reference.encode_flat(strings[:k])
+            if not (np.array_equal(ref_offsets, offsets[: k + 1]) and np.array_equal(ref_ids, ids[: offsets[k]])):
+                bad = tokenizer_backends.first_difference(self._reference, _Fixed(ids, offsets), strings[:k])
+                index = bad if bad is not None else 0
+                raise BackendMismatch(index, strings[index], backend.name)
             self._verify_left -= k
-            return ids, offsets
-        return self._use_reference("gave other ids than tokenizers for a document", strings)
+        return ids, offsets
 
-    def _use_reference(self, what: str, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Switch this process to the reference for good, saying so once; the ids are always the reference's."""
-        assert self._backend is not None
-        tokenizer_backends.log.warning(
-            "zephon_titan: %s %s; this process tokenizes with tokenizers from now on (the rows are unchanged: "
-            "they are tokenizers' ids either way). `zephon-titan validate --check-tokenizer` finds the document.",
-            self._backend.name,
-            what,
-        )
-        self._backend, self.backend_reason = self._reference, f"tokenizers ({self._backend.name} {what})"
-        return self._reference.encode_flat(strings)
+    def _encode_one_by_one(self, backend: Backend, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each document by the backend, or by the reference where the backend raises on it: a document's
+        ids depend on its own text, never on which documents shared its batch."""
+        parts = []
+        for text in strings:
+            try:
+                parts.append(backend.encode_flat([text])[0])
+            except Exception as e:
+                if not self._fast_failed:
+                    self._fast_failed = True
+                    tokenizer_backends.log.warning(
+                        "zephon_titan: %s cannot encode a document (%s: %s); the reference encodes such documents",
+                        backend.name,
+                        type(e).__name__,
+                        str(e).splitlines()[0][:200] if str(e) else "",
+                    )
+                parts.append(self._reference.encode_flat([text])[0])
+        lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        offsets = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(lengths)])
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint32)
+        return ids.astype(np.uint32, copy=False), offsets
 
     def _with_specials(self, ids: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
         """Per document, a view [BOS] + ids + [EOS] into one new int32 buffer (no per-token Python work)."""
@@ -230,3 +213,29 @@ class BackendLoad:
         tokenizer_backend = fastokens); `announce`: log a fallback."""
         self._thread.join()
         return tokenizer_backends.select_backend(tokenizer, self._setting, announce=announce, loaded=self._loaded)
+
+
+class _Fixed:
+    """Ids already computed, as a Backend (to locate the first difference)."""
+
+    name = "fixed"
+
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray):
+        self._ids, self._offsets = ids, offsets
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        k = len(texts)
+        return self._ids[: self._offsets[k]], self._offsets[: k + 1]
+
+
+def whole_documents(tokenizer: Tokenizer) -> Tokenizer:
+    """The tokenizer without truncation or padding. A tokenizer.json may carry either (saved after a
+    fine-tuning run, say): truncation would cut every document silently, and padding would make a
+    document's ids depend on the longest document it was encoded with. A copy: the caller's object
+    (TorchTitan's trainer tokenizer) is left as it is."""
+    if tokenizer.truncation is None and tokenizer.padding is None:
+        return tokenizer
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    return copy

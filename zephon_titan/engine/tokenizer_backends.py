@@ -3,13 +3,23 @@
 `tokenizers` (Hugging Face) is the reference. `fastokens` (the `.[fast]` extra) is a Rust BPE
 that loads the same tokenizer.json and gives the same ids several times faster. The backend
 is a pure speed knob (`[dataloader] tokenizer_backend`): it is absent from the fingerprint,
-and a run saved with one resumes with the other. That holds because the fast backend is
-only used after it has matched the reference
-  1. on a fixed probe set (the tokenizer's special tokens, unicode, whitespace runs, long
-     words, control characters), when it is chosen; and
-  2. on the first documents each process tokenizes (`VERIFY_DOCUMENTS`); a mismatch there
-     switches that process to the reference for good, with one warning, and the ids handed
-     out are always the reference's.
+and a run saved with one resumes with the other.
+
+Which backend computes a document's ids is a pure function of the files and the installed
+fastokens version, decided once at load, the same in every rank and worker: never of timing,
+worker count or document order. fastokens is used only when
+  1. the tokenizer's encoding configuration (normalizer, pre-tokenizer, BPE settings, added-token
+     flags; not its vocabulary) is on VERIFIED, compared structurally (`fast_eligibility`): the
+     two libraries use different regex engines (Oniguruma, PCRE2) that read some constructs
+     differently (`\\h`: a hex digit in one, horizontal whitespace in the other), and no sample of
+     documents can prove two engines agree on a pattern nobody checked;
+  2. the installed fastokens is the version the list was verified with; and
+  3. it matches the reference on a fixed probe set (the tokenizer's special tokens, unicode,
+     whitespace runs, long words, control characters).
+Anything else uses `tokenizers`, with one line saying why. The first documents each process
+encodes are still compared with the reference (`VERIFY_DOCUMENTS`); a difference there is a
+hard error naming the document (engine/feed.py), never a silent switch: the rows must not
+depend on which process saw the document first.
 `zephon-titan validate --check-tokenizer` compares the two over a whole corpus.
 
 Both backends return one flat id buffer and offsets (document i is ids[offsets[i]:offsets[i+1]]),
@@ -18,17 +28,116 @@ so no per-token Python object is made on the fast path.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from typing import Protocol
+import unicodedata
+from typing import Any, Protocol
 
 import numpy as np
 from tokenizers import Tokenizer
 
-# Documents each process checks against the reference before trusting the fast backend alone.
+# Documents each process checks against the reference on the fast backend (a safety net: on a
+# difference the run stops; the rows never change).
 VERIFY_DOCUMENTS = 256
 
+# The fastokens release VERIFIED was checked with (the `.[fast]` extra pins it).
+FASTOKENS_VERSION = "0.3.5"
+
+# The pre-tokenizer regexes of the tokenizers on VERIFIED: cl100k's (Llama 3, OLMo-2's dolma2) and
+# Qwen2's (cl100k with single digits).
+CL100K_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = CL100K_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def _split_then_bytes(pattern: str, behavior: str, invert: bool) -> dict[str, Any]:
+    split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": behavior, "invert": invert}
+    return {
+        "type": "Sequence",
+        "pretokenizers": [split, {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False}],
+    }
+
+
+# Pre-tokenizers (in canonical form, see _canonical_pre_tokenizer) on which fastokens FASTOKENS_VERSION
+# was checked against `tokenizers`, each with every normalizer in VERIFIED_NORMALIZERS and both
+# `ignore_merges` settings, on the probe set and ~16 MB of real text (C4, Wikipedia, Gutenberg,
+# code; tests/unit/test_tokenizer_backends.py, the `slow` sweep). Splitting with "Isolated" and with
+# "Removed" + invert keeps the same pieces.
+VERIFIED: dict[str, dict[str, Any]] = {
+    "byte-level (GPT-2, GPT-NeoX, Pythia)": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+    "cl100k split (Llama 3)": _split_then_bytes(CL100K_PATTERN, "Isolated", False),
+    "cl100k split (OLMo-2)": _split_then_bytes(CL100K_PATTERN, "Removed", True),
+    "Qwen2 split": _split_then_bytes(QWEN2_PATTERN, "Isolated", False),
+    "Qwen2 split (inverted)": _split_then_bytes(QWEN2_PATTERN, "Removed", True),
+}
+VERIFIED_NORMALIZERS: tuple[Any, ...] = (None, {"type": "NFC"})
+
 log = logging.getLogger("zephon_titan")
+
+
+def _canonical_pre_tokenizer(pre: Any) -> Any:
+    """The settings of a pre-tokenizer that decide ids, with defaults filled in (offsets-only
+    settings such as trim_offsets dropped), so that equal behaviour compares equal."""
+    if not isinstance(pre, dict):
+        return pre
+    kind = pre.get("type")
+    if kind == "ByteLevel":
+        return {
+            "type": "ByteLevel",
+            "add_prefix_space": pre.get("add_prefix_space", True),
+            "use_regex": pre.get("use_regex", True),
+        }
+    if kind == "Sequence":
+        return {
+            "type": "Sequence",
+            "pretokenizers": [_canonical_pre_tokenizer(p) for p in pre.get("pretokenizers", [])],
+        }
+    if kind == "Split":
+        return {k: pre.get(k) for k in ("type", "pattern", "behavior", "invert")}
+    return pre
+
+
+def fast_eligibility(tokenizer_json: str) -> str | None:
+    """None if fastokens may encode with this tokenizer.json (its encoding configuration is on
+    VERIFIED), else why not, as a phrase. Compares structure, never samples text."""
+    data = json.loads(tokenizer_json)
+    normalizer = data.get("normalizer")
+    if normalizer not in VERIFIED_NORMALIZERS:
+        return f"its normalizer {_short(normalizer)} is not on the verified list"
+    pre = _canonical_pre_tokenizer(data.get("pre_tokenizer"))
+    if pre not in VERIFIED.values():
+        return f"its pre-tokenizer {_short(pre)} is not on the verified list"
+    model = data.get("model") or {}
+    settings = {
+        "type": model.get("type"),
+        "dropout": model.get("dropout"),
+        "unk_token": model.get("unk_token"),
+        "continuing_subword_prefix": model.get("continuing_subword_prefix") or None,
+        "end_of_word_suffix": model.get("end_of_word_suffix") or None,
+        "fuse_unk": model.get("fuse_unk", False),
+        "byte_fallback": model.get("byte_fallback", False),
+    }
+    expected = dict.fromkeys(settings)
+    expected.update(type="BPE", fuse_unk=False, byte_fallback=False)
+    if settings != expected or not isinstance(model.get("ignore_merges", False), bool):
+        changed = {k: v for k, v in settings.items() if v != expected[k]}
+        return f"its model settings {_short(changed or model.get('ignore_merges'))} are not on the verified list"
+    for token in data.get("added_tokens") or []:
+        flags = [k for k in ("single_word", "lstrip", "rstrip") if token.get(k)]
+        content = str(token.get("content", ""))
+        if normalizer is not None and token.get("normalized") and unicodedata.normalize("NFC", content) != content:
+            flags.append("normalized (its text changes under NFC)")
+        if flags:
+            return f"its added token {content[:30]!r} sets {', '.join(flags)}, which is not on the verified list"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 class Backend(Protocol):
@@ -73,6 +182,10 @@ class FastBackend:
         return np.frombuffer(ids, dtype="<u4"), np.frombuffer(offsets, dtype="<u8").astype(np.int64)
 
 
+class NotVerified(Exception):
+    """fastokens is installed and could load the tokenizer, but is not used for it (the message says why)."""
+
+
 def probe_texts(tokenizer: Tokenizer) -> list[str]:
     """Texts on which BPE implementations tend to differ, plus this tokenizer's own special tokens."""
     specials = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
@@ -110,8 +223,28 @@ def first_difference(a: Backend, b: Backend, texts: list[str]) -> int | None:
     return None
 
 
+def fastokens_version() -> str | None:
+    """The installed fastokens release, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fastokens")
+    except PackageNotFoundError:
+        return None
+
+
 def load_fast(tokenizer_json: str) -> FastBackend | Exception:
-    """fastokens over `tokenizer_json`, or why it cannot load it (ImportError: it is not installed)."""
+    """fastokens over `tokenizer_json`, or why it is not used for it: ImportError (not installed),
+    NotVerified (not the verified release, or a configuration off the verified list), or the
+    exception fastokens raised loading it. A pure function of the file and the installed release."""
+    installed = fastokens_version()
+    if installed is None:
+        return ImportError("fastokens is not installed")
+    if installed != FASTOKENS_VERSION:
+        return NotVerified(f"fastokens {installed} is installed; the verified list is for {FASTOKENS_VERSION}")
+    why_not = fast_eligibility(tokenizer_json)
+    if why_not is not None:
+        return NotVerified(f"fastokens is not verified for this tokenizer: {why_not}")
     try:
         return FastBackend(tokenizer_json)
     except Exception as e:  # fastokens refuses a tokenizer.json it does not support
@@ -130,6 +263,8 @@ def select_backend(
     if isinstance(fast, ImportError):
         reason = "fastokens is not installed (pip install 'zephon-titan[fast]')"
         return _fall_back(reference, setting, reason, announce)
+    if isinstance(fast, NotVerified):
+        return _fall_back(reference, setting, str(fast), announce)
     if isinstance(fast, Exception):
         first_line = (str(fast).splitlines() or [type(fast).__name__])[0]
         return _fall_back(reference, setting, f"fastokens cannot load this tokenizer ({first_line})", announce)
@@ -142,7 +277,7 @@ def select_backend(
     if bad is not None:
         reason = f"fastokens gives other ids than tokenizers for the probe text {texts[bad][:40]!r}"
         return _fall_back(reference, setting, reason, announce)
-    return fast, f"fastokens (matches tokenizers on {len(texts)} probe texts)"
+    return fast, f"fastokens (a verified configuration; matches tokenizers on {len(texts)} probe texts)"
 
 
 def _fall_back(reference: Backend, setting: str, reason: str, announce: bool) -> tuple[Backend, str]:
