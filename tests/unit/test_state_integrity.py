@@ -139,3 +139,111 @@ def test_any_accepted_mutation_leaves_the_batches_unchanged(corpus_dir, tokenize
     except ResumeError:
         return  # refused, naming the entry: fine
     assert all(torch.equal(a, b) for a, b in zip(_batches(loader, 2), following))
+
+
+def _resealed_header(state, edit):
+    """The header edited and resealed, every lane resealed to it: what a writer that knows the format (another
+    version, a bug, an adversary) could produce; only the field checks stand between it and the run."""
+    header = decode_entry(state[HEADER_KEY], HEADER_KEY)
+    edit(header)
+    header = seal({k: v for k, v in header.items() if k != "seal"}, HEADER_KEY)
+    out = {HEADER_KEY: encode_entry(header, state[HEADER_KEY].numel())}
+    for key, value in state.items():
+        if key != HEADER_KEY:
+            entry = {k: v for k, v in decode_entry(value, key).items() if k != "seal"}
+            out[key] = encode_entry(seal(entry, key, header["seal"]), value.numel())
+    return out
+
+
+def _set(name, value):
+    return lambda e: e.__setitem__(name, value)
+
+
+def _fingerprint(name, value):
+    return lambda e: e["fingerprint"].__setitem__(name, value)
+
+
+def _drop_step_and(name, value):
+    return lambda e: (e.pop("step"), e.__setitem__(name, value))
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (_set("step", -1), r"'header': field 'step' must be a step >= 0, got -1"),
+        (_set("step", 7), r"lane 0 .*field 'rows' is 6, fewer than the header's 7 steps"),
+        (_set("global_batch_size", 0), r"'header': field 'global_batch_size' is 0, not a multiple of its 8 lanes"),
+        (_set("global_batch_size", 12), r"field 'global_batch_size' is 12, not a multiple of its 8 lanes"),
+        (_set("global_batch_size", -16), r"field 'global_batch_size' is -16, not a multiple"),
+        (_drop_step_and("global_batch_size", 7), r"field 'global_batch_size' is 7, not a multiple of its 8 lanes"),
+        (_drop_step_and("global_batch_size", 32), r"lanes stand at row 6, not at the end of a step of 4 rows"),
+        (_fingerprint("num_lanes", "0"), r"'header': field 'fingerprint' has no num_lanes"),
+        (_fingerprint("num_lanes", "\u00b2"), r"field 'fingerprint' has no num_lanes"),
+        (_fingerprint("num_lanes", "9" * 5000), r"field 'fingerprint' has no num_lanes"),
+        (_set("version", 3), r"format version 3"),
+    ],
+)
+def test_every_header_field_is_checked_when_resealed(corpus_dir, tokenizer_dir, saved, edit, match):
+    """A negative step, G = 0 or G = 7 without a step were accepted or a ZeroDivisionError traceback."""
+    with pytest.raises(ResumeError, match=match) as e:
+        _loader(corpus_dir, tokenizer_dir).load_state_dict(_resealed_header(saved[0], edit))
+    assert "\n" not in str(e.value)
+
+
+def test_a_header_resealed_unchanged_loads(corpus_dir, tokenizer_dir, saved):
+    # Control for the header checks: resealing alone changes nothing, and the header without `step` (an older
+    # checkpoint) gives the same step from its rows.
+    state, following = saved
+    for edit in (lambda e: None, lambda e: e.pop("step")):
+        loader = _loader(corpus_dir, tokenizer_dir)
+        loader.load_state_dict(_resealed_header(state, edit))
+        assert loader.restored_step == 3
+        assert all(torch.equal(a, b) for a, b in zip(_batches(loader, 2), following))
+
+
+def _cursor(source, field, value):
+    return lambda e: e["state"]["cursors"][source].__setitem__(
+        ("window", "position", "tokens", "offset").index(field), value
+    )
+
+
+def _state(name, value):
+    return lambda e: e["state"].__setitem__(name, value)
+
+
+def _closed_with_replay(e):
+    e["state"].update(unit_open=False, unit_offset=0, replay=[2, [0, 1]])
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (_cursor(0, "tokens", 10), r"lane 3 .*field 'cursors' of source 0: offset 64 exceeds tokens 10"),
+        (_cursor(1, "offset", -1), r"lane 3 .*field 'cursors.offset' must be an integer >= 0, got -1"),
+        (_cursor(1, "window", 2**63), r"lane 3 .*field 'cursors.window' must be an integer >= 0"),
+        (_state("rows", -6), r"lane 3 .*field 'rows' must be an integer >= 0, got -6"),
+        (_state("unit_open", False), r"lane 3 .*field 'unit_offset' is 32 with no open unit"),
+        (_state("version", 3), r"lane 3 .*version 3 is not supported"),
+        (_state("mix", [1, [65, 0]]), r"lane 3 .*field 'mix.bases' of source 0 is 65, more than the source's 64"),
+        (_state("mix", [9, [0, 0]]), r"lane 3 .*field 'mix.segment' is step 9, after the checkpoint's step 3"),
+        (_state("mix", [0, [0, 0]]), r"lane 3 .*field 'mix.segment' must be a step >= 1, got 0"),
+        (_state("mix", [1, [0]]), r"lane 3 .*field 'mix' must be \[segment, \[one base per source\]\]"),
+        (_closed_with_replay, r"lane 3 .*field 'replay' is set with no open unit"),
+        (_state("replay", [2, [0, 0]]), r"lane 3 .*field 'replay' must give each of its 2 sources one index"),
+        (_state("replay", [2, [0, 2]]), r"lane 3 .*field 'replay' has indices outside \[-1, 2\)"),
+        (_state("replay", [1, [0, -1]]), r"lane 3 .*field 'cursors' of source 1: a source added after the open unit"),
+        (_set("tokens", [96, -1]), r"lane 3 .*field 'tokens' must be 2 counts >= 0"),
+        (_set("padding", -1), r"lane 3 .*field 'padding' must be 1 counts >= 0"),
+        (_set("padding", True), r"lane 3 .*field 'padding' must be 1 counts >= 0"),
+    ],
+)
+def test_every_lane_field_is_checked_for_range_and_consistency(corpus_dir, tokenizer_dir, saved, edit, match):
+    with pytest.raises(ResumeError, match=match) as e:
+        _loader(corpus_dir, tokenizer_dir).load_state_dict(_edited(saved[0], lane_key(3), edit, reseal=True))
+    assert "\n" not in str(e.value)
+
+
+def test_consistent_mix_and_replay_fields_load(corpus_dir, tokenizer_dir, saved):
+    # Control for the consistency checks: the same fields with consistent values are accepted.
+    for edit in (_state("mix", [1, [64, 96]]), _state("replay", [2, [1, 0]]), _state("replay", [2, [0, 1]])):
+        _loader(corpus_dir, tokenizer_dir).load_state_dict(_edited(saved[0], lane_key(3), edit, reseal=True))

@@ -142,7 +142,9 @@ class LaneState:
 
     @classmethod
     def from_dict(cls, data: object, where: str = "lane state") -> LaneState:
-        """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open."""
+        """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open, and the
+        fields consistent with each other (check_consistent). Checks against the data (an offset within
+        its document or window) are the restore's: packing.py, feed.py."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
         if not isinstance(data, dict) or set(data) - {"mix", "replay"} != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
@@ -166,7 +168,7 @@ class LaneState:
         for c in cursors:
             for name, value in zip(("window", "position", "tokens", "offset"), c):
                 _count(value, f"cursors.{name}", where)
-        return cls(
+        state = cls(
             lane_id=data["lane_id"],
             rows=data["rows"],
             cursors=tuple(SourceCursor(window=w, position=p, tokens=t, offset=o) for w, p, t, o in cursors),
@@ -175,6 +177,46 @@ class LaneState:
             mix=_mix_from(data["mix"], len(cursors), where) if "mix" in data else None,
             replay=_replay_from(data["replay"], len(cursors), where) if "replay" in data else None,
         )
+        state.check_consistent(where)
+        return state
+
+    def check_consistent(self, where: str = "lane state") -> None:
+        """What every state a lane writes satisfies (ResumeError naming the field otherwise):
+
+        - a source's `tokens` count the taken part (`offset`) of its open document;
+        - the mix's `bases` are tokens counted when its segment began: at most the source's tokens now;
+        - `replay` is kept only while a unit is open; its indices are the checkpoint's S sources, each
+          once, and a source added since (-1) has not been read in the open unit (its cursor is at the start).
+        """
+        for i, c in enumerate(self.cursors):
+            if c.offset > c.tokens:
+                raise ResumeError(
+                    f"{where}: field 'cursors' of source {i}: offset {c.offset} exceeds tokens {c.tokens} (the open "
+                    "document's taken tokens are counted in tokens); the checkpoint is damaged"
+                )
+        if self.mix is not None:
+            for i, (base, c) in enumerate(zip(self.mix.bases, self.cursors)):
+                if base > c.tokens:
+                    raise ResumeError(
+                        f"{where}: field 'mix.bases' of source {i} is {base}, more than the source's {c.tokens} "
+                        "tokens; the checkpoint is damaged"
+                    )
+        if self.replay is None:
+            return
+        if not self.unit_open:
+            raise ResumeError(f"{where}: field 'replay' is set with no open unit; the checkpoint is damaged")
+        if sorted(i for i in self.replay.indices if i >= 0) != list(range(self.replay.num_sources)):
+            raise ResumeError(
+                f"{where}: field 'replay' must give each of its {self.replay.num_sources} sources one index, got "
+                f"{list(self.replay.indices)!r:.80}; the checkpoint is damaged"
+            )
+        start = SourceCursor(window=0, position=0, tokens=0)
+        for i, (index, c) in enumerate(zip(self.replay.indices, self.cursors)):
+            if index < 0 and c != start:
+                raise ResumeError(
+                    f"{where}: field 'cursors' of source {i}: a source added after the open unit was drawn "
+                    "('replay' -1) has been read; the checkpoint is damaged"
+                )
 
 
 def refuse_removed_sources(saved: list[str], names: list[str]) -> None:

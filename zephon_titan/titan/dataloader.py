@@ -360,7 +360,13 @@ def saved_step(header: dict, rows: int) -> int:
     change have no `step`: then every step had the header's rows per lane."""
     if "step" in header:
         return int(header["step"])
-    return rows // (header["global_batch_size"] // int(header["fingerprint"]["num_lanes"]))
+    per_step = header["global_batch_size"] // int(header["fingerprint"]["num_lanes"])  # >= 1: read_header
+    if rows % per_step:
+        raise ResumeError(
+            f"the checkpoint's lanes stand at row {rows}, not at the end of a step of {per_step} rows per lane "
+            "(its header has no step); the checkpoint is damaged"
+        )
+    return rows // per_step
 
 
 def check_header(header: dict, current_fingerprint: dict, allow) -> None:

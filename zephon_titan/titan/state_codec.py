@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from typing import Any
 
 import torch
@@ -134,11 +135,23 @@ def read_header(state: dict[str, Any]) -> dict:
     fingerprint = _field(header, "fingerprint", dict, where)
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in fingerprint.items()):
         raise ResumeError(f"{where}: field 'fingerprint' must map names to strings; the checkpoint is damaged")
-    _field(header, "global_batch_size", int, where)
+    num_lanes = fingerprint.get("num_lanes", "")
+    if not re.fullmatch(r"[1-9][0-9]{0,8}", num_lanes):
+        raise ResumeError(
+            f"{where}: field 'fingerprint' has no num_lanes (a lane count), got {num_lanes!r:.40}; the checkpoint "
+            "is damaged"
+        )
+    lanes = int(num_lanes)
+    batch = _field(header, "global_batch_size", int, where)
+    if not lanes <= batch < 1 << 40 or batch % lanes:
+        raise ResumeError(
+            f"{where}: field 'global_batch_size' is {batch}, not a multiple of its {lanes} lanes (at least one row "
+            "per lane per step); the checkpoint is damaged"
+        )
     if "step" in header:  # absent in checkpoints written before the global batch size could change
-        _field(header, "step", int, where)
-    if not fingerprint.get("num_lanes", "").isdigit() or int(fingerprint["num_lanes"]) < 1:
-        raise ResumeError(f"{where}: field 'fingerprint' has no num_lanes; the checkpoint is damaged")
+        step = _field(header, "step", int, where)
+        if not 0 <= step < 1 << 63:
+            raise ResumeError(f"{where}: field 'step' must be a step >= 0, got {step}; the checkpoint is damaged")
     return header
 
 
@@ -162,6 +175,16 @@ def read_lane(
         )
     tokens = _counts(entry.get("tokens"), len(saved), "tokens", where)
     padding = _counts([entry.get("padding")], 1, "padding", where)[0]
+    if lane_state.rows < header.get("step", 0):
+        raise ResumeError(
+            f"{where}: field 'rows' is {lane_state.rows}, fewer than the header's {header['step']} steps (each "
+            "step takes at least one row of every lane); the checkpoint is damaged"
+        )
+    if lane_state.mix is not None and lane_state.mix.segment > header.get("step", lane_state.rows) + 1:
+        raise ResumeError(
+            f"{where}: field 'mix.segment' is step {lane_state.mix.segment}, after the checkpoint's step "
+            f"{header.get('step', lane_state.rows)}; the checkpoint is damaged"
+        )
     if saved != source_names:
         by_name = dict(zip(saved, tokens))
         lane_state = lane_state.with_sources(saved, source_names)
