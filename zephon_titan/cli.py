@@ -17,25 +17,22 @@ import select
 import sys
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
-from zephon_titan.engine import LaneStream, build_engine, fingerprint, rows_per_lane, valid_world_sizes
-from zephon_titan.engine.eval_set import eval_steps
-from zephon_titan.engine.ledger import LedgerEntry, read_ledger
-from zephon_titan.engine.packing import RowShape, packer_class
-from zephon_titan.engine.sources import open_source
-from zephon_titan.engine.sources.index import read_index, write_index
-from zephon_titan.engine.sources.storage import StorageOptions
-from zephon_titan.engine.split import held_out
-from zephon_titan.engine.stream import StepClock
-from zephon_titan.engine.tokenizer_backends import first_difference
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError
-from zephon_titan.plan import mixture_report, plan_eval_set, plan_ledger
-from zephon_titan.titan.job import Job, load_job
+
+# Each command imports what it needs when it runs: `verify` and `--help` must not pay for torch and
+# TorchTitan (seconds and ~1 GB), which only the commands that resolve a job's tokenizer or model need.
+if TYPE_CHECKING:
+    from zephon_titan.engine.ledger import LedgerEntry
+    from zephon_titan.titan.job import Job
 
 
 def cmd_plan(args) -> int:
+    from tqdm import tqdm
+
+    from zephon_titan.plan import plan_eval_set, plan_ledger
+
     if args.validation:
         print(json.dumps(plan_eval_set(args.config), sort_keys=True))
         if args.steps is None:
@@ -66,6 +63,9 @@ def cmd_plan(args) -> int:
 
 def _with_mixture_report(config: str, entries: list[LedgerEntry], to_stderr: bool) -> list[LedgerEntry]:
     """Print each source's planned share per step against its weight (normalized, and said so)."""
+    from zephon_titan.plan import mixture_report
+    from zephon_titan.titan.job import load_job
+
     job = load_job(config)
     data = job.data
     out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
@@ -84,6 +84,8 @@ def _with_mixture_report(config: str, entries: list[LedgerEntry], to_stderr: boo
 
 def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
     """Under a schedule: one report per phase, over its steps after its ramp, against its weights."""
+    from zephon_titan.plan import mixture_report
+
     phases = job.data.phases
     ends = [p.start_step for p in phases[1:]] + [1 << 62]
     for i, (phase, end) in enumerate(zip(phases, ends)):
@@ -97,6 +99,8 @@ def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
 
 
 def _read(path: str) -> dict[int, LedgerEntry]:
+    from zephon_titan.engine.ledger import read_ledger
+
     try:
         return {e.step: e for e in read_ledger(path)}
     except FileNotFoundError:
@@ -157,6 +161,8 @@ def _span(entries: dict) -> str:
 
 
 def _pieces(job: Job, row) -> list[dict]:
+    from zephon_titan.engine.packing import RowShape
+
     out, at = [], 0
     if RowShape.of(job.spec).within_document:
         tokens = row.inputs.tolist()  # a piece's slots are its inputs (each label is the next token)
@@ -179,6 +185,12 @@ def _pieces(job: Job, row) -> list[dict]:
 
 
 def cmd_inspect(args) -> int:
+    from tqdm import tqdm
+
+    from zephon_titan.engine import LaneStream
+    from zephon_titan.engine.stream import StepClock
+    from zephon_titan.titan.job import load_job
+
     job = load_job(args.config)
     lanes = [args.lane] if args.lane is not None else list(range(job.spec.num_lanes))
     for lane in lanes:
@@ -264,6 +276,10 @@ def _print_schedule(job: Job) -> None:
 
 
 def _print_validation(job: Job, count: bool) -> None:
+    from zephon_titan.engine import build_engine, rows_per_lane
+    from zephon_titan.engine.eval_set import eval_steps
+    from zephon_titan.engine.packing import packer_class
+
     validator = job.config.validator
     if not validator.enable:
         print("validation: off ([validator] enable = true and eval_fraction on a source, or eval sources, turn it on)")
@@ -293,6 +309,12 @@ def _print_validation(job: Job, count: bool) -> None:
 
 
 def cmd_validate(args) -> int:
+    from tqdm import tqdm
+
+    from zephon_titan.engine import fingerprint, valid_world_sizes
+    from zephon_titan.engine.split import held_out
+    from zephon_titan.titan.job import load_job
+
     # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
     # (hf_assets_path), the model's vocabulary, the batch layout; then opens every file.
     job = load_job(args.config)
@@ -383,7 +405,9 @@ def cmd_validate(args) -> int:
 def _check_tokenizer(spec, fast_json: str | None = None) -> int:
     """fastokens against tokenizers, document by document over every source; 1 at the first difference.
     `fast_json` (tests) loads fastokens from another tokenizer.json."""
-    from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend, fast_eligibility
+    from tqdm import tqdm
+
+    from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend, fast_eligibility, first_difference
 
     reference = ReferenceBackend(spec.tokenizer.tokenizer)
     try:
@@ -431,6 +455,11 @@ def _first_failing(fast, texts: list[str]) -> int:
 
 
 def cmd_index(args) -> int:
+    from zephon_titan.engine.sources import open_source
+    from zephon_titan.engine.sources.index import read_index, write_index
+    from zephon_titan.engine.sources.storage import StorageOptions
+    from zephon_titan.titan.job import load_job
+
     config = load_job(args.config).data
     sources = [s for s in config.sources if s.index]
     if not sources:

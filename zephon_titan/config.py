@@ -284,6 +284,15 @@ def validate_source(source: SourceConfig) -> None:
             f"{where}: a source name must have 1 to {MAX_SOURCE_NAME} characters, got "
             f"{len(source.name)}; use a shorter name (it is only a label)"
         )
+    bad = sorted({c for c in source.name if c == "," or not c.isprintable()})
+    if bad:
+        # The checkpoint's fingerprint lists the sources joined by commas: such a name would train, then
+        # fail every resume. Refused here, before anything is written.
+        raise ConfigError(
+            f"[dataloader.sources.{source.name!r}]: a source name may not contain {', '.join(map(repr, bad))} "
+            "(the checkpoint lists source names separated by commas); rename the source, e.g. "
+            f"{''.join('_' if c in bad else c for c in source.name)!r}"
+        )
     if not (math.isfinite(source.weight) and source.weight > 0):
         raise ConfigError(
             f"{where} weight must be a finite number > 0, got {source.weight}; "

@@ -1,6 +1,7 @@
 """One direction of imports: core types (config) <- engine <- titan adapter / job files / command line; no cycles."""
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -85,3 +86,24 @@ def test_layers():
     loaded = _loaded_after("zephon_titan.engine")
     assert not loaded & {"torch", "torchtitan", "zephon_titan.titan", "zephon_titan.toml_file"}, loaded
     assert not {m for m in _loaded_after("zephon_titan.config") if m.startswith("zephon_titan.engine")}
+
+
+def test_the_command_line_imports_torch_only_for_the_commands_that_resolve_a_job(tmp_path):
+    """`zephon-titan --help` and `verify` (two JSON files) import neither torch nor TorchTitan."""
+    line = json.dumps({"step": 1, "sha256": "0" * 64, "rows": 8, "tokens": {"web": 5}, "padding": 0})
+    (tmp_path / "a.jsonl").write_text(line + "\n")
+    probe = (
+        "import sys\nfrom zephon_titan.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', ' '.join(sorted(sys.modules)))"
+    )
+
+    def loaded(*argv: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True).stdout
+        return set(out.split("LOADED", 1)[1].split())
+
+    heavy = {"torch", "torchtitan", "zephon_titan.titan.job"}
+    assert not loaded("--help") & heavy
+    assert not loaded("verify", str(tmp_path / "a.jsonl"), str(tmp_path / "a.jsonl")) & heavy
+    # Control: a command that resolves a job does import them (the probe can see an import).
+    assert {"torch", "torchtitan"} <= loaded("validate", str(tmp_path / "missing.toml"))

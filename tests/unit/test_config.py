@@ -104,3 +104,16 @@ def test_old_worker_knob_names_are_read_with_a_warning(corpus_dir, tokenizer_dir
         assert config_from_dict(data_table(corpus_dir, tokenizer_dir, workers=4)).num_workers == 4
     with pytest.raises(ConfigError, match=r"sets both workers \(its old name\) and num_workers; keep num_workers"):
         config_from_dict(data_table(corpus_dir, tokenizer_dir, workers=2, num_workers=2))
+
+
+@pytest.mark.parametrize("name", ["web,en", "web\nen", "tab\there"])
+def test_a_source_name_the_checkpoint_cannot_hold_is_refused_at_config_time(corpus_dir, tokenizer_dir, name):
+    """The fingerprint lists source names joined by commas: such a name would train, then fail every resume."""
+    table = data_table(corpus_dir, tokenizer_dir)
+    table["sources"] = {name: table["sources"]["prose"]}
+    with pytest.raises(ConfigError, match="a source name may not contain") as e:
+        config_from_dict(table)
+    assert "\n" not in str(e.value)  # one line, the offending character shown escaped
+    # Control: the same source under a name of ordinary characters (dash, dot, slash, unicode) is read.
+    table["sources"] = {"web-en.v2/ü": table["sources"][name]}
+    assert config_from_dict(table).source_names() == ["web-en.v2/ü"]

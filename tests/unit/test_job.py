@@ -221,10 +221,13 @@ def test_verify_compares_every_field(tmp_path, capsys):
 
 
 def test_error_messages_for_huge_batches_are_computed_in_bounded_time():
-    # rows per rank 2**40 with local_batch_size 3: listing the valid local sizes must not walk 2**40 numbers.
+    # 2**40 rows per step is over the bound (refused as such); at the bound, rows per rank 2**17 with
+    # local_batch_size 3: listing the valid local sizes must not walk every number.
     code = (
         "from zephon_titan.engine import validate_batch_layout\n"
-        "try:\n    validate_batch_layout(8, 2**40 * 8, 8, 3)\nexcept Exception as e:\n    print(e)\n"
+        "for g in (2**40 * 8, 2**20):\n"
+        "    try:\n        validate_batch_layout(8, g, 8, 3)\n    except Exception as e:\n        print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "is above the bound of 1048576" in out.splitlines()[0], out
     assert "use a local_batch_size in [1, 2, 4, 8, 16" in out
