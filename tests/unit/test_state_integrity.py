@@ -247,3 +247,19 @@ def test_consistent_mix_and_replay_fields_load(corpus_dir, tokenizer_dir, saved)
     # Control for the consistency checks: the same fields with consistent values are accepted.
     for edit in (_state("mix", [1, [64, 96]]), _state("replay", [2, [1, 0]]), _state("replay", [2, [0, 1]])):
         _loader(corpus_dir, tokenizer_dir).load_state_dict(_edited(saved[0], lane_key(3), edit, reseal=True))
+
+
+def test_a_cursor_beyond_its_window_is_refused_not_skipped(corpus_dir, tokenizer_dir, saved):
+    """A resealed position past the end of its window would silently skip the window's other documents."""
+    state, following = saved
+
+    def far(entry):
+        cursors = entry["state"]["cursors"]
+        cursors[0][1] = 10**6
+
+    loader = _loader(corpus_dir, tokenizer_dir)
+    loader.load_state_dict(_edited(state, lane_key(0), far, reseal=True))
+    with pytest.raises(ResumeError, match=r"lane 0, source 'code': the restored cursor stands at document 1000000"):
+        _batches(loader, 2)
+    # Control: a position at its window's end (a finished window) is what a run writes; the unchanged
+    # state restores exactly (test_an_unchanged_state_restores_exactly).

@@ -30,7 +30,7 @@ from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
 from zephon_titan.engine.state import FeedState, MixState, SourceCursor, initial_cursors
 from zephon_titan.engine.tokenize import BackendMismatch
-from zephon_titan.errors import DataError
+from zephon_titan.errors import DataError, ResumeError
 
 # Documents tokenized together in one encode_batch call (a speed knob only). Batches
 # start small and double, so the first row (and a restore) waits for a few documents only.
@@ -182,6 +182,12 @@ class LaneSourceReader:
         empty_windows = 0
         while True:
             window = self.window(w)
+            if window is not None and p > len(window):  # a run only ever moves a cursor to a window's end
+                raise ResumeError(
+                    f"lane {self.lane_id}, source {self.source.name!r}: the restored cursor stands at document {p} of "
+                    f"window {w}, which holds {len(window)}; the checkpoint does not belong to these files (or was "
+                    "edited): resume with the data it was saved with, or from another checkpoint"
+                )
             if window is None or p < len(window):
                 moved = cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
                 return moved, window is not None
