@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_benchmark_script_runs(corpus_dir, tokenizer_dir):
     prose = sorted(os.listdir(os.path.join(corpus_dir, "prose")))
     args = [

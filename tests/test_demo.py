@@ -31,6 +31,7 @@ def repo_copy(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow  # the README's demo, end to end (~1 min); .ci/run runs it
 def test_demo_trains_resumes_and_checks_itself(repo_copy, monkeypatch, capsys):
     monkeypatch.chdir(repo_copy)  # the demo writes ./demo_out
     assert demo.main([]) == 0  # 6 steps, resumed at step 2, as `bash scripts/demo.sh` runs it
@@ -39,6 +40,7 @@ def test_demo_trains_resumes_and_checks_itself(repo_copy, monkeypatch, capsys):
     assert out.count("same loss") == 6 + 4 + 4  # steps 1-6 on 2 ranks, 3-6 resumed on 4 and on 1
 
 
+@pytest.mark.slow  # after the demo (it reads the demo's runs)
 def test_every_command_of_the_look_inside_block_runs_as_written(repo_copy, monkeypatch):
     from zephon_titan.cli import main
 

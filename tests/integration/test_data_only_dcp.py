@@ -41,6 +41,7 @@ def reference(workdir):
     return reference
 
 
+@pytest.mark.slow
 def test_worker_processes_change_nothing_even_across_a_resume(workdir, reference):
     config = _config_with(workdir, "workers.toml", "seed = 2026", "seed = 2026\nnum_workers = 2\nprefetch_factor = 3")
     args = [
@@ -81,6 +82,7 @@ def _config_with(workdir, name, old, new):
     return path
 
 
+@pytest.mark.slow
 def test_a_changed_lane_count_is_refused_with_its_reason(workdir):
     data_run(workdir, 2, "data/lanes.jsonl", "--save-at", "2", "--checkpoint", "data/lanes_ckpt")
     for lanes, message in ((16, "saved with fewer [dataloader] num_lanes"), (4, "num_lanes: 8 -> 4")):
@@ -91,6 +93,7 @@ def test_a_changed_lane_count_is_refused_with_its_reason(workdir):
         assert message in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_torchtitans_builtin_loader_cannot_resume_on_another_size(workdir):
     args = ["--job.config_file", CPU_CONFIG, "--steps", "3", "--builtin"]
     check(torchrun(workdir, MODULE, 2, args + ["--save-at", "2", "--checkpoint", "data/builtin"]))

@@ -6,7 +6,8 @@ import os
 import pytest
 from conftest import check, cpu_job_args, ledger, losses, torchrun
 
-pytestmark = pytest.mark.integration
+# Slow tier (a killed rank restarts exactly (the restore itself is proven in the gate)).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 6
 
 

@@ -10,7 +10,8 @@ from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, losses, torchru
 
 from zephon_titan.engine.sources.jsonl import TAIL_READ_BYTES
 
-pytestmark = pytest.mark.integration
+# Slow tier (a resume with the data in S3 (object storage reads: unit/test_object_storage.py)).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 6
 BLOCK_BYTES = 32768  # prose block_bytes in configs/debug_cpu.toml
 

@@ -15,7 +15,8 @@ from conftest import CPU_CONFIG, check, torchrun
 from zephon_titan.engine.ledger import read_ledger
 from zephon_titan.plan import plan_ledger
 
-pytestmark = pytest.mark.integration
+# Slow tier (schedules through the real trainer (in process: unit/test_schedule.py)).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODULE = "zephon_titan.titan.data_run"
 STEPS = 6
 

@@ -147,6 +147,7 @@ def test_per_step_shares_are_global_and_survive_resizes(workdir, resumed):
             assert code + prose == pytest.approx(1, abs=2e-4)
 
 
+@pytest.mark.slow
 def test_a_new_global_batch_size_at_resume_continues_every_lane(workdir, uninterrupted, monkeypatch):
     """Save with 16 rows per step on 2 ranks, resume with 32 on 4: steps 3-4 are every lane's next 4 rows
     of its uninterrupted stream (lane by lane), as `plan --from-checkpoint` with the new size predicts."""
@@ -178,6 +179,7 @@ def test_a_new_global_batch_size_at_resume_continues_every_lane(workdir, uninter
     assert from_start[3] != expected[3] and from_start[4] != expected[4]
 
 
+@pytest.mark.slow
 def test_a_source_added_at_resume_with_an_annealing_phase(workdir, uninterrupted, monkeypatch):
     """The real trainer resumes the 2-rank step-2 checkpoint on 1 rank with a schedule that adds `anneal`
     from step 4: steps 1-2 stay, steps 3-4 are `plan --from-checkpoint` of the new job (DCP loads the

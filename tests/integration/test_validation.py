@@ -14,7 +14,8 @@ from conftest import REPO, check, copy_checkpoint, ledger, torchrun
 
 from zephon_titan.titan.validator import read_validation_entries
 
-pytestmark = pytest.mark.integration
+# Slow tier (the eval set through the real trainer (eval rows per W: unit/test_eval_split.py)).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 # The CPU debug job with 5 % of each source held out, validated at steps 1, 2 and 4 (over 4 lanes).
 JOB = os.path.join(REPO, "configs", "debug_cpu_validated.toml")
