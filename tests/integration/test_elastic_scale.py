@@ -67,7 +67,6 @@ def test_sixteen_ranks_resumed_on_8_and_32_and_a_chain(tmp_path):
     print(stdout)
 
 
-@pytest.mark.slow
 @pytest.mark.heavy
 def test_sixteen_ranks_resumed_on_8_32_64_and_a_chain(tmp_path):
     """The full run (64 ranks): by hand (`pytest -m heavy`), on a machine with the memory for 64 ranks."""
