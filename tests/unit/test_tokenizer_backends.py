@@ -183,16 +183,24 @@ HEX_OR_SPACE = {"type": "Split", "pattern": {"Regex": "Q\\h"}, "behavior": "Isol
 TRIGGERS = ["Qathe", "a Q the"]  # documents on which the two engines' ids differ
 
 
-@pytest.fixture(scope="module")
-def diverging_dir(tokenizer_dir, tmp_path_factory) -> str:
-    """The fixture tokenizer with the \\h pre-tokenizer in front of its byte-level one."""
-    target = tmp_path_factory.mktemp("diverging")
+def _variant(tokenizer_dir: str, target, pre_tokenizer) -> str:
+    """A copy of the tokenizer directory whose tokenizer.json has another pre-tokenizer."""
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tokenizer_dir, name), target / name)
     data = json.loads((target / "tokenizer.json").read_text())
-    data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [HEX_OR_SPACE, data["pre_tokenizer"]]}
+    data["pre_tokenizer"] = pre_tokenizer(data["pre_tokenizer"])
     (target / "tokenizer.json").write_text(json.dumps(data))
     return str(target)
+
+
+@pytest.fixture(scope="module")
+def diverging_dir(tokenizer_dir, tmp_path_factory) -> str:
+    """The fixture tokenizer with the \\h pre-tokenizer in front of its byte-level one."""
+    return _variant(
+        tokenizer_dir,
+        tmp_path_factory.mktemp("diverging"),
+        lambda byte_level: {"type": "Sequence", "pretokenizers": [HEX_OR_SPACE, byte_level]},
+    )
 
 
 def test_the_backend_is_chosen_from_the_files_never_by_sampling(tokenizer_dir, diverging_dir, caplog):
@@ -313,13 +321,7 @@ def test_a_process_that_exits_while_the_fast_backend_loads_exits_cleanly(name, s
 @pytest.fixture(scope="module")
 def refused_dir(tokenizer_dir, tmp_path_factory) -> str:
     """The fixture tokenizer with a pre-tokenizer off fastokens' verified list (Whitespace)."""
-    target = tmp_path_factory.mktemp("refused")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tokenizer_dir, name), target / name)
-    data = json.loads((target / "tokenizer.json").read_text())
-    data["pre_tokenizer"] = {"type": "Whitespace"}
-    (target / "tokenizer.json").write_text(json.dumps(data))
-    return str(target)
+    return _variant(tokenizer_dir, tmp_path_factory.mktemp("refused"), lambda _: {"type": "Whitespace"})
 
 
 @pytest.mark.parametrize("workers", [0, 2])
