@@ -14,12 +14,14 @@ that says so, and the loader state must be of the checkpoint's training step.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchtitan.components.checkpointer import DATALOADER, MODEL, TRAIN_STATE, CheckpointManager
+from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
@@ -28,6 +30,33 @@ from zephon_titan.titan.checkpoint import read_checkpoint_metadata, safe_load
 from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
 from zephon_titan.titan.ledger import gather_ledger_entry
 from zephon_titan.titan.validator import ZephonValidator
+
+
+def _stock_as(cls: type, config: Any, stock: type) -> Any:
+    """A recipe's `stock` component config as our subclass `cls`, field by field. Its values were checked
+    when it was built: __post_init__ is not run again (it would log TorchTitan's notes twice)."""
+    out: Any = object.__new__(cls)
+    for f in fields(stock):
+        setattr(out, f.name, getattr(config, f.name))
+    return out
+
+
+class ZephonMetricsProcessor(MetricsProcessor):
+    """TorchTitan's MetricsProcessor with the loader's metrics added to every log (`extra_metrics`, set by
+    ZephonTrainer): TorchTitan's trainer has no hook of its own for a component's metrics."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        @classmethod
+        def of(cls, config: MetricsProcessor.Config) -> ZephonMetricsProcessor.Config:
+            return _stock_as(cls, config, MetricsProcessor.Config)
+
+    extra_metrics: Callable[[], dict[str, float]] | None = None
+    """Called at every log, on every rank (it may run a collective)."""
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        extra = {**(extra_metrics or {}), **(self.extra_metrics() if self.extra_metrics is not None else {})}
+        return super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
 
 
 class ZephonCheckpointManager(CheckpointManager):
@@ -45,12 +74,7 @@ class ZephonCheckpointManager(CheckpointManager):
 
         @classmethod
         def of(cls, config: CheckpointManager.Config) -> ZephonCheckpointManager.Config:
-            """A recipe's CheckpointManager.Config as this one, field by field. Its values were checked
-            when it was built: __post_init__ is not run again (it would log TorchTitan's notes twice)."""
-            out = object.__new__(cls)
-            for f in fields(CheckpointManager.Config):
-                setattr(out, f.name, getattr(config, f.name))
-            return out
+            return _stock_as(cls, config, CheckpointManager.Config)
 
     def _zephon_loader(self) -> ZephonDataLoader | None:
         loader = self.states.get(DATALOADER)
@@ -91,12 +115,17 @@ class ZephonTrainer(Trainer):
         checkpoint: ZephonCheckpointManager.Config = field(  # type: ignore[assignment]
             default_factory=ZephonCheckpointManager.Config
         )
+        metrics: ZephonMetricsProcessor.Config = field(  # type: ignore[assignment]
+            default_factory=ZephonMetricsProcessor.Config
+        )
 
         def __post_init__(self):
             Trainer.Config.__post_init__(self)
             # A recipe's (or job file's) stock checkpoint config: the same settings, loaded by ours.
             if type(self.checkpoint) is CheckpointManager.Config:
                 self.checkpoint = ZephonCheckpointManager.Config.of(self.checkpoint)
+            if type(self.metrics) is MetricsProcessor.Config:
+                self.metrics = ZephonMetricsProcessor.Config.of(self.metrics)
             # training.global_batch_size is the single source of truth; the loader
             # refuses to start if it is left at TorchTitan's W-dependent default.
             if isinstance(self.dataloader, ZephonDataLoader.Config):
@@ -108,8 +137,8 @@ class ZephonTrainer(Trainer):
         super().__init__(config)
         self._ledger: LedgerWriter | None = None
         self._share_base: list[int] | None = None  # global tokens per source at the previous log
-        if isinstance(self.dataloader, ZephonDataLoader):
-            self._wrap_metrics_log()
+        if isinstance(self.dataloader, ZephonDataLoader) and isinstance(self.metrics_processor, ZephonMetricsProcessor):
+            self.metrics_processor.extra_metrics = self.token_metrics
         if isinstance(getattr(self, "validator", None), ZephonValidator):
             self.validator.ledger_path = os.path.join(os.path.dirname(self.ledger_path), "validation.jsonl")
 
@@ -170,12 +199,3 @@ class ZephonTrainer(Trainer):
             + ", ".join(f"{n} {metrics[f'zephon/share/{n}']:.4f}" for n in names)
         )
         return metrics
-
-    def _wrap_metrics_log(self) -> None:
-        log = self.metrics_processor.log
-
-        def log_with_tokens(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
-            extra = {**(extra_metrics or {}), **self.token_metrics()}
-            return log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
-
-        self.metrics_processor.log = log_with_tokens
