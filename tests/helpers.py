@@ -163,3 +163,36 @@ def special_token_strings(tokenizer_dir: str) -> list[str]:
     found += [t.get("content") for t in config.get("added_tokens_decoder", {}).values()]
     found += [t["content"] for t in added if t.get("special")]
     return sorted({t for t in found if isinstance(t, str) and t.strip()})
+
+
+def write_job(path, corpus_dir: str, tokenizer_dir: str, *, seq_len: int = 64, batch: int = 16, local: int = 2,
+              dataloader: str = "", source: str = "", validator: str = "") -> str:  # fmt: skip
+    """A job TOML over the fixture corpus (code: Parquet, prose: JSONL) at `path`; the strings are extra
+    TOML lines for [dataloader], for each source's table, and after them (e.g. a [validator] table)."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"""
+hf_assets_path = "{tokenizer_dir}"
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
+[training]
+seq_len = {seq_len}
+global_batch_size = {batch}
+local_batch_size = {local}
+[dataloader]
+num_lanes = 8
+seed = 7
+shuffle_window_blocks = 2
+{dataloader}
+[dataloader.sources.code]
+paths = ["{corpus_dir}/code/*.parquet"]
+weight = 0.4
+{source}
+[dataloader.sources.prose]
+paths = ["{corpus_dir}/prose/*.jsonl"]
+weight = 0.6
+block_bytes = 16384
+{source}
+{validator}
+""")
+    return str(path)

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from helpers import data_table
+from helpers import data_table, write_job
 
 from zephon_titan.cli import EXIT_BROKEN_PIPE, main
 from zephon_titan.config import MIN_EVAL_FRACTION, config_from_dict
@@ -27,33 +27,10 @@ HUGE = 1 << 40
 
 
 def _job(tmp_path, corpus_dir, tokenizer_dir, batch=16, dataloader="", validator="", source=""):
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-hf_assets_path = "{tokenizer_dir}"
-[model]
-module = "llama3"
-config = "llama3_debugmodel"
-[training]
-seq_len = 64
-global_batch_size = {batch}
-local_batch_size = 2
-[dataloader]
-num_lanes = 8
-seed = 7
-shuffle_window_blocks = 2
-{dataloader}
-[dataloader.sources.code]
-paths = ["{corpus_dir}/code/*.parquet"]
-weight = 0.4
-{source}
-[dataloader.sources.prose]
-paths = ["{corpus_dir}/prose/*.jsonl"]
-weight = 0.6
-block_bytes = 16384
-{source}
-{validator}
-""")
-    return str(path)
+    return write_job(
+        tmp_path / "job.toml", corpus_dir, tokenizer_dir, batch=batch, dataloader=dataloader, source=source,
+        validator=validator,
+    )  # fmt: skip
 
 
 def _error(capsys) -> str:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from checkpoint_attacks import Payload, load_entries, plant_payload, recorded_globals, save_entries, with_loader_of
+from helpers import write_job
 from torch.distributed.checkpoint import FileSystemReader
 
 from zephon_titan.cli import main
@@ -22,25 +23,7 @@ from zephon_titan.titan.state_codec import decode_entry, lane_key, stored_lane_c
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory, corpus_dir, tokenizer_dir):
-    path = tmp_path_factory.mktemp("safety") / "job.toml"
-    path.write_text(f"""
-hf_assets_path = "{tokenizer_dir}"
-[model]
-module = "llama3"
-config = "llama3_debugmodel"
-[training]
-seq_len = 32
-global_batch_size = 16
-local_batch_size = 4
-[dataloader]
-num_lanes = 8
-seed = 7
-[dataloader.sources.code]
-paths = ["{corpus_dir}/code/*.parquet"]
-[dataloader.sources.prose]
-paths = ["{corpus_dir}/prose/*.jsonl"]
-""")
-    return str(path)
+    return write_job(tmp_path_factory.mktemp("safety") / "job.toml", corpus_dir, tokenizer_dir, seq_len=32, local=4)
 
 
 def _loader(job):

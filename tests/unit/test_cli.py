@@ -4,6 +4,7 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from helpers import write_job
 
 from zephon_titan.cli import main
 from zephon_titan.engine import LaneStream
@@ -11,29 +12,7 @@ from zephon_titan.titan.job import load_job
 
 
 def _job(tmp_path, corpus_dir, tokenizer_dir, name="job.toml"):
-    path = tmp_path / name
-    path.write_text(f"""
-hf_assets_path = "{tokenizer_dir}"
-[model]
-module = "llama3"
-config = "llama3_debugmodel"
-[training]
-seq_len = 64
-global_batch_size = 16
-local_batch_size = 2
-[dataloader]
-num_lanes = 8
-seed = 7
-shuffle_window_blocks = 2
-[dataloader.sources.code]
-paths = ["{corpus_dir}/code/*.parquet"]
-weight = 0.4
-[dataloader.sources.prose]
-paths = ["{corpus_dir}/prose/*.jsonl"]
-weight = 0.6
-block_bytes = 16384
-""")
-    return str(path)
+    return write_job(tmp_path / name, corpus_dir, tokenizer_dir)
 
 
 def test_plan_then_verify_identical(tmp_path, corpus_dir, tokenizer_dir, capsys):
