@@ -91,6 +91,8 @@ class DocumentTokenizer:
                 self._backend, self.backend_reason = tokenizer_backends.select_backend(
                     self.tokenizer, self.backend_setting, announce=announce
                 )
+            if self._backend.name == self._reference.name:
+                self._backend = self._reference  # one reference object: `is` tells the paths apart
         return self._backend.name
 
     def start_backend(self) -> None:
@@ -112,7 +114,7 @@ class DocumentTokenizer:
         self.select_backend(announce=False)
         backend = self._backend
         assert backend is not None
-        if backend is self._reference or backend.name == self._reference.name:
+        if backend is self._reference:
             return self._reference.encode_flat(strings)
         try:
             ids, offsets = backend.encode_flat(strings)
