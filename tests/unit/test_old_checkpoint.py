@@ -1,0 +1,104 @@
+"""A committed checkpoint of the previous loader-state version (tests/fixtures/checkpoint_v2, header version 2,
+written by a 2-rank data_run) resumes with this code to exactly the batches of a fresh run of its job."""
+
+import os
+import shutil
+import socket
+import warnings
+
+import pytest
+from checkpoint_attacks import load_entries, save_entries
+
+from zephon_titan.engine.ledger import read_ledger
+from zephon_titan.errors import ResumeError
+from zephon_titan.plan import plan_ledger
+from zephon_titan.titan.state_codec import HEADER_KEY, decode_entry, encode_entry, seal
+
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "checkpoint_v2")
+SAVED_AT, STEPS = 3, 7
+CHECKPOINT = f"checkpoint/step-{SAVED_AT}"
+
+
+@pytest.fixture
+def clone(tmp_path, monkeypatch):
+    """The fixture as a clone has it: copied (new modification times), used from its own folder."""
+    target = tmp_path / "checkpoint_v2"
+    shutil.copytree(FIXTURE, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    monkeypatch.chdir(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def fresh():
+    """The fixture's job run from step 1 with this code (plan), computed now: nothing hard-coded."""
+    cwd = os.getcwd()
+    os.chdir(FIXTURE)
+    try:
+        return {e.step: e for e in plan_ledger("job.toml", STEPS)}
+    finally:
+        os.chdir(cwd)
+
+
+def test_the_committed_ledger_is_a_fresh_runs_first_steps(clone, fresh):
+    saved = read_ledger("ledger.jsonl")
+    assert [e.step for e in saved] == list(range(1, SAVED_AT + 1))
+    assert saved == [fresh[e.step] for e in saved]
+
+
+def test_the_version_2_checkpoint_continues_the_fresh_run(clone, fresh):
+    resumed = list(plan_ledger("job.toml", STEPS, CHECKPOINT))
+    assert [e.step for e in resumed] == list(range(SAVED_AT + 1, STEPS + 1))
+    assert resumed == [fresh[e.step] for e in resumed]
+
+
+def test_data_run_resumes_the_version_2_checkpoint(clone, fresh, monkeypatch):
+    from zephon_titan.titan import data_run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    shutil.copy("ledger.jsonl", "resumed.jsonl")
+    args = ["--job.config_file", "job.toml", "--steps", "5", "--resume", CHECKPOINT, "--ledger", "resumed.jsonl"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert data_run.main(args) == 0
+    assert read_ledger("resumed.jsonl") == [fresh[step] for step in range(1, 6)]
+
+
+def _with_header(edit):
+    """The fixture's checkpoint with its loader header edited and resealed (every lane resealed to it)."""
+    entries = load_entries(CHECKPOINT)
+    key = f"dataloader.{HEADER_KEY}"
+    header = decode_entry(entries[key], HEADER_KEY)
+    edit(header)
+    header = seal({k: v for k, v in header.items() if k != "seal"}, HEADER_KEY)
+    out = {key: encode_entry(header, entries[key].numel())}
+    for name, value in entries.items():
+        lane = name.split(".", 1)[1]
+        if name.startswith("dataloader.lane_"):
+            entry = {k: v for k, v in decode_entry(value, lane).items() if k != "seal"}
+            out[name] = encode_entry(seal(entry, lane, header["seal"]), value.numel())
+        elif name != key:
+            out[name] = value
+    shutil.rmtree(CHECKPOINT)
+    save_entries(out, CHECKPOINT)
+
+
+def test_an_unknown_version_is_refused_naming_it(clone):
+    _with_header(lambda h: h.__setitem__("version", 1))
+    with pytest.raises(ResumeError, match=r"format version 1") as e:
+        list(plan_ledger("job.toml", STEPS, CHECKPOINT))
+    assert "\n" not in str(e.value)
+
+
+def test_another_seed_is_refused_and_differs(clone, fresh):
+    with open("job.toml") as f:
+        text = f.read()
+    with open("other.toml", "w") as f:
+        f.write(text.replace("seed = 11", "seed = 12"))
+    with pytest.raises(ResumeError, match=r"seed: 11 -> 12"):
+        list(plan_ledger("other.toml", STEPS, CHECKPOINT))
+    other = {e.step: e.sha256 for e in plan_ledger("other.toml", STEPS)}
+    assert all(other[step] != fresh[step].sha256 for step in fresh)
