@@ -1,20 +1,32 @@
-"""The README as a new user meets it: the demo, then every command of the "Look inside" block, as written."""
+"""The README and docs/ as a new user meets them: the demo, then every CPU command block, as written (the
+README's "Look inside", docs/validation.md's run, docs/changing-a-run.md's new global batch size); the
+README's starter job and GPU jobs resolve as the trainer would."""
 
 import os
 import re
 import shlex
+import subprocess
+import sys
 
 import demo
 import pytest
+
+from zephon_titan.errors import ConfigError
 
 pytestmark = pytest.mark.integration
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def readme_blocks() -> list[str]:
-    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
-        return re.findall(r"```bash\n(.*?)```", f.read(), flags=re.S)
+def readme_blocks(page: str = "README.md", language: str = "bash") -> list[str]:
+    with open(os.path.join(REPO, page), encoding="utf-8") as f:
+        return re.findall(rf"```{language}\n(.*?)```", f.read(), flags=re.S)
+
+
+def tested_block(page: str) -> str:
+    """The one block of `page` that says this file runs it as written."""
+    (block,) = [b for b in readme_blocks(page) if "tests/test_demo.py runs this block as written" in b]
+    return block
 
 
 def commands(block: str) -> list[str]:
@@ -44,7 +56,7 @@ def test_demo_trains_resumes_and_checks_itself(repo_copy, monkeypatch, capsys):
 def test_every_command_of_the_look_inside_block_runs_as_written(repo_copy, monkeypatch):
     from zephon_titan.cli import main
 
-    (block,) = [b for b in readme_blocks() if "zephon-titan validate" in b]
+    block = tested_block("README.md")
     assert os.path.exists(repo_copy / "demo_out" / "runs" / "w2" / "checkpoint" / "ledger.jsonl"), "run the demo first"
     monkeypatch.chdir(repo_copy)
     ran = 0
@@ -64,3 +76,31 @@ def test_the_gpu_blocks_name_real_configs():
     assert gpu, "the README shows GPU jobs"
     for path in gpu:
         assert load_job(os.path.join(REPO, path)).data.num_lanes == 64
+
+
+@pytest.mark.slow  # after the demo (its corpus); two CPU trainer runs
+@pytest.mark.parametrize("page", ["docs/validation.md", "docs/changing-a-run.md"])
+def test_the_cpu_blocks_of_the_docs_run_as_written(repo_copy, page):
+    assert os.path.exists(repo_copy / "demo_out" / "tokenizer"), "run the demo first"
+    bin_dir = os.path.dirname(sys.executable)  # torchrun and zephon-titan of this environment, as after `activate`
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", tested_block(page)], cwd=repo_copy, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"{page}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+
+
+def test_the_starter_job_resolves_and_fits_the_sizes_it_names(tmp_path):
+    from zephon_titan.titan.job import load_job
+
+    (toml,) = [b for b in readme_blocks(language="toml") if "[dataloader.sources." in b]
+    path = tmp_path / "my_job.toml"
+    path.write_text(toml)
+    job = load_job(str(path))  # the trainer's resolver: every key known, every value typed
+    assert job.model_vocab_size == 50304 and [s.name for s in job.data.sources] == ["code", "web"]
+    (commands_block,) = [b for b in readme_blocks() if "my_job.toml --world-sizes" in b]
+    sizes = re.search(r"--world-sizes ([\d,]+)", commands_block).group(1)
+    for size in map(int, sizes.split(",")):
+        job.check_layout(size)  # the sizes the README names fit the job's lanes and batches
+    with pytest.raises(ConfigError):
+        job.check_layout(3)  # and the check can fail

@@ -216,7 +216,7 @@ def test_a_resting_source_continues_where_it_was(corpus_dir, tokenizer_dir, pack
     with_pause, without = code_pieces(spec, 9), code_pieces(steady, 9)
     for lane in range(spec.num_lanes):
         assert with_pause[lane] and with_pause[lane] == without[lane][: len(with_pause[lane])], lane
-    if packing == "wrap":  # best_fit places a window drawn before the pause first (README: the lag)
+    if packing == "wrap":  # best_fit places a window drawn before the pause first (docs/changing-a-run.md: the lag)
         steps, _ = _steps(spec, 9)
         assert all(tally((row for rows in steps[t] for row in rows), 2)[0] == 0 for t in (3, 4))  # steps 4-5
 
