@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneState, LaneStream, build_engine
+from zephon_titan.engine.sources import formats
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
 from zephon_titan.titan.tokenizer import load_tokenizer
 
 
@@ -196,3 +199,38 @@ block_bytes = 16384
 {validator}
 """)
     return str(path)
+
+
+class LinesSource(Source):
+    """Plain text: each non-empty line is a document, one block per file (a format a test registers)."""
+
+    format_name = "lines"
+    row_unit = "line"
+
+    def _scan(self, file) -> FileBlocks:
+        return FileBlocks(file.path, file.size, file.mtime_ns, 1)
+
+    def _read(self, file_index: int, local_block: int) -> BlockDocuments:
+        path = self.files[file_index].path
+        with open(path, encoding="utf-8") as f:
+            numbered = [(n, line.rstrip("\n")) for n, line in enumerate(f) if line.strip()]
+        return BlockDocuments(path, [text for _, text in numbered], [n for n, _ in numbered])
+
+
+LINES = formats.Format(
+    name="lines",
+    extensions=(".txt",),
+    open=lambda source, files, max_chars, options: LinesSource(
+        source.name, files, source.text_field, max_chars, options
+    ),
+)
+
+
+@contextlib.contextmanager
+def registered_format(fmt: formats.Format):
+    """`fmt` in the format registry for the duration (the package has no way to remove one: it needs none)."""
+    formats.register_format(fmt)
+    try:
+        yield fmt
+    finally:
+        formats._FORMATS.pop(fmt.name, None)

@@ -1,4 +1,4 @@
-"""The `[dataloader]` table of a job: plain dataclasses (the core's types), table <-> dataclass, validation.
+"""The `[dataloader]` table of a job: plain dataclasses (the core's types), one schema, table -> dataclass.
 
 Imports nothing of the engine or of TorchTitan; reading TOML files is toml_file.py's job.
 
@@ -14,6 +14,12 @@ Imports nothing of the engine or of TorchTitan; reading TOML files is toml_file.
 Sources are keyed by name and always processed in sorted-name order, so reordering
 tables in the file changes nothing. Relative paths are resolved against the
 working directory of the job (as TorchTitan does for its dataset paths).
+
+The schema: every field says, in its `setting(...)`, its bounds or choices (and why), whether it
+shapes the rows (`rows`: in the checkpoint's fingerprint, or a knob a resume may change), how the
+eval set (`[validator.dataloader]`) treats it, and its old name. The validator, the eval rule
+(titan/job.py), the old-name reader and docs/configuration.md (config_docs.py) read it; the field's
+docstring is its documentation. A DataConfig or SourceConfig is checked once, when it is made.
 """
 
 from __future__ import annotations
@@ -21,103 +27,248 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
+import typing
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from typing import Any
 
 from zephon_titan.errors import ConfigError
 from zephon_titan.urls import refuse_credentials
 
-EXHAUSTION_POLICIES = ("repeat", "redistribute")
-LABEL_RULES = ("document", "stream")
-SPLITS = ("train", "eval")
-TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")
 # Bounds that keep the loader's checkpoint header within its fixed slot (titan/state_codec.py).
 MAX_SOURCES = 200
 MAX_SOURCE_NAME = 64
-# Bounds of the numeric settings: (lowest, highest, why the highest). Far above any useful value,
-# they keep memory, start-up time and the checkpoint state of a mistyped value bounded.
-BOUNDS = {
-    "num_lanes": (1, 1 << 16, "each lane is a row stream with its own state and buffers"),
-    "seed": (0, (1 << 63) - 1, "shuffle keys and checkpoint fields are 63-bit integers"),
-    "split_seed": (0, (1 << 63) - 1, "split keys are 63-bit integers"),
-    "shuffle_window_blocks": (1, 1 << 12, "the documents of a window are read into memory together"),
-    "best_fit_window_docs": (1, 1 << 16, "the window's documents are held in memory and searched per row"),
-    "num_workers": (0, 1024, "one process each"),
-    "prefetch_factor": (1, 1024, "each step ahead is held in memory"),
-    "max_document_chars": (1, 1 << 31, "a document is tokenized at once, ~10x its size in memory"),
-    "mix_chunk_tokens": (0, 1 << 30, "the mixture error per lane grows with it"),
-}
-SOURCE_BOUNDS = {
-    "weight": (0.0, 1e6, "weights are relative shares (only ratios matter) and must sum to a finite number"),
-    "block_bytes": (1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
-    "block_rows": (1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
-    "eval_fraction": (
-        0.0,
-        0.99,
-        "a source held out whole is an eval source: list it in [validator.dataloader.sources]",
-    ),
-}
+MAX_PHASES = 256
+MAX_WEIGHT = 1e6
 # The smallest eval_fraction other than 0. engine/split.py holds a document out when the top 53 bits of its
 # hash are below eval_fraction * 2**53, so below 2**-53 (1.1e-16) nothing can ever be held out; at 1e-9 a
 # corpus of a billion documents is expected to hold out one. Anything smaller is a typo (1e-300), not a plan.
 MIN_EVAL_FRACTION = 1e-9
-# Settings whose default (None) means "decided elsewhere"; the TOML value has this type.
-_OPTIONAL_TYPES = {"add_bos": bool, "add_eos": bool}
+
+
+# ---- the schema ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Eval:
+    """How `[validator.dataloader]` treats a `[dataloader]` key. `rule`:
+    "inherited": taken from [dataloader] unless [validator.dataloader] sets it;
+    "training": taken from [dataloader]; settable only when the eval set names sources of its own (`why`);
+    "own": not taken from [dataloader]: the eval set's own value, else `default` (None: the field's);
+    "refused": not an eval set setting (`why`)."""
+
+    rule: str
+    why: str = ""
+    default: Any = None
+
+
+INHERITED = Eval("inherited")
+
+
+@dataclass(frozen=True)
+class Renamed:
+    """An old name of a setting, still read (with a warning); `convert` maps an old integer value."""
+
+    old: str
+    note: str = ""
+    convert: Callable[[int], int] = lambda n: n
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setting:
+    """What one field declares (through `setting(...)`)."""
+
+    rows: bool
+    """True: the rows depend on it, so it is in the checkpoint's fingerprint (a resume refuses a change).
+    False: a performance or I/O knob a resume may change."""
+    rows_note: str = ""
+    """How it reaches the fingerprint when not directly, or in which configurations it matters."""
+    bounds: tuple[float, float, str] | None = None
+    """(lowest, highest, why the highest). Far above any useful value, they keep memory, start-up time
+    and the checkpoint state of a mistyped value bounded."""
+    choices: Mapping[str, str] | None = None
+    """The valid values, each with what it means ("" when its name says it)."""
+    check: Callable[[Any, str], None] | None = None
+    """A rule beyond type, choices and bounds: (value, "[table] key") -> None, or a ConfigError."""
+    allowed: str = ""
+    """The valid values in words, for a setting checked elsewhere (docs/configuration.md)."""
+    eval: Eval = INHERITED
+    renamed: Renamed | None = None
+
+
+def setting(default: Any = MISSING, *, factory: Any = MISSING, **declared: Any) -> Any:
+    """A dataclass field with its Setting (keyword arguments of Setting; `rows` is required)."""
+    return field(default=default, default_factory=factory, metadata={"setting": Setting(**declared)})
+
+
+def settings(cls: type) -> dict[str, Setting]:
+    """The Setting of each field of a config class that declares one."""
+    if cls not in _SETTINGS:
+        _SETTINGS[cls] = {f.name: f.metadata["setting"] for f in dataclasses.fields(cls) if "setting" in f.metadata}
+    return _SETTINGS[cls]
+
+
+_SETTINGS: dict[type, dict[str, Setting]] = {}
+
+
+def refused(why: str) -> Eval:
+    return Eval("refused", why)
+
+
+# ---- checks named by the schema ------------------------------------------------------------------------
+
+
+def _not_empty(fix: str = "") -> Callable[[Any, str], None]:
+    def check(value: str, what: str) -> None:
+        if not value:
+            raise ConfigError(f"{what} must not be empty" + (f"; {fix}" if fix else ""))
+
+    return check
+
+
+def _check_weight(value: float, what: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            f"{what} must be a finite number > 0, got {value}; remove the source to leave it out of the mixture"
+        )
+
+
+def _check_eval_fraction(value: float, what: str) -> None:
+    if 0 < value < MIN_EVAL_FRACTION:
+        raise ConfigError(
+            f"{what} must be 0 (no eval part) or >= {MIN_EVAL_FRACTION:g}, got {value:g} "
+            "(the share of documents held out: this one would hold out none of any real corpus)"
+        )
+
+
+def _check_endpoint(value: str, what: str) -> None:
+    refuse_credentials(value, what)  # before any error echoes it
+    if value and not value.startswith(("http://", "https://")):
+        raise ConfigError(f"{what} must start with http:// or https://, got {value!r}")
+
+
+# Components a resume may be told to ignore ([dataloader] resume_allow), and why that keeps
+# every lane's rows unchanged.
+ALLOWED_CHANGES = {
+    "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
+    "locations": "data moved or copied to another directory, bucket or prefix: the same file names, in the "
+    "same order, with the same sizes and blocks",
+}
+
+
+def _check_resume_allow(allow: Any, what: str) -> None:
+    if not (isinstance(allow, list) and all(isinstance(item, str) for item in allow)):
+        raise ConfigError(f'{what} must be a list of strings (e.g. ["mtimes"]), got {short_repr(allow)}')
+    for item in allow:
+        if item not in ALLOWED_CHANGES:
+            raise ConfigError(
+                f"{what}: {item!r} cannot be allowed (it changes the rows); allowed: "
+                + "; ".join(f"{k} ({why})" for k, why in ALLOWED_CHANGES.items())
+            )
+
+
+_THE_TOKENIZER = "the tokenizer component (a digest of the tokenizer's vocabulary, merges and BOS/EOS ids)"
+_THE_SPLIT = "the split component, present only when some source has an eval_fraction > 0 (else it selects nothing)"
+_IN_PROCESS = "the eval set is produced in the training process"
+_S3 = "used only for s3:// paths; where the files are is fingerprinted as their locations (resume_allow)"
+_HELD_OUT = (
+    "the held-out part of the training sources is read with [dataloader]'s split, so that training never reads "
+    "an eval document; set it there"
+)
+
+
+# ---- the configuration ---------------------------------------------------------------------------------
 
 
 @dataclass(kw_only=True, slots=True)
 class SourceConfig:
     """One named source: its files, text field and share of the mixture."""
 
-    name: str
+    name: str = setting(rows=True, rows_note="the fingerprint lists the sources by name")
     """Source name (the key of its `[dataloader.sources.<name>]` table)."""
 
-    paths: list[str]
+    paths: list[str] = setting(rows=True, rows_note="the files' names, sizes and blocks (and their locations)")
     """Files or glob patterns (`**` allowed); relative to the job's working directory."""
 
-    weight: float = 1.0
+    weight: float = setting(
+        1.0,
+        rows=True,
+        rows_note="the mixture component (weights normalized over the sources)",
+        bounds=(0.0, MAX_WEIGHT, "weights are relative shares (only ratios matter) and must sum to a finite number"),
+        check=_check_weight,
+    )
     """Share of tokens in the mixture (normalized over all sources)."""
 
-    text_field: str = "text"
+    text_field: str = setting("text", rows=True, check=_not_empty())
     """JSON field or Parquet column holding the document text."""
 
-    token_field: str = ""
+    token_field: str = setting("", rows=True, rows_note="Parquet and Lance sources only")
     """Parquet only: a column of token ids (lists of ints, from this run's tokenizer) used instead
     of tokenizing text_field; BOS/EOS are still added as configured."""
 
-    format: str = "auto"
+    format: str = setting(
+        "auto",
+        rows=True,
+        rows_note="the format it resolves to: `auto` and the format it picks are the same rows",
+        check=_not_empty('use "auto" or a format name'),
+        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance",
+    )
     """`jsonl`, `parquet`, `lance`, or `auto` (from the file extension; `.lance` for Lance datasets)."""
 
-    block_bytes: int = 1 << 20
+    block_bytes: int = setting(
+        1 << 20,
+        rows=True,
+        rows_note="JSONL sources only",
+        bounds=(1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
+    )
     """JSONL only: size of the byte ranges dealt to lanes."""
 
-    block_rows: int = 1024
+    block_rows: int = setting(
+        1024,
+        rows=True,
+        rows_note="Lance sources only",
+        bounds=(1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
+    )
     """Lance only: rows per block (each fragment is cut into blocks of this many rows)."""
 
-    eval_fraction: float = 0.0
+    eval_fraction: float = setting(
+        0.0,
+        rows=True,
+        rows_note=_THE_SPLIT,
+        bounds=(0.0, 0.99, "a source held out whole is an eval source: list it in [validator.dataloader.sources]"),
+        check=_check_eval_fraction,
+    )
     """Share of this source's documents held out for validation, chosen by a keyed hash of each
     document's file name and row ([dataloader] split_seed): training never reads them, and
     [validator.dataloader] reads them when it names no sources of its own. 0: none held out;
     otherwise in [1e-9, 0.99] (MIN_EVAL_FRACTION)."""
 
-    index: str = ""
+    index: str = setting(
+        "",
+        rows=False,
+        rows_note="a cache of the listing: the files' names, sizes and blocks are fingerprinted however listed",
+    )
     """A manifest of the files and their blocks (JSON; local path or URI). Startup reads it instead
     of listing the files and reading Parquet footers. Written by `zephon-titan index <job.toml>`, or
     by the first run that does not find it."""
+
+    def __post_init__(self) -> None:
+        validate_source(self)
 
 
 @dataclass(kw_only=True, slots=True)
 class PhaseConfig:
     """One phase of a mixture schedule (`[[dataloader.phases]]`)."""
 
-    start_step: int
+    start_step: int = setting(rows=True, rows_note="the schedule component")
     """First optimizer step of the phase (the first phase starts at step 1)."""
 
-    weights: dict[str, float]
+    weights: dict[str, float] = setting(rows=True, rows_note="the schedule component")
     """Share of tokens per source name in this phase (normalized); a source left out rests (weight 0)."""
 
-    ramp_steps: int = 0
+    ramp_steps: int = setting(0, rows=True, rows_note="the schedule component")
     """Move linearly from the previous phase's weights to these over the phase's first ramp_steps steps."""
 
 
@@ -125,141 +276,254 @@ class PhaseConfig:
 class DataConfig:
     """Everything the row streams depend on, except the tokenizer object and seq_len."""
 
-    sources: list[SourceConfig] = field(default_factory=list)
+    sources: list[SourceConfig] = setting(
+        factory=list,
+        rows=True,
+        rows_note="each source's settings above; adding a source is allowed at a resume, removing one is not",
+        eval=Eval("own", "the eval set's own files, else the held-out part (eval_fraction) of the training sources"),
+    )
     """The named sources, in sorted-name order (set them in the TOML file)."""
 
-    phases: list[PhaseConfig] = field(default_factory=list)
+    phases: list[PhaseConfig] = setting(
+        factory=list,
+        rows=True,
+        rows_note="the schedule component; a resume may change phases after the checkpoint's step",
+        eval=refused("an eval set has one mixture (set weight on its sources)"),
+    )
     """A mixture schedule by optimizer step (`[[dataloader.phases]]` tables); empty: the sources'
     weights for the whole run. With phases, weights come only from them."""
 
-    num_lanes: int = 8
+    num_lanes: int = setting(
+        8, rows=True, bounds=(1, 1 << 16, "each lane is a row stream with its own state and buffers")
+    )
     """Number of lanes L; fixed for a run. Data-parallel sizes must divide it."""
 
-    seed: int = 0
+    seed: int = setting(
+        0, rows=True, bounds=(0, (1 << 63) - 1, "shuffle keys and checkpoint fields are 63-bit integers")
+    )
     """Seed of every shuffle."""
 
-    split_seed: int = 0
+    split_seed: int = setting(
+        0,
+        rows=True,
+        rows_note=_THE_SPLIT,
+        bounds=(0, (1 << 63) - 1, "split keys are 63-bit integers"),
+        eval=Eval("training", _HELD_OUT),
+    )
     """Key of the train/eval split of sources with an eval_fraction (another key: another eval set)."""
 
-    split: str = "train"
+    split: str = setting(
+        "train",
+        rows=True,
+        rows_note=_THE_SPLIT,
+        choices={"train": "", "eval": ""},
+        eval=Eval("training", _HELD_OUT),
+    )
     """Which part of sources with an eval_fraction this loader reads: `train` (all documents but the
     held-out ones) or `eval` (only those: the validator's loader)."""
 
-    packing: str = "wrap"
+    packing: str = setting(
+        "wrap",
+        rows=True,
+        check=_not_empty('use "wrap" or "best_fit"'),
+        allowed="a packer of engine/packing.py: wrap, best_fit",
+    )
     """`wrap`: documents concatenated and split across rows, no padding.
     `best_fit`: whole documents placed into rows by best fit, padding labels -100."""
 
-    mix_chunk_tokens: int = 0
+    mix_chunk_tokens: int = setting(
+        0,
+        rows=True,
+        rows_note="the value in force: 0 and seq_len are the same rows",
+        bounds=(0, 1 << 30, "the mixture error per lane grows with it"),
+    )
     """Documents are mixed in pieces of at most this many tokens (0: seq_len), so a long document is
     interleaved with the other sources instead of holding a lane; the per-lane mixture error is at
     most (1 + S * w_s) * mix_chunk_tokens tokens (S sources; README "Mental model")."""
 
-    labels: str = "document"
+    labels: str = setting(
+        "document",
+        rows=True,
+        choices={"document": "shift inside each document, as TorchTitan", "stream": "shift the packed stream"},
+    )
     """`document` (TorchTitan's rule): inputs and labels are shifted inside each document, so a
     document's last token never predicts the next document's first; a row is seq_len pairs.
     `stream`: the packed stream is shifted (a row is seq_len + 1 tokens), so every token boundary,
     document boundaries included, is a target."""
 
-    shuffle: bool = True
+    shuffle: bool = setting(True, rows=True)
     """false: no shuffle at all; each lane reads its blocks (lane l: blocks l, l + L, ...) and their
     documents in file order. For debugging and for comparing with other loaders."""
 
-    exhaustion: str = "repeat"
+    exhaustion: str = setting(
+        "repeat",
+        rows=True,
+        choices={"repeat": "", "redistribute": ""},
+        eval=Eval("own", "an eval set is read once by default", "redistribute"),
+    )
     """`repeat`: every source loops with a fresh shuffle per epoch.
     `redistribute`: each source is read once; an exhausted source leaves the lane's
     mixture and the others are renormalized; a lane ends when all are exhausted."""
 
-    shuffle_window_blocks: int = 4
+    shuffle_window_blocks: int = setting(
+        4, rows=True, bounds=(1, 1 << 12, "the documents of a window are read into memory together")
+    )
     """Documents are shuffled within windows of this many consecutive blocks of a lane."""
 
-    best_fit_window_docs: int = 256
+    best_fit_window_docs: int = setting(
+        256,
+        rows=True,
+        rows_note='the packing component, under packing = "best_fit" only',
+        bounds=(1, 1 << 16, "the window's documents are held in memory and searched per row"),
+    )
     """best_fit only: documents considered together when filling rows."""
 
-    tokenizer_path: str = ""
+    tokenizer_path: str = setting(
+        "", rows=True, rows_note=f"{_THE_TOKENIZER}: the same tokenizer read from elsewhere is the same rows"
+    )
     """Directory holding tokenizer.json (or the file itself); empty: the trainer's tokenizer."""
 
-    add_bos: bool | None = None
+    add_bos: bool | None = setting(
+        None, rows=True, rows_note=f"{_THE_TOKENIZER}: unset and the value it resolves to are the same rows"
+    )
     """Prepend the tokenizer's BOS token to each document. Unset: as the tokenizer says (its
     post-processor, else `add_bos_token` in tokenizer_config.json, else yes); see README."""
 
-    add_eos: bool | None = None
+    add_eos: bool | None = setting(
+        None, rows=True, rows_note=f"{_THE_TOKENIZER}: unset and the value it resolves to are the same rows"
+    )
     """Append the tokenizer's EOS token to each document. Unset: as the tokenizer says (its
     post-processor, else `add_eos_token` in tokenizer_config.json, else yes); see README."""
 
-    tokenizer_backend: str = "auto"
+    tokenizer_backend: str = setting(
+        "auto",
+        rows=False,
+        rows_note="every backend computes the same ids (checked on a probe set and the first documents)",
+        choices={"auto": "", "tokenizers": "", "fastokens": ""},
+    )
     """Which code computes the token ids (a speed knob: the ids are the same). `auto`: fastokens when
     installed (`.[fast]`) and it matches `tokenizers` on a probe set and on the first documents, else
     `tokenizers` (one log line says why). `fastokens`: the same, but an error instead of a fallback."""
 
-    num_workers: int = 0
+    num_workers: int = setting(
+        0,
+        rows=False,
+        bounds=(0, 1024, "one process each"),
+        eval=refused(_IN_PROCESS),
+        renamed=Renamed("workers", "where 1 meant 0", lambda n: 0 if n == 1 else n),  # 1: the training process
+    )
     """Worker processes producing this rank's lanes (0: inside the training process), as in PyTorch's
     DataLoader. A performance knob: rows do not depend on it. (Old name: `workers`, where 1 meant 0.)"""
 
-    prefetch_factor: int = 2
+    prefetch_factor: int = setting(
+        2,
+        rows=False,
+        bounds=(1, 1024, "each step ahead is held in memory"),
+        eval=refused(_IN_PROCESS),
+        renamed=Renamed("prefetch_steps"),
+    )
     """Steps produced ahead of the trainer (bounded memory): by each worker process, or with
     num_workers = 0 by a thread of the training process. (Old name: `prefetch_steps`.)"""
 
-    max_document_chars: int = 64 << 20
+    max_document_chars: int = setting(
+        64 << 20,
+        rows=False,
+        rows_note="a longer document is an error, never cut or skipped: no row changes",
+        bounds=(1, 1 << 31, "a document is tokenized at once, ~10x its size in memory"),
+    )
     """A longer document is an error naming its file and row (tokenizing it at once would need
     ~10x its size in memory); raise the limit if you mean it."""
 
-    s3_endpoint_url: str = ""
+    s3_endpoint_url: str = setting("", rows=False, rows_note=_S3, check=_check_endpoint)
     """S3-compatible endpoint for s3:// paths (default: AWS_ENDPOINT_URL, else AWS). Credentials come
     from the environment (AWS_ACCESS_KEY_ID, AWS_PROFILE, ~/.aws, instance roles), never the config."""
 
-    s3_region: str = ""
+    s3_region: str = setting("", rows=False, rows_note=_S3)
     """Region for s3:// paths (default: AWS_REGION / AWS_DEFAULT_REGION)."""
 
-    s3_anonymous: bool = False
+    s3_anonymous: bool = setting(False, rows=False, rows_note=_S3)
     """Read s3:// paths without credentials (public buckets)."""
 
-    resume_allow: list[str] = field(default_factory=list)
+    resume_allow: list[str] = setting(
+        factory=list,
+        rows=False,
+        rows_note="what a resume accepts, not what it reads",
+        check=_check_resume_allow,
+        allowed=", ".join(ALLOWED_CHANGES),
+        eval=refused("the eval set has no checkpoint state"),
+    )
     """Fingerprint changes a resume accepts: "mtimes" (data copied: same files, sizes and bytes, new
     modification times) and "locations" (the same files read from another directory, bucket or
     prefix, e.g. moved from local disk to S3); everything else changes the rows and is refused."""
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     def source_names(self) -> list[str]:
         return [s.name for s in self.sources]
 
 
-def _check_keys(table: dict[str, Any], allowed: list[str], where: str) -> None:
-    for key in table:
-        if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(allowed)}"
-            raise ConfigError(f"unknown key {key!r} in {where}; {hint}")
+# [dataloader] keys of the TorchTitan loader, not of the data (titan/dataloader.py's loader_config):
+# key -> (default, what it does, why [validator.dataloader] refuses it).
+LOADER_KEYS = {
+    "ledger": (
+        True,
+        "Write each step's global-batch SHA-256 to ledger.jsonl beside the checkpoints.",
+        "every validation is recorded in validation.jsonl beside the checkpoints",
+    )
+}
 
 
-def _typed(value: Any, kind: type, key: str, where: str) -> Any:
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not ok:
-        raise ConfigError(f"{where} {key} must be {kind.__name__}, got {value!r}")
-    return value
+# ---- the validator -------------------------------------------------------------------------------------
 
 
-def _source_from_table(name: str, table: Any) -> SourceConfig:
-    where = f"[dataloader.sources.{name}]"
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where} must be a table with at least `paths`, got {table!r}")
-    allowed = [f.name for f in dataclasses.fields(SourceConfig) if f.name != "name"]
-    _check_keys(table, allowed, where)
-    if "paths" not in table:
-        raise ConfigError(f"{where} needs `paths`, a list of files or glob patterns")
-    paths = table["paths"]
-    if isinstance(paths, str):
-        paths = [paths]
-    if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
-        raise ConfigError(f"{where} paths must be a non-empty list of strings, got {short_repr(paths)}")
-    kwargs: dict[str, Any] = {"name": name, "paths": paths}
-    defaults = SourceConfig(name=name, paths=paths)
-    for key in allowed:  # every field of SourceConfig: a new option cannot be silently ignored
-        if key != "paths" and key in table:
-            kwargs[key] = _typed(table[key], type(getattr(defaults, key)), key, where)
-    source = SourceConfig(**kwargs)
-    validate_source(source)
-    return source
+_KINDS: dict[type, dict[str, tuple[type, bool]]] = {}
+
+
+def _kinds(cls: type) -> dict[str, tuple[type, bool]]:
+    """field name -> (its scalar type, whether None is allowed), for the fields of one scalar type."""
+    if cls not in _KINDS:
+        _KINDS[cls] = {}
+        for name, hint in typing.get_type_hints(cls).items():
+            args = typing.get_args(hint) if isinstance(hint, types.UnionType) else ()
+            kind = next((a for a in args if a is not type(None)), hint)
+            if kind in (int, float, str, bool):
+                _KINDS[cls][name] = (kind, type(None) in args)
+    return _KINDS[cls]
+
+
+def _kind_name(kind: type) -> str:
+    return "true or false" if kind is bool else kind.__name__
+
+
+def _check_settings(obj: SourceConfig | DataConfig, where: str) -> None:
+    """Every field's type, check, choices and bounds, as its Setting declares them."""
+    kinds = _kinds(type(obj))
+    for name, s in settings(type(obj)).items():
+        value, what = getattr(obj, name), f"{where} {name}"
+        if name in kinds:
+            kind, optional = kinds[name]
+            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))) and not (
+                (optional and value is None) or (kind is float and numeric)
+            ):
+                raise ConfigError(f"{what} must be {_kind_name(kind)}, got {short_repr(value)}")
+        if s.check is not None:
+            s.check(value, what)
+        if s.choices is not None and value not in s.choices:
+            raise ConfigError(f"{what} must be one of {_described(s.choices)}, got {short_repr(value)}")
+        if s.bounds is not None:
+            low, high, why = s.bounds
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{what} must be a finite number in [{low}, {high}], got {value}")
+            if value < low:
+                raise ConfigError(f"{what} must be >= {low}, got {value}")
+            if value > high:
+                raise ConfigError(f"{what} must be <= {high}, got {value} ({why})")
+
+
+def _described(choices: Mapping[str, str]) -> str:
+    return ", ".join(f"{value} ({meaning})" if meaning else value for value, meaning in choices.items())
 
 
 def short_repr(value: Any) -> str:
@@ -268,16 +532,8 @@ def short_repr(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _check_bounds(obj: Any, bounds: Mapping[str, tuple[float, float, str]], where: str) -> None:
-    for key, (low, high, why) in bounds.items():
-        value = getattr(obj, key)
-        if value < low:
-            raise ConfigError(f"{where} {key} must be >= {low}, got {value}")
-        if value > high:
-            raise ConfigError(f"{where} {key} must be <= {high}, got {value} ({why})")
-
-
 def validate_source(source: SourceConfig) -> None:
+    """Check one source's values (run once, when the SourceConfig is made)."""
     where = f"[dataloader.sources.{source.name}]"
     if not source.name or len(source.name) > MAX_SOURCE_NAME:
         raise ConfigError(
@@ -293,29 +549,25 @@ def validate_source(source: SourceConfig) -> None:
             "(the checkpoint lists source names separated by commas); rename the source, e.g. "
             f"{''.join('_' if c in bad else c for c in source.name)!r}"
         )
-    if not (math.isfinite(source.weight) and source.weight > 0):
-        raise ConfigError(
-            f"{where} weight must be a finite number > 0, got {source.weight}; "
-            "remove the source to leave it out of the mixture"
-        )
-    _check_bounds(source, SOURCE_BOUNDS, where)
-    if not math.isfinite(source.eval_fraction):
-        raise ConfigError(f"{where} eval_fraction must be a share in [0, 0.99], got {source.eval_fraction}")
-    if 0 < source.eval_fraction < MIN_EVAL_FRACTION:
-        raise ConfigError(
-            f"{where} eval_fraction must be 0 (no eval part) or >= {MIN_EVAL_FRACTION:g}, got {source.eval_fraction:g} "
-            "(the share of documents held out: this one would hold out none of any real corpus)"
-        )
-    if not source.format:  # the names are the engine's format registry (engine/sources/formats.py)
-        raise ConfigError(f'{where} format must not be empty; use "auto" or a format name')
-    if not source.text_field:
-        raise ConfigError(f"{where} text_field must not be empty")
+    paths = source.paths
+    if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
+        raise ConfigError(f"{where} paths must be a non-empty list of strings, got {short_repr(paths)}")
+    _check_settings(source, where)
+
+
+NO_SOURCES = "[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`"
+
+
+def require_sources(config: DataConfig) -> None:
+    """A DataConfig without sources is the unset default (TorchTitan's config tree); nothing can read it."""
+    if not config.sources:
+        raise ConfigError(NO_SOURCES)
 
 
 def validate(config: DataConfig) -> None:
-    """Check values that do not need the files; raises ConfigError naming the key."""
-    if not config.sources:
-        raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
+    """Check values that do not need the files; raises ConfigError naming the key. Run once, when the
+    DataConfig is made (its sources were checked when they were made); an empty source list is the unset
+    default, refused by require_sources where data is read."""
     names = config.source_names()
     if len(names) > MAX_SOURCES:
         raise ConfigError(
@@ -326,19 +578,8 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(f"[dataloader] source names must be unique, got {names}")
     if names != sorted(names):
         raise ConfigError(f"[dataloader] sources must be in sorted-name order, got {names}")
-    for source in config.sources:
-        validate_source(source)
-    _check_bounds(config, BOUNDS, "[dataloader]")
+    _check_settings(config, "[dataloader]")
     validate_phases(config.phases, names)
-    if not config.packing:  # the names are the engine's packing registry (engine/packing.py)
-        raise ConfigError('[dataloader] packing must not be empty; use "wrap" or "best_fit"')
-    if config.labels not in LABEL_RULES:
-        raise ConfigError(
-            f'[dataloader] labels must be "document" (shift inside each document, as TorchTitan) or "stream" '
-            f"(shift the packed stream), got {config.labels!r}"
-        )
-    if config.split not in SPLITS:
-        raise ConfigError(f'[dataloader] split must be "train" or "eval", got {config.split!r}')
     if config.split == "eval":
         empty = [s.name for s in config.sources if s.eval_fraction <= 0.0]
         if empty:
@@ -346,26 +587,6 @@ def validate(config: DataConfig) -> None:
                 f'sources {", ".join(empty)} hold out no documents (eval_fraction = 0), so split = "eval" reads '
                 'nothing of them; set their eval_fraction or read them whole (split = "train")'
             )
-    if config.tokenizer_backend not in TOKENIZER_BACKENDS:
-        raise ConfigError(
-            f"[dataloader] tokenizer_backend must be one of {', '.join(TOKENIZER_BACKENDS)}, "
-            f"got {config.tokenizer_backend!r}"
-        )
-    if not isinstance(config.shuffle, bool):
-        raise ConfigError(f"[dataloader] shuffle must be true or false, got {config.shuffle!r}")
-    if config.exhaustion not in EXHAUSTION_POLICIES:
-        raise ConfigError(
-            f"[dataloader] exhaustion must be one of {', '.join(EXHAUSTION_POLICIES)}, got {config.exhaustion!r}"
-        )
-    refuse_credentials(config.s3_endpoint_url, "[dataloader] s3_endpoint_url")  # before any error echoes it
-    if config.s3_endpoint_url and not config.s3_endpoint_url.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"[dataloader] s3_endpoint_url must start with http:// or https://, got {config.s3_endpoint_url!r}"
-        )
-    validate_resume_allow(config.resume_allow)
-
-
-MAX_PHASES = 256  # the schedule is kept in the checkpoint header (titan/state_codec.py)
 
 
 def validate_phases(phases: list[PhaseConfig], names: list[str]) -> None:
@@ -374,7 +595,7 @@ def validate_phases(phases: list[PhaseConfig], names: list[str]) -> None:
     every phase: declared now, it can be given a weight in a later phase when the run is resumed."""
     if not phases:
         return
-    if len(phases) > MAX_PHASES:
+    if len(phases) > MAX_PHASES:  # the schedule is kept in the checkpoint header (titan/state_codec.py)
         raise ConfigError(f"[[dataloader.phases]]: {len(phases)} phases, at most {MAX_PHASES} are supported")
     for i, phase in enumerate(phases):
         where = f"[[dataloader.phases]] #{i + 1} (start_step {phase.start_step})"
@@ -396,18 +617,50 @@ def validate_phases(phases: list[PhaseConfig], names: list[str]) -> None:
                 hint = f"did you mean {close[0]!r}?" if close else f"sources: {', '.join(names)}"
                 raise ConfigError(f"{where}: weights name an unknown source {name!r}; {hint}")
             if not (isinstance(weight, (int, float)) and not isinstance(weight, bool)) or not (
-                math.isfinite(weight) and 0 <= weight <= SOURCE_BOUNDS["weight"][1]
+                math.isfinite(weight) and 0 <= weight <= MAX_WEIGHT
             ):
                 raise ConfigError(f"{where}: weight of {name!r} must be a finite number >= 0, got {weight!r}")
         if not any(w > 0 for w in phase.weights.values()):
             raise ConfigError(f"{where}: no source has a weight > 0; every phase must read something")
 
 
+# ---- the TOML table -> dataclass -----------------------------------------------------------------------
+
+
+def _check_keys(table: dict[str, Any], allowed: list[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(allowed)}"
+            raise ConfigError(f"unknown key {key!r} in {where}; {hint}")
+
+
+def _from_toml(cls: type, name: str, value: Any) -> Any:
+    """A TOML value for a field (an integer for a float field becomes a float; the validator checks types)."""
+    kind = _kinds(cls).get(name, (None, False))[0]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _source_from_table(name: str, table: Any) -> SourceConfig:
+    where = f"[dataloader.sources.{name}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table with at least `paths`, got {table!r}")
+    _check_keys(table, [key for key in settings(SourceConfig) if key != "name"], where)
+    if "paths" not in table:
+        raise ConfigError(f"{where} needs `paths`, a list of files or glob patterns")
+    kwargs = {key: _from_toml(SourceConfig, key, value) for key, value in table.items()}
+    if isinstance(kwargs["paths"], str):
+        kwargs["paths"] = [kwargs["paths"]]
+    return SourceConfig(name=name, **kwargs)
+
+
 def _phase_from_table(i: int, table: Any) -> PhaseConfig:
     where = f"[[dataloader.phases]] #{i + 1}"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table with start_step and weights, got {short_repr(table)}")
-    _check_keys(table, ["start_step", "weights", "ramp_steps"], where)
+    _check_keys(table, list(settings(PhaseConfig)), where)
     if "start_step" not in table or "weights" not in table:
         raise ConfigError(f"{where} needs start_step (an optimizer step) and weights (a table: source = weight)")
     weights = table["weights"]
@@ -415,48 +668,28 @@ def _phase_from_table(i: int, table: Any) -> PhaseConfig:
         raise ConfigError(
             f"{where} weights must be a table (e.g. {{ code = 0.3, web = 0.7 }}), got {short_repr(weights)}"
         )
-    return PhaseConfig(
-        start_step=_typed(table["start_step"], int, "start_step", where),
+    phase = PhaseConfig(
+        start_step=table["start_step"],
         weights={str(k): v for k, v in weights.items()},
-        ramp_steps=_typed(table.get("ramp_steps", 0), int, "ramp_steps", where),
+        ramp_steps=table.get("ramp_steps", 0),
     )
-
-
-# Components a resume may be told to ignore ([dataloader] resume_allow), and why that keeps
-# every lane's rows unchanged.
-ALLOWED_CHANGES = {
-    "mtimes": "files copied or touched: same names, sizes and bytes, new modification times",
-    "locations": "data moved or copied to another directory, bucket or prefix: the same file names, in the "
-    "same order, with the same sizes and blocks",
-}
-
-
-def validate_resume_allow(allow: list[str]) -> None:
-    if not (isinstance(allow, list) and all(isinstance(item, str) for item in allow)):
-        raise ConfigError(
-            f'[dataloader] resume_allow must be a list of strings (e.g. ["mtimes"]), got {short_repr(allow)}'
-        )
-    for item in allow:
-        if item not in ALLOWED_CHANGES:
-            raise ConfigError(
-                f"[dataloader] resume_allow: {item!r} cannot be allowed (it changes the rows); allowed: "
-                + "; ".join(f"{k} ({why})" for k, why in ALLOWED_CHANGES.items())
-            )
+    for key in ("start_step", "ramp_steps"):
+        if not isinstance(getattr(phase, key), int) or isinstance(getattr(phase, key), bool):
+            raise ConfigError(f"{where} {key} must be int, got {short_repr(getattr(phase, key))}")
+    return phase
 
 
 def config_from_dict(table: object) -> DataConfig:
-    """Build a DataConfig from the `[dataloader]` table (already parsed TOML)."""
+    """Build a DataConfig from the `[dataloader]` table (already parsed TOML); it is checked when made."""
     if not isinstance(table, dict):
         raise ConfigError(f"[dataloader] must be a table, got {table!r}")
     table = _renamed(table)
-    allowed = [f.name for f in dataclasses.fields(DataConfig)]
-    _check_keys(table, allowed, "[dataloader]")
+    _check_keys(table, list(settings(DataConfig)), "[dataloader]")
     raw_sources = table.get("sources")
     if not isinstance(raw_sources, dict) or not raw_sources:
-        raise ConfigError("[dataloader] has no sources; add a [dataloader.sources.<name>] table with `paths`")
-    sources = [_source_from_table(name, raw_sources[name]) for name in sorted(raw_sources)]
-    defaults = DataConfig(sources=sources)
-    kwargs: dict[str, Any] = {"sources": sources}
+        raise ConfigError(NO_SOURCES)
+    kwargs: dict[str, Any] = {k: _from_toml(DataConfig, k, v) for k, v in table.items() if k != "phases"}
+    kwargs["sources"] = [_source_from_table(name, raw_sources[name]) for name in sorted(raw_sources)]
     if "phases" in table:
         raw_phases = table["phases"]
         if not isinstance(raw_phases, list):
@@ -472,34 +705,20 @@ def config_from_dict(table: object) -> DataConfig:
                 f"[dataloader.sources.{weighted[0]}] weight: with [[dataloader.phases]] the weights come from the "
                 "phases; remove the source's weight"
             )
-    for name in allowed:
-        if name not in ("sources", "phases") and name in table:
-            kind = _OPTIONAL_TYPES.get(name) or type(getattr(defaults, name))
-            kwargs[name] = _typed(table[name], kind, name, "[dataloader]")
-    config = DataConfig(**kwargs)
-    validate(config)
-    return config
-
-
-# Old names, still read for one release: (new name, how an old value maps to the new meaning).
-DEPRECATED_KEYS: dict[str, tuple[str, Callable[[int], int]]] = {
-    "workers": ("num_workers", lambda n: 0 if n == 1 else n),  # workers = 1 meant "in the training process"
-    "prefetch_steps": ("prefetch_factor", lambda n: n),
-}
+    return DataConfig(**kwargs)
 
 
 def _renamed(table: dict[str, Any]) -> dict[str, Any]:
-    """The table with deprecated keys renamed (a warning each); both names at once is an error."""
-    import warnings
-
+    """The table with old names renamed (a warning each); both names at once is an error."""
     out = dict(table)
-    for old, (new, convert) in DEPRECATED_KEYS.items():
-        if old not in out:
+    for new, s in settings(DataConfig).items():
+        if s.renamed is None or s.renamed.old not in out:
             continue
+        old = s.renamed.old
         if new in out:
             raise ConfigError(f"[dataloader] sets both {old} (its old name) and {new}; keep {new}")
         value = out.pop(old)
-        out[new] = convert(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        out[new] = s.renamed.convert(value) if isinstance(value, int) and not isinstance(value, bool) else value
         warnings.warn(
             f"[dataloader] {old} is deprecated: use {new} = {out[new]!r} (the same setting)",
             DeprecationWarning,
@@ -508,18 +727,13 @@ def _renamed(table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_to_dict(config: DataConfig) -> dict[str, Any]:
-    """The inverse of config_from_dict (JSON/TOML friendly)."""
-    names = [f.name for f in dataclasses.fields(config) if f.name != "sources"]
-    table = {name: getattr(config, name) for name in names if getattr(config, name) is not None}  # TOML has no null
-    table["sources"] = {
-        s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}
-        for s in config.sources
-    }
-    if config.phases:
-        for source in table["sources"].values():
-            source.pop("weight")  # the phases hold the weights
-        table["phases"] = [dataclasses.asdict(p) for p in config.phases]
-    else:
-        table.pop("phases")
-    return table
+def eval_rules() -> dict[str, Eval]:
+    """How [validator.dataloader] treats each [dataloader] key: the fields' (under old names too) and the
+    TorchTitan loader's own keys (refused)."""
+    rules: dict[str, Eval] = {}
+    for name, s in settings(DataConfig).items():
+        rules[name] = s.eval
+        if s.renamed is not None:
+            rules[s.renamed.old] = s.eval
+    rules.update({key: refused(why) for key, (_, _, why) in LOADER_KEYS.items()})
+    return rules

@@ -1,9 +1,29 @@
+import dataclasses
+from typing import Any
+
 import pytest
 from helpers import data_table, spec_of
 
-from zephon_titan.config import config_from_dict, config_to_dict
+from zephon_titan.config import DataConfig, SourceConfig, config_from_dict
 from zephon_titan.errors import ConfigError
 from zephon_titan.toml_file import load_data_config
+
+
+def config_to_dict(config: DataConfig) -> dict[str, Any]:
+    """The inverse of config_from_dict (JSON/TOML friendly)."""
+    names = [f.name for f in dataclasses.fields(config) if f.name != "sources"]
+    table = {name: getattr(config, name) for name in names if getattr(config, name) is not None}  # TOML has no null
+    table["sources"] = {
+        s.name: {f.name: getattr(s, f.name) for f in dataclasses.fields(SourceConfig) if f.name != "name"}
+        for s in config.sources
+    }
+    if config.phases:
+        for source in table["sources"].values():
+            source.pop("weight")  # the phases hold the weights
+        table["phases"] = [dataclasses.asdict(p) for p in config.phases]
+    else:
+        table.pop("phases")
+    return table
 
 
 def test_toml_round_trip(tmp_path, corpus_dir, tokenizer_dir):

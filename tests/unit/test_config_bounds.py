@@ -9,11 +9,13 @@ import pytest
 from bounded import run_bounded
 from helpers import data_table, spec_of
 
-from zephon_titan.config import BOUNDS, SOURCE_BOUNDS, DataConfig, SourceConfig, config_from_dict
+from zephon_titan.config import DataConfig, SourceConfig, config_from_dict, settings
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import read_job_config
 from zephon_titan.toml_file import MAX_EXTENDS, MAX_TOML_BYTES, load_data_config, load_toml
 
+BOUNDS = {key: s.bounds for key, s in settings(DataConfig).items() if s.bounds}
+SOURCE_BOUNDS = {key: s.bounds for key, s in settings(SourceConfig).items() if s.bounds}
 _DATA = '[dataloader.sources.a]\npaths = ["x.jsonl"]\n'
 _JOB = '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n' + _DATA
 

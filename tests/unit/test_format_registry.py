@@ -1,47 +1,20 @@
-"""A new source format is one class plus one `register_format` call: nothing else in the package changes."""
+"""A new source format is one class plus one `register_format` call (helpers.LinesSource, LINES): nothing else in
+the package changes."""
 
 import os
 
 import pytest
-from helpers import assert_each_document_once, data_table, drain_pieces, spec_of
+from helpers import LINES, assert_each_document_once, data_table, drain_pieces, registered_format, spec_of
 
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine.sources import open_source, register_format
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
-from zephon_titan.engine.sources.formats import Format, unregister_format
+from zephon_titan.engine.sources import open_source
 from zephon_titan.errors import ConfigError
-
-
-class LinesSource(Source):
-    """Plain text: each non-empty line is a document, one block per file."""
-
-    format_name = "lines"
-    row_unit = "line"
-
-    def _scan(self, file) -> FileBlocks:
-        return FileBlocks(file.path, file.size, file.mtime_ns, 1)
-
-    def _read(self, file_index: int, local_block: int) -> BlockDocuments:
-        path = self.files[file_index].path
-        with open(path, encoding="utf-8") as f:
-            numbered = [(n, line.rstrip("\n")) for n, line in enumerate(f) if line.strip()]
-        return BlockDocuments(path, [text for _, text in numbered], [n for n, _ in numbered])
-
-
-LINES = Format(
-    name="lines",
-    extensions=(".txt",),
-    open=lambda source, files, max_chars, options: LinesSource(
-        source.name, files, source.text_field, max_chars, options
-    ),
-)
 
 
 @pytest.fixture
 def lines_format():
-    register_format(LINES)
-    yield LINES
-    unregister_format("lines")
+    with registered_format(LINES) as fmt:
+        yield fmt
 
 
 def _write(tmp_path, prose_docs) -> str:

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from zephon_titan.config import DataConfig, SourceConfig, validate
+from zephon_titan.config import DataConfig, SourceConfig, require_sources
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
@@ -71,8 +71,9 @@ def build_engine(
     """Validate the config against its files and open every source.
 
     `listings` (source name -> FileBlocks records) skips listing and scanning: worker processes
-    get them from the process that built the spec first."""
-    validate(config)
+    get them from the process that built the spec first. The config's values were checked when it was
+    made (config.py)."""
+    require_sources(config)
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")
     if seq_len > 1 << 20:  # a row of seq_len + 1 tokens per lane is held in memory

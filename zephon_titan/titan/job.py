@@ -39,7 +39,7 @@ from typing import Any
 
 from torchtitan.trainer import Trainer
 
-from zephon_titan.config import DataConfig, config_from_dict, short_repr
+from zephon_titan.config import INHERITED, DataConfig, config_from_dict, eval_rules, short_repr
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE
 from zephon_titan.engine.packing import packer_class
@@ -56,18 +56,6 @@ _MISPLACED = {
     "global_batch_size": "set [training] global_batch_size instead (the loader takes it from there)",
     "dataset": "zephon_titan reads [dataloader.sources.<name>] tables, not a dataset name",
     "dataset_path": "zephon_titan reads [dataloader.sources.<name>] paths, not dataset_path",
-}
-# [dataloader] keys the eval set does not take over: it is produced in the training process and has no
-# checkpoint state; the split must be training's, or training could read an eval document.
-_NOT_INHERITED = (
-    "sources", "ledger", "num_workers", "prefetch_factor", "workers", "prefetch_steps", "resume_allow", "phases"
-)  # fmt: skip
-_NOT_FOR_EVAL = {
-    "num_workers": "the eval set is produced in the training process",
-    "prefetch_factor": "the eval set is produced in the training process",
-    "ledger": "every validation is recorded in validation.jsonl beside the checkpoints",
-    "resume_allow": "the eval set has no checkpoint state",
-    "phases": "an eval set has one mixture (set weight on its sources)",
 }
 
 
@@ -223,18 +211,18 @@ def _eval_loader_config(
             f"[validator.dataloader] global_batch_size must be an integer in [0, {MAX_GLOBAL_BATCH_SIZE}] (0: "
             f"training's; rows per eval step, held in memory together), got {short_repr(batch)}"
         )
-    for key, why in _NOT_FOR_EVAL.items():
-        if key in eval_table:
-            raise ConfigError(f"[validator.dataloader] {key} is not an eval set setting: {why}")
-    inherited = {k: v for k, v in train_table.items() if k not in _NOT_INHERITED}
-    merged = {**inherited, "exhaustion": "redistribute", **eval_table}  # an eval set is read once by default
+    # How each [dataloader] key reaches the eval set: the schema's Eval rules (config.py).
+    rules = eval_rules()
+    for key in eval_table:
+        if rules.get(key, INHERITED).rule == "refused":
+            raise ConfigError(f"[validator.dataloader] {key} is not an eval set setting: {rules[key].why}")
+    inherited = {k: v for k, v in train_table.items() if rules.get(k, INHERITED).rule in ("inherited", "training")}
+    own = {k: rule.default for k, rule in rules.items() if rule.rule == "own" and rule.default is not None}
+    merged = {**inherited, **own, **eval_table}
     if "sources" not in eval_table:
-        for key in ("split", "split_seed"):
-            if key in eval_table:
-                raise ConfigError(
-                    f"[validator.dataloader] {key}: the held-out part of the training sources is read with "
-                    "[dataloader]'s split, so that training never reads an eval document; set it there"
-                )
+        for key in eval_table:
+            if rules.get(key, INHERITED).rule == "training":
+                raise ConfigError(f"[validator.dataloader] {key}: {rules[key].why}")
         held = {s.name: train_table["sources"][s.name] for s in train_data.sources if s.eval_fraction > 0}
         if not held:
             if validator.enable:

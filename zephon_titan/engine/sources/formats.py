@@ -51,10 +51,6 @@ def register_format(fmt: Format) -> Format:
     return fmt
 
 
-def unregister_format(name: str) -> None:
-    _FORMATS.pop(name, None)
-
-
 def format_names() -> list[str]:
     return sorted(_FORMATS)
 

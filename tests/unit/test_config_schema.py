@@ -1,0 +1,218 @@
+"""The config schema (config.py): every field says whether it shapes the rows, and the fingerprint agrees.
+
+For each field, one change from the base job (data_table: code Parquet + prose JSONL) to another valid
+value: a field declared rows=True must change fingerprint(build_engine(...)), a rows=False field must not.
+A field that matters only in some configurations (held-out data, best_fit, a Lance or Parquet source, a
+registered format) is changed in a base job that has that configuration, as its Setting's rows_note says.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import LINES, data_table, registered_format, spec_of, with_special_tokens
+
+from zephon_titan.config import DataConfig, PhaseConfig, SourceConfig, config_from_dict, settings
+from zephon_titan.engine import fingerprint
+
+CLASSES = (DataConfig, SourceConfig, PhaseConfig)
+FIELDS = [f"{cls.__name__}.{f.name}" for cls in CLASSES for f in dataclasses.fields(cls)]
+
+
+def test_every_field_declares_whether_it_shapes_the_rows():
+    undeclared = [
+        f"{cls.__name__}.{f.name}"
+        for cls in CLASSES
+        for f in dataclasses.fields(cls)
+        if not isinstance(f.metadata.get("setting") and f.metadata["setting"].rows, bool)
+    ]
+    assert not undeclared, f"declare each with setting(..., rows=True or False) in config.py: {undeclared}"
+
+
+class Job:
+    """The fixtures a change needs: the base [dataloader] table and the files beside the corpus."""
+
+    def __init__(self, corpus_dir: str, tokenizer_dir: str, extra: dict[str, str]):
+        self.corpus_dir, self.tokenizer_dir, self.extra = corpus_dir, tokenizer_dir, extra
+
+    def table(self, **overrides) -> dict:
+        return copy.deepcopy(data_table(self.corpus_dir, self.tokenizer_dir, **overrides))
+
+    def held_out(self, **overrides) -> dict:
+        """Both sources hold documents out (so that split and split_seed select something)."""
+        table = self.table(**overrides)
+        for source in table["sources"].values():
+            source["eval_fraction"] = 0.2
+        return table
+
+    def phased(self) -> dict:
+        """Two phases; the weights come from them."""
+        table = self.table()
+        for source in table["sources"].values():
+            source.pop("weight")
+        table["phases"] = [
+            {"start_step": 1, "weights": {"code": 1.0, "prose": 1.0}},
+            {"start_step": 10, "weights": {"code": 1.0, "prose": 3.0}, "ramp_steps": 0},
+        ]
+        return table
+
+    def parquet(self, **source) -> dict:
+        """The code source read from a Parquet file with a second text column and a token-id column."""
+        return self.table(sources={**self.table()["sources"], "code": {"paths": [self.extra["parquet"]], **source}})
+
+    def lance(self, **source) -> dict:
+        return self.table(sources={**self.table()["sources"], "code": {"paths": [self.extra["lance"]], **source}})
+
+
+def _set(table: dict, path: str, value) -> dict:
+    """A copy of `table` with the key at `path` ("a.b.c"; "-" removes it) set to `value`."""
+    table = copy.deepcopy(table)
+    *parents, key = path.split(".")
+    node = table
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    if value == "-":
+        del node[key]
+    else:
+        node[key] = value
+    return table
+
+
+def _renamed_prose(table: dict) -> dict:
+    table = copy.deepcopy(table)
+    table["sources"]["text"] = table["sources"].pop("prose")
+    return table
+
+
+def _bos_or_eos(key: str) -> Callable[[Job], tuple[dict, dict]]:
+    """Unset means "as the tokenizer says": set to the other choice."""
+
+    def change(job: Job) -> tuple[dict, dict]:
+        base = job.table()
+        tokenizer = spec_of(config_from_dict(base), 64).tokenizer
+        adds = (tokenizer.bos_id if key == "add_bos" else tokenizer.eos_id) is not None
+        return base, _set(base, key, not adds)
+
+    return change
+
+
+def _same(job: Job, path: str, value) -> tuple[dict, dict]:
+    return job.table(), _set(job.table(), path, value)
+
+
+# field -> (the base table, the changed table). A new field needs a way to change it here.
+CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
+    "DataConfig.sources": lambda job: (job.table(), _set(job.table(), "sources.code", "-")),
+    "DataConfig.phases": lambda job: (
+        _set(_set(job.table(), "sources.code.weight", "-"), "sources.prose.weight", "-"),
+        _set(
+            _set(_set(job.table(), "sources.code.weight", "-"), "sources.prose.weight", "-"),
+            "phases",
+            [{"start_step": 1, "weights": {"code": 1.0, "prose": 2.0}}],
+        ),
+    ),
+    "DataConfig.num_lanes": lambda job: _same(job, "num_lanes", 4),
+    "DataConfig.seed": lambda job: _same(job, "seed", 8),
+    "DataConfig.split_seed": lambda job: (job.held_out(), job.held_out(split_seed=1)),
+    "DataConfig.split": lambda job: (job.held_out(), job.held_out(split="eval")),
+    "DataConfig.packing": lambda job: _same(job, "packing", "best_fit"),
+    "DataConfig.mix_chunk_tokens": lambda job: _same(job, "mix_chunk_tokens", 32),
+    "DataConfig.labels": lambda job: _same(job, "labels", "stream"),
+    "DataConfig.shuffle": lambda job: _same(job, "shuffle", False),
+    "DataConfig.exhaustion": lambda job: _same(job, "exhaustion", "redistribute"),
+    "DataConfig.shuffle_window_blocks": lambda job: _same(job, "shuffle_window_blocks", 3),
+    "DataConfig.best_fit_window_docs": lambda job: (
+        job.table(packing="best_fit"),
+        job.table(packing="best_fit", best_fit_window_docs=16),
+    ),
+    "DataConfig.tokenizer_path": lambda job: _same(job, "tokenizer_path", job.extra["tokenizer"]),
+    "DataConfig.add_bos": _bos_or_eos("add_bos"),
+    "DataConfig.add_eos": _bos_or_eos("add_eos"),
+    "DataConfig.tokenizer_backend": lambda job: _same(job, "tokenizer_backend", "tokenizers"),
+    "DataConfig.num_workers": lambda job: _same(job, "num_workers", 2),
+    "DataConfig.prefetch_factor": lambda job: _same(job, "prefetch_factor", 5),
+    "DataConfig.max_document_chars": lambda job: _same(job, "max_document_chars", 1 << 24),
+    # The s3_* settings are read only for s3:// paths: on local files they are set and ignored, and with
+    # s3:// paths the fingerprint holds the files' locations, not the endpoint (test_object_storage*).
+    "DataConfig.s3_endpoint_url": lambda job: _same(job, "s3_endpoint_url", "http://127.0.0.1:9"),
+    "DataConfig.s3_region": lambda job: _same(job, "s3_region", "eu-west-1"),
+    "DataConfig.s3_anonymous": lambda job: _same(job, "s3_anonymous", True),
+    "DataConfig.resume_allow": lambda job: _same(job, "resume_allow", ["mtimes", "locations"]),
+    "SourceConfig.name": lambda job: (job.table(), _renamed_prose(job.table())),
+    "SourceConfig.paths": lambda job: _same(
+        job, "sources.prose.paths", [os.path.join(job.corpus_dir, "prose", "part-0000[01].jsonl")]
+    ),
+    "SourceConfig.weight": lambda job: _same(job, "sources.prose.weight", 0.5),
+    "SourceConfig.text_field": lambda job: (job.parquet(), job.parquet(text_field="reversed")),
+    "SourceConfig.token_field": lambda job: (job.parquet(), job.parquet(token_field="tokens")),
+    "SourceConfig.format": lambda job: _same(job, "sources.prose.format", "lines"),  # a registered format
+    "SourceConfig.block_bytes": lambda job: _same(job, "sources.prose.block_bytes", 8192),
+    "SourceConfig.block_rows": lambda job: (job.lance(), job.lance(block_rows=7)),
+    "SourceConfig.eval_fraction": lambda job: _same(job, "sources.prose.eval_fraction", 0.2),
+    "SourceConfig.index": lambda job: _same(job, "sources.prose.index", job.extra["index"]),
+    "PhaseConfig.start_step": lambda job: (job.phased(), _set(job.phased(), "phases.1.start_step", 20)),
+    "PhaseConfig.weights": lambda job: (job.phased(), _set(job.phased(), "phases.1.weights.prose", 2.0)),
+    "PhaseConfig.ramp_steps": lambda job: (job.phased(), _set(job.phased(), "phases.1.ramp_steps", 5)),
+}
+
+
+def test_every_field_has_a_change():
+    assert sorted(CHANGES) == sorted(FIELDS), "add a way to change the new field to CHANGES"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, corpus_dir, tokenizer_dir, prose_docs) -> Job:
+    from tokenizers import Tokenizer
+
+    root = tmp_path_factory.mktemp("schema")
+    docs = prose_docs[:60]
+    ids = [e.ids for e in Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json")).encode_batch(docs)]
+    parquet = str(root / "docs.parquet")
+    columns = {"text": docs, "reversed": [d[::-1] for d in docs], "tokens": pa.array(ids, type=pa.list_(pa.int32()))}
+    pq.write_table(pa.table(columns), parquet, row_group_size=8)
+    lance = pytest.importorskip("lance")
+    lance.write_dataset(pa.table({"text": docs}), str(root / "docs.lance"))
+    # Another tokenizer: the fixture's, with one more special token (as a model repository may declare).
+    other = with_special_tokens(tokenizer_dir, str(root / "tokenizer"), ["<|extra|>"])
+    extra = {"parquet": parquet, "lance": str(root / "docs.lance"), "tokenizer": other, "index": str(root / "i.json")}
+    return Job(corpus_dir, tokenizer_dir, extra)
+
+
+def _fingerprint(table: dict) -> dict[str, str]:
+    return fingerprint(spec_of(config_from_dict(table), 64))
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_the_fingerprint_changes_exactly_with_the_fields_that_shape_rows(job, name):
+    cls, key = name.split(".")
+    declared = settings({c.__name__: c for c in CLASSES}[cls])[key]
+    base, changed = CHANGES[name](job)
+    assert base != changed
+    with registered_format(LINES):
+        before, after = _fingerprint(base), _fingerprint(changed)
+    if declared.rows:
+        assert before != after, f"{name} is declared rows=True, but changing it leaves the fingerprint as it was"
+    else:
+        assert before == after, f"{name} is declared rows=False, but changing it changes the fingerprint"
+
+
+@pytest.mark.parametrize(
+    "path, value",
+    [
+        ("sources.prose.format", "jsonl"),  # what auto resolves to
+        ("mix_chunk_tokens", 64),  # what 0 means at seq_len 64
+        ("tokenizer_path", "copy"),  # the same tokenizer, read from elsewhere
+    ],
+)
+def test_a_value_equal_to_what_the_default_resolves_to_keeps_the_fingerprint(job, tmp_path, path, value):
+    """The rows_notes: these fields are fingerprinted by what they resolve to, not as written."""
+    if value == "copy":
+        value = str(shutil.copytree(job.tokenizer_dir, tmp_path / "copy"))
+    assert _fingerprint(job.table()) == _fingerprint(_set(job.table(), path, value))
