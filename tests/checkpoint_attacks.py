@@ -85,3 +85,23 @@ def with_loader_of(checkpoint: str, donor: str, target: str) -> None:
     loader = {k: v for k, v in load_entries(donor).items() if k.startswith("dataloader.")}
     assert set(loader) == {k for k in entries if k.startswith("dataloader.")}
     save_entries({**entries, **loader}, target)
+
+
+def with_header_edited(checkpoint: str, target: str, edit) -> str:
+    """`checkpoint` with its loader header edited and resealed, every lane resealed to it, written to `target`:
+    what a writer that knows the format (another version, a bug) could produce."""
+    from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, encode_entry, seal
+
+    entries = load_entries(checkpoint)
+    header = decode_entry(entries[f"dataloader.{HEADER_KEY}"], HEADER_KEY)
+    edit(header)
+    header = seal({k: v for k, v in header.items() if k != "seal"}, HEADER_KEY)
+    for key, value in list(entries.items()):
+        name = key.split(".", 1)[1]
+        if name == HEADER_KEY:
+            entries[key] = encode_entry(header, value.numel())
+        elif key.startswith("dataloader."):
+            entry = {k: v for k, v in decode_entry(value, name).items() if k != "seal"}
+            entries[key] = encode_entry(seal(entry, name, header["seal"]), value.numel())
+    save_entries(entries, target)
+    return target

@@ -8,8 +8,6 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -24,83 +22,25 @@ from zephon_titan.engine import (
 )
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.ledger import LedgerEntry, step_weights
-from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-from zephon_titan.titan.dataloader import check_header, read_lane_states, saved_step
+from zephon_titan.errors import ConfigError, LaneExhausted
 from zephon_titan.titan.job import Job, load_job
-from zephon_titan.titan.state_codec import HEADER_KEY, read_header
 from zephon_titan.titan.tokenizer import loader_tokenizer
 from zephon_titan.titan.validator import check_eval_data, eval_message
 
 
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
-    """(step, lane states) from a TorchTitan DCP checkpoint folder (e.g. outputs/checkpoint/step-500).
-
-    Runs no byte of the checkpoint (titan/checkpoint.py): its `.metadata` index is read by an
-    allow-listed unpickler, the loader's entries are loaded as raw tensors (one declared as a Python
-    object is refused), and the train_state step, when the checkpoint has one, as plain data. The
-    loader state's step must be the checkpoint's: the train_state's and the folder's (`step-N`).
-    """
-    import warnings
-
-    import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from zephon_titan.engine import check_mixture, fingerprint
-    from zephon_titan.titan.checkpoint import read_checkpoint_metadata, refuse_objects, safe_load
+    """(step, lane states) from a TorchTitan DCP checkpoint folder (e.g. outputs/checkpoint/step-500), by the
+    resume sequence every entry point uses (titan/loader_state.restore): no checkpoint byte runs, the state is
+    checked against the job, and its step must be the checkpoint's (the train_state's and the folder's)."""
+    from zephon_titan.engine import fingerprint
+    from zephon_titan.titan.checkpoint import read_checkpoint_metadata
+    from zephon_titan.titan.loader_state import DATALOADER, PlannedLanes, restore, train_state_template
 
     metadata = read_checkpoint_metadata(checkpoint)
-    entries = {
-        k.split(".", 1)[1]: meta for k, meta in metadata.state_dict_metadata.items() if k.startswith("dataloader.")
-    }
-    if HEADER_KEY not in entries:
-        raise ResumeError(f"{checkpoint} holds no zephon_titan dataloader state (was it saved model-only?)")
-    refuse_objects(metadata, checkpoint, ["dataloader"])
-    state: dict = {
-        "dataloader": {
-            k: torch.zeros(tuple(meta.size), dtype=torch.uint8)
-            for k, meta in entries.items()
-            if isinstance(meta, TensorStorageMetadata)
-        }
-    }
-    step_meta = metadata.state_dict_metadata.get("train_state.step")
-    if step_meta is not None:  # TorchTitan's (an int stored as bytes) or data_run's (a tensor)
-        template = torch.zeros((), dtype=torch.int64) if isinstance(step_meta, TensorStorageMetadata) else None
-        state["train_state"] = {"step": template}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-        safe_load(state, checkpoint, metadata=metadata)
-
-    loader_state = state["dataloader"]
-    header = read_header(loader_state)
-    check_header(header, fingerprint(job.spec), job.data.resume_allow)
-    lanes = read_lane_states(loader_state, range(job.data.num_lanes), header, job.spec.source_names)
-    states = {lane: entry[0] for lane, entry in lanes.items()}
-    step = saved_step(header, states[0].rows)
-    _check_checkpoint_step(checkpoint, step, state.get("train_state", {}).get("step"))
-    check_mixture(header["fingerprint"], fingerprint(job.spec), step)
-    return step, states
-
-
-def _check_checkpoint_step(checkpoint: str, step: int, train_step: object) -> None:
-    """The loader state's step must be the train_state's and the folder name's (`step-N`), when known."""
-    import torch
-
-    if isinstance(train_step, torch.Tensor) and train_step.numel() == 1:
-        train_step = int(train_step.item())
-    if train_step is not None and train_step != step:
-        if not isinstance(train_step, int) or isinstance(train_step, bool):
-            raise ResumeError(f"{checkpoint}: its train_state step is {train_step!r:.40}, not a step")
-        raise ResumeError(
-            f"{checkpoint}: its dataloader state is of step {step}, its train_state of step {train_step}; the "
-            "loader entries were copied from another checkpoint: restore it from a good copy"
-        )
-    named = re.fullmatch(r"step-(\d+)", os.path.basename(os.path.normpath(checkpoint)))
-    if named and int(named.group(1)) != step:
-        raise ResumeError(
-            f"{checkpoint}: its dataloader state is of step {step}, the folder is named for step "
-            f"{int(named.group(1))}; the loader entries were copied from another checkpoint (or the folder was "
-            "renamed): restore it from a good copy"
-        )
+    lanes = PlannedLanes(range(job.data.num_lanes), fingerprint(job.spec), job.data.resume_allow)
+    restore({DATALOADER: lanes, **train_state_template(metadata)}, checkpoint, lanes, metadata)
+    assert lanes.restored is not None
+    return lanes.restored.step, {lane: entry.state for lane, entry in lanes.restored.lanes.items()}
 
 
 def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Iterator[LedgerEntry]:

@@ -18,7 +18,7 @@ from zephon_titan.plan import plan_ledger
 from zephon_titan.titan.checkpoint import ALLOWED_GLOBALS, read_checkpoint_metadata, safe_load
 from zephon_titan.titan.data_run import StepCounter
 from zephon_titan.titan.job import load_job
-from zephon_titan.titan.state_codec import decode_entry, lane_key, stored_lane_capacity
+from zephon_titan.titan.loader_state import decode_entry, lane_key, restore
 
 
 @pytest.fixture(scope="module")
@@ -96,16 +96,10 @@ def test_the_payload_is_refused_by_the_index_reader(payload):
     assert message.startswith(checkpoint)
 
 
-def test_the_payload_is_refused_by_sized_for(payload, job):
+def test_the_payload_is_refused_by_the_resume_sequence(payload, job):
     checkpoint, marker = payload
-    _refused(lambda: stored_lane_capacity(checkpoint), marker)
     loader = _loader(job)
-
-    def sized():
-        with loader.sized_for(checkpoint):
-            pass
-
-    _refused(sized, marker)
+    _refused(lambda: restore({"dataloader": loader, "train_state": StepCounter()}, checkpoint, loader), marker)
     loader.close()
 
 
@@ -169,8 +163,8 @@ def test_a_loader_entry_stored_as_an_object_is_refused_before_dcp_reads_it(run, 
     with pytest.raises(ResumeError, match=match):
         list(plan_ledger(job, 4, checkpoint))
     loader = _loader(job)
-    with pytest.raises(ResumeError, match=match), loader.sized_for(checkpoint):
-        safe_load({"dataloader": loader, "train_state": StepCounter()}, checkpoint)
+    with pytest.raises(ResumeError, match=match):
+        restore({"dataloader": loader, "train_state": StepCounter()}, checkpoint, loader)
     loader.close()
 
 
@@ -180,16 +174,13 @@ def test_the_loader_state_of_another_step_is_refused_naming_both(run, job, tmp_p
     with_loader_of(str(run / "step-2"), str(run / "step-4"), checkpoint)
     with pytest.raises(ResumeError, match=r"dataloader state is of step 4, its train_state of step 2"):
         list(plan_ledger(job, 6, checkpoint))
-    # The resume's own check, as data_run makes it after its load.
+    # The resume sequence data_run and the trainer use: the check follows the load.
     loader, counter = _loader(job), StepCounter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        safe_load({"dataloader": loader, "train_state": counter}, checkpoint)
-    assert (loader.restored_step, counter.step) == (4, 2)
     with pytest.raises(
         ResumeError, match=rf"{checkpoint}: its dataloader state is of step 4, its train_state of step 2"
     ):
-        loader.check_step(counter.step, checkpoint)
+        restore({"dataloader": loader, "train_state": counter}, checkpoint, loader)
+    assert (loader.restored_step, counter.step) == (4, 2)
     loader.close()
 
 
@@ -204,9 +195,9 @@ def test_a_folder_named_for_another_step_is_refused(run, job, tmp_path):
 
 
 def test_a_missing_checkpoint_is_one_line(tmp_path):
-    with pytest.raises(ResumeError, match="is not a readable DCP checkpoint"):
-        read_checkpoint_metadata(str(tmp_path / "nothing"))
-    assert stored_lane_capacity(str(tmp_path / "nothing")) is None
+    for read in (read_checkpoint_metadata, lambda path: restore({}, path, None)):
+        with pytest.raises(ResumeError, match="is not a readable DCP checkpoint"):
+            read(str(tmp_path / "nothing"))
 
 
 @pytest.mark.parametrize("body", [b"", b"not a pickle", b"\x80\x04K\x04.", b"\x80\x04\x95\x10"])

@@ -12,9 +12,9 @@ from helpers import data_table
 from zephon_titan.cli import main
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ConfigError, ResumeError
-from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
+from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.job import load_job
-from zephon_titan.titan.state_codec import HEADER_CAPACITY, HEADER_KEY
+from zephon_titan.titan.loader_state import HEADER_CAPACITY, HEADER_KEY, restore
 
 
 def _job(
@@ -193,13 +193,13 @@ def test_a_model_only_checkpoint_names_last_save_model_only(tmp_path, corpus_dir
     checkpoint = str(tmp_path / "step-6")
     dcp.save({"train_state": _Step()}, checkpoint_id=checkpoint)  # what last_save_model_only writes, minus weights
     loader = _loader(corpus_dir, tokenizer_dir)
-    load = with_lane_check(dcp.load, 8)
+    states = {"dataloader": loader, "train_state": _Step()}
     with pytest.raises(
         ResumeError,
         match=r"saved model-only.*last_save_model_only.*--checkpoint.exclude_from_loading "
         r"dataloader",
     ):
-        load({"dataloader": loader, "train_state": _Step()}, checkpoint_id=checkpoint)
+        restore(states, checkpoint, loader)
 
 
 def test_a_failed_plan_writes_nothing(tmp_path, corpus_dir, tokenizer_dir, capsys):

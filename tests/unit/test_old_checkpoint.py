@@ -7,12 +7,11 @@ import socket
 import warnings
 
 import pytest
-from checkpoint_attacks import load_entries, save_entries
+from checkpoint_attacks import with_header_edited
 
 from zephon_titan.engine.ledger import read_ledger
 from zephon_titan.errors import ResumeError
 from zephon_titan.plan import plan_ledger
-from zephon_titan.titan.state_codec import HEADER_KEY, decode_entry, encode_entry, seal
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "checkpoint_v2")
 SAVED_AT, STEPS = 3, 7
@@ -67,30 +66,14 @@ def test_data_run_resumes_the_version_2_checkpoint(clone, fresh, monkeypatch):
     assert read_ledger("resumed.jsonl") == [fresh[step] for step in range(1, 6)]
 
 
-def _with_header(edit):
-    """The fixture's checkpoint with its loader header edited and resealed (every lane resealed to it)."""
-    entries = load_entries(CHECKPOINT)
-    key = f"dataloader.{HEADER_KEY}"
-    header = decode_entry(entries[key], HEADER_KEY)
-    edit(header)
-    header = seal({k: v for k, v in header.items() if k != "seal"}, HEADER_KEY)
-    out = {key: encode_entry(header, entries[key].numel())}
-    for name, value in entries.items():
-        lane = name.split(".", 1)[1]
-        if name.startswith("dataloader.lane_"):
-            entry = {k: v for k, v in decode_entry(value, lane).items() if k != "seal"}
-            out[name] = encode_entry(seal(entry, lane, header["seal"]), value.numel())
-        elif name != key:
-            out[name] = value
-    shutil.rmtree(CHECKPOINT)
-    save_entries(out, CHECKPOINT)
-
-
 def test_an_unknown_version_is_refused_naming_it(clone):
-    _with_header(lambda h: h.__setitem__("version", 1))
-    with pytest.raises(ResumeError, match=r"format version 1") as e:
-        list(plan_ledger("job.toml", STEPS, CHECKPOINT))
+    edited = with_header_edited(CHECKPOINT, "edited/step-3", lambda h: h.__setitem__("version", 1))
+    with pytest.raises(ResumeError, match=r"format version 1, this zephon_titan reads versions 2, 3") as e:
+        list(plan_ledger("job.toml", STEPS, edited))
     assert "\n" not in str(e.value)
+    # Control: the header resealed unchanged still resumes (the edit, not the rewriting, is refused).
+    same = with_header_edited(CHECKPOINT, "same/step-3", lambda h: None)
+    assert [e.step for e in plan_ledger("job.toml", STEPS, same)] == list(range(SAVED_AT + 1, STEPS + 1))
 
 
 def test_another_seed_is_refused_and_differs(clone, fresh):

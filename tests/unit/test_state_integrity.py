@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ResumeError
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.state_codec import HEADER_KEY, decode_entry, encode_entry, lane_key, seal
+from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, encode_entry, lane_key, seal
 
 SEQ = 32
 
@@ -180,7 +180,7 @@ def _drop_step_and(name, value):
         (_fingerprint("num_lanes", "0"), r"'header': field 'fingerprint' has no num_lanes"),
         (_fingerprint("num_lanes", "\u00b2"), r"field 'fingerprint' has no num_lanes"),
         (_fingerprint("num_lanes", "9" * 5000), r"field 'fingerprint' has no num_lanes"),
-        (_set("version", 3), r"format version 3"),
+        (_set("version", 4), r"format version 4, this zephon_titan reads versions 2, 3"),
     ],
 )
 def test_every_header_field_is_checked_when_resealed(corpus_dir, tokenizer_dir, saved, edit, match):

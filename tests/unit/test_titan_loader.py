@@ -7,8 +7,8 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.errors import ConfigError, ResumeError
-from zephon_titan.titan.dataloader import HEADER_KEY, ZephonDataLoader, lane_key
-from zephon_titan.titan.state_codec import decode_entry
+from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, lane_key
 
 SEQ = 32
 

@@ -7,45 +7,39 @@ workers and the batch split are deliberately absent: changing them is allowed.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import posixpath
-
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION, refuse_removed_sources
 from zephon_titan.errors import ResumeError
 
-
-def _sha(obj: object) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-
-
-def _source_components(spec: EngineSpec) -> dict[str, str]:
-    out = {}
-    for source in spec.sources:
-        d = source.describe()
-        files = d["files"]  # [path, size, mtime_ns, blocks] per file
-        out[f"files.{source.name}"] = (
-            f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {source.num_blocks} blocks"
-        )
-        layout = {k: v for k, v in d.items() if k != "files"}
-        # A file's name (and its order, size, blocks) is layout; the directory or bucket it is read
-        # from is its location, so data moved elsewhere can be allowed without allowing other changes.
-        where = [posixpath.split(f[0]) for f in files]
-        out[f"layout.{source.name}"] = _sha([layout, [[name, f[1], f[3]] for (_, name), f in zip(where, files)]])
-        out[f"locations.{source.name}"] = _sha([directory for directory, _ in where])
-        out[f"mtimes.{source.name}"] = _sha([f[2] for f in files])
-    return out
+# A fingerprint: component name -> value. `sources` is the list of source names (a name may hold any character
+# the config allows); every other component is one string.
+Fingerprint = dict[str, str | list[str]]
 
 
-def fingerprint(spec: EngineSpec) -> dict[str, str]:
+def source_names(fp: Fingerprint) -> list[str]:
+    """The source names of a fingerprint (its `sources` list)."""
+    names = fp.get("sources", [])
+    assert isinstance(names, list), "Header.from_entry converts older fingerprints"
+    return names
+
+
+def component_text(value: str | list[str] | None) -> str:
+    """A component as one line: a list (the sources) as its names."""
+    if value is None:
+        return "<absent>"
+    return ", ".join(value) if isinstance(value, list) else value
+
+
+def fingerprint(spec: EngineSpec) -> Fingerprint:
+    """Every component lane purity depends on. Each source format contributes its own components (Source.
+    fingerprint: files, layout, locations, mtimes), as each packer its settings (Packer.fingerprint)."""
     c = spec.config
     return {
         "state_version": str(STATE_VERSION),
-        "sources": ",".join(spec.source_names),
-        **_source_components(spec),
+        "sources": list(spec.source_names),
+        **{f"{kind}.{source.name}": value for source in spec.sources for kind, value in source.fingerprint().items()},
         **_mixture_component(spec),
         "tokenizer": spec.tokenizer.digest()[:16],
         "seed": str(c.seed),
@@ -71,15 +65,16 @@ def _mixture_component(spec: EngineSpec) -> dict[str, str]:
     return {"weights": ",".join(f"{w:.12g}" for w in spec.weights)}
 
 
-def _mixture_of(fp: dict[str, str]) -> Schedule:
+def _mixture_of(fp: Fingerprint) -> Schedule:
     """The schedule a fingerprint describes (a weights-only fingerprint: one phase from step 1)."""
-    if "schedule" in fp:
-        return Schedule.from_description(fp["schedule"])
-    names = fp.get("sources", "").split(",")
-    return Schedule(names, [Phase(1, tuple(float(w) for w in fp.get("weights", "").split(",")))])
+    described, weights = fp.get("schedule"), fp.get("weights", "")
+    if isinstance(described, str):
+        return Schedule.from_description(described)
+    assert isinstance(weights, str)
+    return Schedule(source_names(fp), [Phase(1, tuple(float(w) for w in weights.split(",")))])
 
 
-def check_mixture(saved: dict[str, str], current: dict[str, str], step: int) -> str:
+def check_mixture(saved: Fingerprint, current: Fingerprint, step: int) -> str:
     """Compare the mixture of the checkpoint (saved after `step` steps) with this run's: a change at or
     before `step` would change data already trained on (ResumeError naming the first such step); a
     change after it is allowed. Returns a line describing the allowed change ("" if none)."""
@@ -115,10 +110,10 @@ def _split_component(spec: EngineSpec) -> dict[str, str]:
     return {"split": f"{spec.config.split} part, split_seed {spec.config.split_seed}, eval_fraction " + ", ".join(held)}
 
 
-def _added_sources(saved: dict[str, str], current: dict[str, str]) -> set[str]:
+def _added_sources(saved: Fingerprint, current: Fingerprint) -> set[str]:
     """The components a resume that only adds sources changes (the source list, the new sources' files):
     allowed, since check_mixture makes sure no added source had a weight at a step already trained."""
-    old, new = saved.get("sources", "").split(","), current.get("sources", "").split(",")
+    old, new = source_names(saved), source_names(current)
     added = [name for name in new if name not in old]
     if not added or any(name not in new for name in old):
         return set()
@@ -126,8 +121,8 @@ def _added_sources(saved: dict[str, str], current: dict[str, str]) -> set[str]:
 
 
 def check_fingerprint(
-    saved: dict[str, str],
-    current: dict[str, str],
+    saved: Fingerprint,
+    current: Fingerprint,
     allow: list[str] | tuple[str, ...] = (),
     mixture_checked_apart: bool = False,
 ) -> None:
@@ -135,10 +130,10 @@ def check_fingerprint(
     (and the mixture when `mixture_checked_apart`: check_mixture() knows the checkpoint's step)."""
     skip = set(allow) | (set(MIXTURE_KEYS) if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
-        refuse_removed_sources(saved.get("sources", "").split(","), current.get("sources", "").split(","))
+        refuse_removed_sources(source_names(saved), source_names(current))
     skip_keys = _added_sources(saved, current) if mixture_checked_apart else set()
     changed = [
-        f"{key}: {saved.get(key, '<absent>')} -> {current.get(key, '<absent>')}"
+        f"{key}: {component_text(saved.get(key))} -> {component_text(current.get(key))}"
         for key in sorted(set(saved) | set(current))
         if saved.get(key) != current.get(key) and key.split(".")[0] not in skip and key not in skip_keys
     ]

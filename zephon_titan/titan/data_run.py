@@ -27,10 +27,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError, report_once
-from zephon_titan.titan.checkpoint import read_checkpoint_metadata, safe_load
-from zephon_titan.titan.dataloader import with_lane_check
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.ledger import gather_ledger_entry
+from zephon_titan.titan.loader_state import restore
 
 
 class StepCounter(Stateful):
@@ -98,16 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         counter = StepCounter()
         if args.resume:
-            # No checkpoint byte runs (titan/checkpoint.py). TorchTitan's own loader (--builtin) stores
-            # its state as pickles, which it unpickles itself.
-            metadata = read_checkpoint_metadata(args.resume)
+            # The loader's resume sequence (titan/loader_state.restore): no checkpoint byte runs. TorchTitan's
+            # own loader (--builtin) stores its state as pickles, which it unpickles itself.
             states = {"dataloader": loader, "train_state": counter}
-            if args.builtin:
-                safe_load(states, args.resume, metadata=metadata, tensors_only=())
-            else:
-                with loader.sized_for(args.resume, metadata):
-                    with_lane_check(safe_load, loader.config.data.num_lanes)(states, args.resume, metadata=metadata)
-                loader.check_step(counter.step, args.resume)
+            restore(states, args.resume, None if args.builtin else loader)
         ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
         ledger_seconds = data_seconds = 0.0

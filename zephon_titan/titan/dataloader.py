@@ -9,8 +9,7 @@ exactly those entries from TorchTitan's DCP checkpoint.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -26,8 +25,6 @@ from zephon_titan.engine import (
     LaneState,
     Row,
     build_engine,
-    check_fingerprint,
-    check_mixture,
     fingerprint,
     lane_digest,
     lanes_of_rank,
@@ -36,21 +33,18 @@ from zephon_titan.engine import (
     validate_batch_layout,
 )
 from zephon_titan.engine.workers import ProcessLaneGroup
-from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError, ZephonError
-from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
-from zephon_titan.titan.state_codec import (
+from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
+from zephon_titan.titan.loader_state import (
     HEADER_CAPACITY,
-    HEADER_KEY,
     HEADER_VERSION,
-    encode_entry,
-    lane_capacity,
-    lane_key,
-    read_header,
-    read_lane,
-    saved_sources,
-    seal,
-    stored_lane_capacity,
+    Header,
+    LaneEntry,
+    Restored,
+    encode_state,
+    read_state,
+    templates,
 )
+from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.titan.tokenizer import loader_tokenizer
 
 
@@ -110,10 +104,10 @@ class ZephonDataLoader(BaseDataLoader):
             self.spec.tokenizer.start_backend()
         self.fingerprint = fingerprint(self.spec)
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
-        self.restored_step: int | None = None  # the step of the state the last load_state_dict restored
-        self._load_capacity: int | None = None  # set by sized_for() during one DCP load
+        self.restored: Restored | None = None  # what the last load_state_dict restored
+        self.load_sizes: tuple[int, int] | None = None  # set by loader_state.restore() during one DCP load
         try:
-            encode_entry(self._header(), HEADER_CAPACITY)  # fails here, at startup, never at the first save
+            self._header().encode()  # fails here, at startup, never at the first save
         except ResumeError:
             phases, sources = len(data.phases), len(data.sources)
             raise ConfigError(
@@ -121,6 +115,7 @@ class ZephonDataLoader(BaseDataLoader):
                 f"checkpoint header's {HEADER_CAPACITY} bytes; use fewer phases (ramp_steps draws a ramp in one)"
             ) from None
         self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
+        self.num_lanes = data.num_lanes
         num_sources = len(self.spec.sources)
         self._group: StepSource | None = None
         # Worker processes start now (imports, tokenizer backend) while the trainer builds the model
@@ -240,80 +235,46 @@ class ZephonDataLoader(BaseDataLoader):
 
     # ---- checkpoint state ------------------------------------------------------------------
 
-    def _header(self) -> dict:
+    def _header(self) -> Header:
         # num_lanes and seq_len are fingerprint components; G is checked on its own (load_state_dict).
-        return {
-            "version": HEADER_VERSION,
-            "global_batch_size": self.config.global_batch_size,
-            "step": self._steps_done,
-            "fingerprint": self.fingerprint,
-        }
+        return Header(HEADER_VERSION, self.config.global_batch_size, self._steps_done, self.fingerprint)
 
-    @contextlib.contextmanager
-    def sized_for(self, checkpoint_id: str, metadata: Any = None) -> Iterator[None]:
-        """Around a DCP load of `checkpoint_id`: state_dict() gives templates of the size the checkpoint
-        stored its lane entries with (a resume may add sources, whose entries are bigger). Reads its
-        `.metadata` without running it (or takes `metadata`, the index read so before)."""
-        self._load_capacity = stored_lane_capacity(checkpoint_id, metadata)
-        try:
-            yield
-        finally:
-            self._load_capacity = None  # saves size their entries for this run's sources
+    @property
+    def restored_step(self) -> int | None:
+        """The step of the state the last load_state_dict restored."""
+        return None if self.restored is None else self.restored.step
 
     def state_dict(self) -> dict[str, Any]:
-        num_sources = len(self.spec.sources)
-        header = seal(self._header(), HEADER_KEY)
-        state = {HEADER_KEY: encode_entry(header, HEADER_CAPACITY)}
-        if self._load_capacity is not None:  # a template for sized_for's DCP load: only the size counts
-            state.update(
-                {lane_key(lane): torch.zeros(self._load_capacity, dtype=torch.uint8) for lane in self.lane_ids}
-            )
-            return state
-        for lane in self.lane_ids:
-            entry = {
-                "state": self._consumed[lane].to_dict(),
-                "tokens": self._tokens[lane],
-                "padding": self._padding[lane],
-            }
-            state[lane_key(lane)] = encode_entry(
-                seal(entry, lane_key(lane), header["seal"]), lane_capacity(num_sources)
-            )
-        return state
+        if self.load_sizes is not None:  # templates for restore()'s DCP load: only the size counts
+            return templates(self.lane_ids, self.load_sizes)
+        lanes = {
+            lane: LaneEntry(self._consumed[lane], self._tokens[lane], self._padding[lane]) for lane in self.lane_ids
+        }
+        return encode_state(self._header(), lanes, len(self.spec.sources))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        header = read_header(state_dict)
-        check_header(header, self.fingerprint, self.config.data.resume_allow)
-        entries = read_lane_states(state_dict, self.lane_ids, header, self.spec.source_names)
-        step = saved_step(header, next(iter(entries.values()))[0].rows)
-        change = check_mixture(header["fingerprint"], self.fingerprint, step)
-        added = [name for name in self.spec.source_names if name not in saved_sources(header)]
+        """Restore from a checkpoint's entries for this rank's lanes (loader_state.restore() loads them: DCP
+        calls this), after every check of loader_state.read_state."""
+        restored = read_state(state_dict, self.lane_ids, self.fingerprint, self.config.data.resume_allow)
         if dp_rank_zero():
-            if added:
-                logger.info(f"zephon_titan: sources added at this resume: {', '.join(added)} (each from its start)")
-            if change:
-                logger.info(f"zephon_titan: {change}")
-        saved_batch = header.get("global_batch_size")
-        if saved_batch != self.config.global_batch_size and dp_rank_zero():
-            logger.info(
-                f"zephon_titan: global batch size {saved_batch} -> {self.config.global_batch_size} rows from the next "
-                "step on; every lane continues where it stopped (lane streams do not depend on it)"
-            )
+            if restored.added:
+                logger.info(
+                    f"zephon_titan: sources added at this resume: {', '.join(restored.added)} (each from its start)"
+                )
+            if restored.mixture_change:
+                logger.info(f"zephon_titan: {restored.mixture_change}")
+            saved_batch = restored.header.global_batch_size
+            if saved_batch != self.config.global_batch_size:
+                logger.info(
+                    f"zephon_titan: global batch size {saved_batch} -> {self.config.global_batch_size} rows from the "
+                    "next step on; every lane continues where it stopped (lane streams do not depend on it)"
+                )
         self._close_started()  # a group started before the load would continue from the old position
-        self._consumed = {lane: entry[0] for lane, entry in entries.items()}
-        self._tokens = {lane: entry[1] for lane, entry in entries.items()}
-        self._padding = {lane: entry[2] for lane, entry in entries.items()}
-        self._steps_done = step
-        self.restored_step = step
-
-    def check_step(self, trainer_step: int, checkpoint: str = "the checkpoint") -> None:
-        """After a load: the loader state restored must be of the trainer's restored step. A whole loader
-        state of another step of the same run passes every other check, and every later batch differs."""
-        if self.restored_step is not None and self.restored_step != trainer_step:
-            raise ResumeError(
-                f"{checkpoint}: its dataloader state is of step {self.restored_step}, its train_state of step "
-                f"{trainer_step}; the loader entries were copied from another checkpoint: restore the "
-                "checkpoint from a good copy or resume from another step"
-            )
+        self._consumed = {lane: entry.state for lane, entry in restored.lanes.items()}
+        self._tokens = {lane: entry.tokens for lane, entry in restored.lanes.items()}
+        self._padding = {lane: entry.padding for lane, entry in restored.lanes.items()}
+        self._steps_done = restored.step
+        self.restored = restored
 
     def close(self) -> None:
         self._close_started()
@@ -339,91 +300,6 @@ def loader_config(table: Any) -> ZephonDataLoader.Config:
     return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
 
 
-def read_lane_states(
-    state: dict[str, Any], lane_ids, header: dict, source_names: list[str]
-) -> dict[int, tuple[LaneState, list[int], int]]:
-    """The checked entries of `lane_ids`; every lane must stand at the same row (the end of one step).
-
-    Not a multiple of this run's rows per lane: the global batch size may have changed at a resume."""
-    entries = {lane: read_lane(state, lane, header, source_names) for lane in lane_ids}
-    rows = {entry[0].rows for entry in entries.values()}
-    if len(rows) != 1:
-        raise ResumeError(
-            f"the checkpoint's lanes stand at rows {sorted(rows)}, not at the end of one step (every lane gives "
-            "the same number of rows per step); the checkpoint is damaged"
-        )
-    return entries
-
-
-def saved_step(header: dict, rows: int) -> int:
-    """Steps consumed when the checkpoint was saved. Headers written before the global batch size could
-    change have no `step`: then every step had the header's rows per lane."""
-    if "step" in header:
-        return int(header["step"])
-    per_step = header["global_batch_size"] // int(header["fingerprint"]["num_lanes"])  # >= 1: read_header
-    if rows % per_step:
-        raise ResumeError(
-            f"the checkpoint's lanes stand at row {rows}, not at the end of a step of {per_step} rows per lane "
-            "(its header has no step); the checkpoint is damaged"
-        )
-    return rows // per_step
-
-
-def check_header(header: dict, current_fingerprint: dict, allow) -> None:
-    """Refuse a checkpoint whose data stream differs from this run's, naming what changed.
-
-    The global batch size may change at a resume: lane streams do not depend on it, so every lane
-    continues where it stopped and the new size applies from the next step. The mixture is checked
-    apart (check_mixture), once the checkpoint's step is known: only its future may change."""
-    if header.get("version") != HEADER_VERSION:
-        raise ResumeError(
-            f"the checkpoint's dataloader state has format version {header.get('version')!r}, this zephon_titan "
-            f"reads version {HEADER_VERSION}; resume with the zephon_titan that wrote it, or start the data stream "
-            "over (--checkpoint.exclude_from_loading dataloader)"
-        )
-    check_fingerprint(header["fingerprint"], current_fingerprint, allow, mixture_checked_apart=True)
-
-
-def with_lane_check(load: Callable, num_lanes: int) -> Callable:
-    """Wrap a DCP load so that a checkpoint lacking some of this run's lanes says why.
-
-    With more lanes than the checkpoint, DCP fails before the loader sees its header
-    (the new lane keys are missing), so the fingerprint check cannot name the change.
-    """
-
-    def load_with_lane_check(*args, **kwargs):
-        try:
-            return load(*args, **kwargs)
-        except ZephonError:
-            raise  # already says what is wrong (and may name dataloader entries)
-        except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
-            if "dataloader." in str(e) and "Size mismatch" in str(e):
-                raise ResumeError(
-                    f"the checkpoint's dataloader entries have other sizes than this run's ({_first_line(e)}): it was "
-                    "saved with another number of [dataloader] sources, by another zephon_titan version, or it is "
-                    "damaged. `zephon-titan plan JOB --from-checkpoint DIR --steps 0` names what changed; restore the "
-                    "old sources, or start the data stream over (--checkpoint.exclude_from_loading dataloader)"
-                ) from None
-            if "dataloader.header" in str(e):
-                raise ResumeError(
-                    "the checkpoint holds no dataloader state (it was saved model-only: TorchTitan's "
-                    "last_save_model_only = true, the default, writes the final checkpoint without it). Resume from an "
-                    "earlier step-N checkpoint, or load the model only and start the data stream over with "
-                    "--checkpoint.exclude_from_loading dataloader; set [checkpoint] last_save_model_only = false "
-                    "to keep the loader state in future final checkpoints"
-                ) from None
-            if "dataloader.lane_" not in str(e):
-                raise
-            raise ResumeError(
-                f"the checkpoint has no dataloader state for some of this run's {num_lanes} lanes ({e}); it was "
-                "saved with fewer [dataloader] num_lanes. Lanes are fixed for a run: set num_lanes back to the "
-                "checkpoint's value, or exclude the dataloader from loading "
-                "(--checkpoint.exclude_from_loading dataloader) to start the data stream over"
-            ) from None
-
-    return load_with_lane_check
-
-
 def collective_device() -> torch.device | str:
     """Where a tensor for a collective over the default group must live (NCCL: this rank's GPU)."""
     return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
@@ -431,8 +307,3 @@ def collective_device() -> torch.device | str:
 
 def dp_rank_zero() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if "dataloader." in line]
-    return (lines[0] if lines else str(e).splitlines()[0] if str(e) else type(e).__name__)[:300]

@@ -20,15 +20,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torchtitan.components.checkpointer import DATALOADER, MODEL, TRAIN_STATE, CheckpointManager
+from torchtitan.components.checkpointer import DATALOADER, MODEL, CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from zephon_titan.engine.ledger import LedgerWriter
-from zephon_titan.titan.checkpoint import read_checkpoint_metadata, safe_load
-from zephon_titan.titan.dataloader import ZephonDataLoader, with_lane_check
+from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry
+from zephon_titan.titan.loader_state import restore
 from zephon_titan.titan.validator import ZephonValidator
 
 
@@ -60,12 +60,11 @@ class ZephonMetricsProcessor(MetricsProcessor):
 
 
 class ZephonCheckpointManager(CheckpointManager):
-    """TorchTitan's CheckpointManager, loading without running any checkpoint byte (titan/checkpoint.py):
-    `.metadata` through the allow-listed unpickler, bytes entries (train_state) weights-only, a
-    `dataloader.*` entry declared as a Python object refused before DCP reads it. With the zephon
-    loader it also sizes the loader's templates from the checkpoint (a resume may add sources), says
-    why a checkpoint of another lane count does not load, and binds the loader state to the trainer's
-    restored step. Loading HF safetensors (model only, no pickle) is TorchTitan's own."""
+    """TorchTitan's CheckpointManager, loading through the loader's resume sequence (titan/loader_state.restore):
+    no checkpoint byte runs (`.metadata` through the allow-listed unpickler, bytes entries such as train_state
+    weights-only, a `dataloader.*` entry declared as a Python object refused before DCP reads it); with the
+    zephon loader, its index checked and its templates sized before DCP runs, and the loader state bound to
+    the trainer's restored step. Loading HF safetensors (model only, no pickle) is TorchTitan's own."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -76,35 +75,14 @@ class ZephonCheckpointManager(CheckpointManager):
         def of(cls, config: CheckpointManager.Config) -> ZephonCheckpointManager.Config:
             return _stock_as(cls, config, CheckpointManager.Config)
 
-    def _zephon_loader(self) -> ZephonDataLoader | None:
-        loader = self.states.get(DATALOADER)
-        return loader if isinstance(loader, ZephonDataLoader) else None
-
     def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
         if from_hf:  # safetensors: no pickle anywhere; the model only
             return super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
-        loader = self._zephon_loader()
-        self.loaded_from = checkpoint_id
-        metadata = read_checkpoint_metadata(checkpoint_id)
-        if loader is None:
-            safe_load(state_dict, checkpoint_id, metadata=metadata, tensors_only=())
-        else:
-            with loader.sized_for(checkpoint_id, metadata):  # the checkpoint's entry sizes (sources may be added)
-                safe_load(state_dict, checkpoint_id, metadata=metadata)
+        loader = state_dict.get(DATALOADER)  # absent when excluded from loading (or a model-only load)
+        restore(state_dict, checkpoint_id, loader if isinstance(loader, ZephonDataLoader) else None)
         # As TorchTitan's dcp_load: the model's states are flattened into state_dict, loaded by hand.
         if MODEL in self.states:
             self.states[MODEL].load_state_dict(state_dict)
-
-    def _load(self, step: int = -1) -> bool:
-        loader = self._zephon_loader()
-        if loader is None:
-            return super()._load(step)
-        loader.restored_step = None  # set again only if this load restores the loader state
-        loaded = with_lane_check(super()._load, loader.config.data.num_lanes)(step)
-        trainer = self.states.get(TRAIN_STATE)
-        if loaded and trainer is not None and TRAIN_STATE not in self.exclude_from_loading:
-            loader.check_step(trainer.step, str(getattr(self, "loaded_from", "the checkpoint")))
-        return loaded
 
 
 class ZephonTrainer(Trainer):

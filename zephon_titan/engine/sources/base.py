@@ -8,7 +8,10 @@ order, so the numbering is a pure function of the files.
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import os
+import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +26,10 @@ from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import ConfigError, DataError
 
 SCAN_THREADS = 16
+
+
+def _sha(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 class LazyTexts(Sequence[str]):
@@ -204,6 +211,23 @@ class Source(ABC):
             "text_field": self.text_field,
             "num_blocks": self.num_blocks,
             "files": [[f.path, f.size, f.mtime_ns, f.num_blocks] for f in self.files],
+        }
+
+    def fingerprint(self) -> dict[str, str]:
+        """This source's fingerprint components by kind (the fingerprint names each `kind.source`): `files` (a
+        summary), `layout` (everything describe() says but where the files are and when they were written),
+        `locations` (their directories or prefixes) and `mtimes`. A format contributes through describe()
+        (its settings that shape rows) or adds kinds of its own here; a resume may allow `locations` and
+        `mtimes` to change (data copied or moved)."""
+        d = self.describe()
+        files = d["files"]  # [path, size, mtime_ns, blocks] per file
+        layout = {k: v for k, v in d.items() if k != "files"}
+        where = [posixpath.split(f[0]) for f in files]
+        return {
+            "files": f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {self.num_blocks} blocks",
+            "layout": _sha([layout, [[name, f[1], f[3]] for (_, name), f in zip(where, files)]]),
+            "locations": _sha([directory for directory, _ in where]),
+            "mtimes": _sha([f[2] for f in files]),
         }
 
     def check_unchanged(self, f: FileBlocks, handle: pa.NativeFile) -> None:

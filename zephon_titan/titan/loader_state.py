@@ -1,0 +1,493 @@
+"""The loader's checkpoint state, all of it: DCP keys, the header, the lane codec, and the one resume sequence
+(`restore`) that the loader, `plan`, data_run and ZephonCheckpointManager go through (torch only, no torchtitan).
+
+Under `dataloader` a checkpoint holds a header (replicated on every rank, stored once) and one entry per lane,
+so a rank that owns other lanes after a resize loads exactly the entries it now owns. Entries are JSON text in
+zero-padded uint8 tensors, never Python objects: DCP stores tensors as raw bytes but unpickles any other value.
+
+Every entry is sealed: a SHA-256 over its canonical JSON, its key and (for lanes) the header's seal, which
+covers the fingerprint and the global batch size. So one changed byte, an edited field, or a lane entry copied
+to another lane is refused on load, naming the entry; then every field's type and range is checked. This
+promises integrity (corruption and mismatch are found), not authenticity: whoever can write the checkpoint can
+also recompute a seal.
+
+Header versions: 3 stores the fingerprint's `sources` as a list of names; 2 stored them joined by commas (no
+source name could hold one) and is read by converting it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+from zephon_titan.config import MAX_SOURCES
+from zephon_titan.engine.fingerprint import Fingerprint, check_fingerprint, check_mixture, source_names
+from zephon_titan.engine.state import LaneState
+from zephon_titan.errors import ResumeError
+from zephon_titan.titan.checkpoint import read_checkpoint_metadata, refuse_objects, safe_load
+
+DATALOADER = "dataloader"  # the checkpoint's key of the loader state (TorchTitan's DATALOADER)
+TRAIN_STATE = "train_state"
+HEADER_KEY = "header"
+HEADER_VERSION = 3
+READ_VERSIONS = (2, 3)
+START_OVER = "start the data stream over (--checkpoint.exclude_from_loading dataloader)"
+
+
+def lane_key(lane_id: int) -> str:
+    return f"lane_{lane_id:05d}"
+
+
+# DCP reads a tensor only into a template of the saved shape: restore() sizes the templates from the
+# checkpoint's index, so a resume may add sources (bigger lane entries of its own). The header slot is one
+# fixed size, so the first save cannot overflow: it fits config.MAX_SOURCES sources with names of up to
+# config.MAX_SOURCE_NAME characters (enforced when the config is read; test_job encodes the largest header).
+# A lane entry grows with the number of sources, with room for 64-bit counters.
+HEADER_CAPACITY = 1 << 17
+
+
+def lane_capacity(num_sources: int) -> int:
+    return 512 + 96 * num_sources
+
+
+# ---- the entry codec ---------------------------------------------------------------------------
+
+
+def _canonical(obj: dict) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _seal_of(obj: dict, key: str, bound_to: str) -> str:
+    body = {k: v for k, v in obj.items() if k != "seal"}
+    return hashlib.sha256(f"{key}\n{bound_to}\n".encode() + _canonical(body)).hexdigest()[:32]
+
+
+def seal(obj: dict, key: str, bound_to: str = "") -> dict:
+    return {**obj, "seal": _seal_of(obj, key, bound_to)}
+
+
+def _check_seal(obj: Any, key: str, bound_to: str) -> dict:
+    if not isinstance(obj, dict) or not isinstance(obj.get("seal"), str):
+        raise ResumeError(
+            f"dataloader state {key!r} is not a sealed zephon_titan entry (got "
+            f"{type(obj).__name__}{' without a seal' if isinstance(obj, dict) else ''}); it was "
+            "written by another version or damaged: resume from an earlier checkpoint"
+        )
+    if obj["seal"] != _seal_of(obj, key, bound_to):
+        raise ResumeError(
+            f"dataloader state {key!r} fails its integrity check: it was changed or damaged after it was written"
+            + (", or copied from another lane" if key != HEADER_KEY else "")
+            + "; restore the checkpoint from a good copy or resume from an earlier step"
+        )
+    return obj
+
+
+def encode_entry(obj: Any, capacity: int) -> torch.Tensor:
+    data = _canonical(obj)
+    if len(data) > capacity:
+        raise ResumeError(f"dataloader state entry of {len(data)} bytes exceeds its {capacity}-byte slot: {obj}")
+    out = torch.zeros(capacity, dtype=torch.uint8)
+    out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return out
+
+
+def decode_entry(value: torch.Tensor, key: str) -> Any:
+    try:
+        return json.loads(value.cpu().numpy().tobytes().rstrip(b"\0").decode("utf-8"))
+    except (AttributeError, TypeError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ResumeError(f"dataloader state {key!r} is not a zephon_titan state entry ({e})") from None
+
+
+def _entry(state: dict[str, Any], key: str) -> Any:
+    if key not in state:
+        raise ResumeError(f"the checkpoint's dataloader state has no {key!r}")
+    value = state[key]
+    return decode_entry(value, key) if isinstance(value, torch.Tensor) else value
+
+
+def _field(entry: dict, name: str, kind: type, where: str) -> Any:
+    value = entry.get(name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ResumeError(f"{where}: field {name!r} must be {kind.__name__}, got {value!r}; the checkpoint is damaged")
+    return value
+
+
+def _counts(value: Any, length: int, name: str, where: str) -> list[int]:
+    ok = (
+        isinstance(value, list)
+        and len(value) == length
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63 for v in value)
+    )
+    if not ok:
+        raise ResumeError(
+            f"{where}: field {name!r} must be {length} counts >= 0, got {value!r}; the checkpoint is damaged"
+        )
+    return value
+
+
+# ---- the header ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Header:
+    """What every rank's loader state shares: the format version, the global batch size G, the steps consumed
+    and the fingerprint of everything lane purity depends on."""
+
+    version: int
+    global_batch_size: int
+    step: int | None
+    """None in checkpoints written before G could change: then every step had G / L rows per lane."""
+    fingerprint: Fingerprint
+    seal: str = ""
+    """The stored entry's seal (lane entries are bound to it); "" for a header not read from a checkpoint."""
+
+    @property
+    def sources(self) -> list[str]:
+        return source_names(self.fingerprint)
+
+    @property
+    def num_lanes(self) -> int:
+        return int(self.fingerprint["num_lanes"])  # type: ignore[arg-type]  # checked by from_entry
+
+    def to_entry(self) -> dict:
+        body: dict[str, Any] = {
+            "version": self.version,
+            "global_batch_size": self.global_batch_size,
+            "fingerprint": self.fingerprint,
+        }
+        if self.step is not None:
+            body["step"] = self.step
+        return seal(body, HEADER_KEY)
+
+    def encode(self) -> torch.Tensor:
+        return encode_entry(self.to_entry(), HEADER_CAPACITY)
+
+    @classmethod
+    def from_entry(cls, state: dict[str, Any]) -> Header:
+        """The checked header of a checkpoint's dataloader entries (decoded tensors or raw JSON dicts); a
+        version-2 header is converted (its `sources` were one comma-joined string)."""
+        entry = _check_seal(_entry(state, HEADER_KEY), HEADER_KEY, "")
+        where = f"dataloader state {HEADER_KEY!r}"
+        version = entry.get("version")
+        if version not in READ_VERSIONS or isinstance(version, bool):
+            raise ResumeError(
+                f"the checkpoint's dataloader state has format version {version!r:.40}, this zephon_titan reads "
+                f"versions {', '.join(map(str, READ_VERSIONS))}; resume with the zephon_titan that wrote it, or "
+                + START_OVER
+            )
+        fingerprint = dict(_field(entry, "fingerprint", dict, where))
+        if version == 2 and isinstance(fingerprint.get("sources"), str):
+            fingerprint["sources"] = fingerprint["sources"].split(",")
+        sources = fingerprint.get("sources")
+        if not isinstance(sources, list) or not all(isinstance(n, str) for n in sources):
+            raise ResumeError(f"{where}: field 'fingerprint' has no list of source names; the checkpoint is damaged")
+        if not all(isinstance(k, str) and (isinstance(v, str) or k == "sources") for k, v in fingerprint.items()):
+            raise ResumeError(f"{where}: field 'fingerprint' must map names to strings; the checkpoint is damaged")
+        num_lanes = fingerprint.get("num_lanes", "")
+        if not re.fullmatch(r"[1-9][0-9]{0,8}", num_lanes):  # type: ignore[arg-type]
+            raise ResumeError(
+                f"{where}: field 'fingerprint' has no num_lanes (a lane count), got {num_lanes!r:.40}; the "
+                "checkpoint is damaged"
+            )
+        lanes = int(num_lanes)  # type: ignore[arg-type]
+        batch = _field(entry, "global_batch_size", int, where)
+        if not lanes <= batch < 1 << 40 or batch % lanes:
+            raise ResumeError(
+                f"{where}: field 'global_batch_size' is {batch}, not a multiple of its {lanes} lanes (at least one "
+                "row per lane per step); the checkpoint is damaged"
+            )
+        step = None
+        if "step" in entry:
+            step = _field(entry, "step", int, where)
+            if not 0 <= step < 1 << 63:
+                raise ResumeError(f"{where}: field 'step' must be a step >= 0, got {step}; the checkpoint is damaged")
+        return cls(version, batch, step, fingerprint, entry["seal"])
+
+
+# ---- lanes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaneEntry:
+    """One lane's state as consumed by the trainer, and its tokens per source and padding so far."""
+
+    state: LaneState
+    tokens: list[int]
+    padding: int
+
+    def encode(self, header_seal: str, num_sources: int) -> torch.Tensor:
+        key = lane_key(self.state.lane_id)
+        body = {"state": self.state.to_dict(), "tokens": self.tokens, "padding": self.padding}
+        return encode_entry(seal(body, key, header_seal), lane_capacity(num_sources))
+
+    @classmethod
+    def initial(cls, lane: int, num_sources: int) -> LaneEntry:
+        return cls(LaneState.initial(lane, num_sources), [0] * num_sources, 0)
+
+
+def encode_state(header: Header, lanes: dict[int, LaneEntry], num_sources: int) -> dict[str, torch.Tensor]:
+    """The loader's DCP entries: the header and one entry per lane."""
+    entry = header.to_entry()
+    state = {HEADER_KEY: encode_entry(entry, HEADER_CAPACITY)}
+    state.update({lane_key(lane): lane_entry.encode(entry["seal"], num_sources) for lane, lane_entry in lanes.items()})
+    return state
+
+
+def read_lane(state: dict[str, Any], lane: int, header: Header, names: list[str]) -> LaneEntry:
+    """One lane's entry, checked against its seal, its key and the checkpoint's sources, then matched by name
+    to this run's source `names` (a resume may add sources)."""
+    key = lane_key(lane)
+    entry = _check_seal(_entry(state, key), key, header.seal)
+    where = f"dataloader state of lane {lane} ({key!r})"
+    lane_state = LaneState.from_dict(_field(entry, "state", dict, where), where)
+    if lane_state.lane_id != lane:
+        raise ResumeError(f"{where}: field 'lane_id' is {lane_state.lane_id}, not {lane}; the checkpoint is damaged")
+    saved = header.sources
+    if len(lane_state.cursors) != len(saved):
+        raise ResumeError(
+            f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the checkpoint has "
+            f"{len(saved)}; the checkpoint is damaged"
+        )
+    tokens = _counts(entry.get("tokens"), len(saved), "tokens", where)
+    padding = _counts([entry.get("padding")], 1, "padding", where)[0]
+    if header.step is not None and lane_state.rows < header.step:
+        raise ResumeError(
+            f"{where}: field 'rows' is {lane_state.rows}, fewer than the header's {header.step} steps (each "
+            "step takes at least one row of every lane); the checkpoint is damaged"
+        )
+    step = lane_state.rows if header.step is None else header.step
+    if lane_state.mix is not None and lane_state.mix.segment > step + 1:
+        raise ResumeError(
+            f"{where}: field 'mix.segment' is step {lane_state.mix.segment}, after the checkpoint's step {step}; "
+            "the checkpoint is damaged"
+        )
+    if saved != names:
+        by_name = dict(zip(saved, tokens))
+        lane_state = lane_state.with_sources(saved, names)
+        tokens = [by_name.get(name, 0) for name in names]
+    return LaneEntry(lane_state, tokens, padding)
+
+
+# ---- the checks of a resume ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A checkpoint's loader state, checked against this run: what a resume continues from."""
+
+    header: Header
+    step: int
+    lanes: dict[int, LaneEntry]
+    added: list[str] = field(default_factory=list)
+    """Sources this run has and the checkpoint had not (each starts from its beginning)."""
+    mixture_change: str = ""
+    """A line saying how the mixture changes after the checkpoint's step ("" if it does not)."""
+
+
+def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow: Any = ()) -> Restored:
+    """The loader entries of a checkpoint (decoded tensors or raw JSON dicts) for `lane_ids`, checked against
+    this run's fingerprint `current`: header, fingerprint (naming each change but `allow`ed kinds), every lane
+    (all at the end of one step), the step, the mixture (only its future may change)."""
+    header = Header.from_entry(state)
+    check_fingerprint(header.fingerprint, current, allow, mixture_checked_apart=True)
+    names = source_names(current)
+    lanes = {lane: read_lane(state, lane, header, names) for lane in lane_ids}
+    rows = {entry.state.rows for entry in lanes.values()}
+    if len(rows) != 1:
+        raise ResumeError(
+            f"the checkpoint's lanes stand at rows {sorted(rows)}, not at the end of one step (every lane gives "
+            "the same number of rows per step); the checkpoint is damaged"
+        )
+    step = _saved_step(header, rows.pop())
+    change = check_mixture(header.fingerprint, current, step)
+    added = [name for name in names if name not in header.sources]
+    return Restored(header, step, lanes, added, change)
+
+
+def _saved_step(header: Header, rows: int) -> int:
+    """Steps consumed when the checkpoint was saved. Headers written before the global batch size could
+    change have no `step`: then every step had the header's rows per lane."""
+    if header.step is not None:
+        return header.step
+    per_step = header.global_batch_size // header.num_lanes  # >= 1: Header.from_entry
+    if rows % per_step:
+        raise ResumeError(
+            f"the checkpoint's lanes stand at row {rows}, not at the end of a step of {per_step} rows per lane "
+            "(its header has no step); the checkpoint is damaged"
+        )
+    return rows // per_step
+
+
+def check_index(metadata: Metadata, checkpoint_id: str, lane_ids: Any, num_lanes: int) -> tuple[int, int]:
+    """Before DCP reads anything: the checkpoint's index must hold this loader's entries, as tensors, of sizes
+    a loader state has. Returns the (header, lane) entry sizes to load into (a resume may add sources, whose
+    entries are bigger: DCP loads a tensor only into a template of its saved size)."""
+    refuse_objects(metadata, checkpoint_id, [DATALOADER])
+    sizes = {
+        key[len(DATALOADER) + 1 :]: tuple(meta.size) if meta.properties.dtype == torch.uint8 else None
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith(f"{DATALOADER}.") and isinstance(meta, TensorStorageMetadata)
+    }
+    if HEADER_KEY not in sizes:
+        raise ResumeError(
+            f"{checkpoint_id}: the checkpoint holds no dataloader state (it was saved model-only: TorchTitan's "
+            "last_save_model_only = true, the default, writes the final checkpoint without it). Resume from an "
+            "earlier step-N checkpoint, or load the model only and start the data stream over with "
+            "--checkpoint.exclude_from_loading dataloader; set [checkpoint] last_save_model_only = false "
+            "to keep the loader state in future final checkpoints"
+        )
+    missing = [lane for lane in lane_ids if lane_key(lane) not in sizes]
+    if missing:
+        saved = sum(key.startswith("lane_") for key in sizes)
+        raise ResumeError(
+            f"{checkpoint_id} has no dataloader state for lane {missing[0]} of this run's {num_lanes} lanes (it "
+            f"holds {saved}); it was saved with fewer [dataloader] num_lanes. Lanes are fixed for a run: set "
+            f"num_lanes back to the checkpoint's value, or {START_OVER}"
+        )
+    lane_sizes = {sizes[lane_key(lane)] for lane in lane_ids}
+    header, lane = sizes[HEADER_KEY], lane_sizes.pop() if len(lane_sizes) == 1 else None
+    valid = (
+        header is not None
+        and len(header) == 1
+        and 0 < header[0] <= HEADER_CAPACITY
+        and lane is not None
+        and len(lane) == 1
+        and lane_capacity(0) <= lane[0] <= lane_capacity(MAX_SOURCES)
+        and (lane[0] - lane_capacity(0)) % (lane_capacity(1) - lane_capacity(0)) == 0
+    )
+    if not valid:
+        found = ", ".join(f"{key} {sizes[key]}" for key in [HEADER_KEY, *map(lane_key, lane_ids)][:3])
+        raise ResumeError(
+            f"{checkpoint_id}: its dataloader entries have other sizes than a zephon_titan state of this version "
+            f"({found}): it was saved by another zephon_titan version, or it is damaged. `zephon-titan plan JOB "
+            f"--from-checkpoint DIR --steps 0` names what changed; resume with the version that wrote it, or "
+            + START_OVER
+        )
+    assert header is not None and lane is not None
+    return header[0], lane[0]
+
+
+def check_step(checkpoint_id: str, step: int, train_step: object) -> None:
+    """The loader state's step must be the train_state's and the folder name's (`step-N`), when known. A whole
+    loader state of another step of the same run passes every other check, and every later batch differs."""
+    if isinstance(train_step, torch.Tensor) and train_step.numel() == 1:
+        train_step = int(train_step.item())
+    if train_step is not None and train_step != step:
+        if not isinstance(train_step, int) or isinstance(train_step, bool):
+            raise ResumeError(f"{checkpoint_id}: its train_state step is {train_step!r:.40}, not a step")
+        raise ResumeError(
+            f"{checkpoint_id}: its dataloader state is of step {step}, its train_state of step {train_step}; the "
+            "loader entries were copied from another checkpoint: restore it from a good copy or resume from "
+            "another step"
+        )
+    named = re.fullmatch(r"step-(\d+)", os.path.basename(os.path.normpath(str(checkpoint_id))))
+    if named and int(named.group(1)) != step:
+        raise ResumeError(
+            f"{checkpoint_id}: its dataloader state is of step {step}, the folder is named for step "
+            f"{int(named.group(1))}; the loader entries were copied from another checkpoint (or the folder was "
+            "renamed): restore it from a good copy"
+        )
+
+
+# ---- the resume sequence ---------------------------------------------------------------------------
+
+
+class LaneTarget(Protocol):
+    """What restore() loads the loader state into: ZephonDataLoader, or PlannedLanes (plan). Its state_dict()
+    gives templates of `load_sizes` while they are set; its load_state_dict() sets `restored` (read_state)."""
+
+    lane_ids: list[int]
+    num_lanes: int
+    load_sizes: tuple[int, int] | None
+    restored: Restored | None
+
+
+def templates(lane_ids: Any, sizes: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """Entries to load a checkpoint's loader state into (only their size counts)."""
+    header, lane = sizes
+    return {HEADER_KEY: torch.zeros(header, dtype=torch.uint8)} | {
+        lane_key(lane_id): torch.zeros(lane, dtype=torch.uint8) for lane_id in lane_ids
+    }
+
+
+def restore(
+    states: dict[str, Any], checkpoint_id: str, loader: LaneTarget | None, metadata: Metadata | None = None
+) -> Metadata:
+    """Load `states` (as dcp.load would: Stateful values are restored in place) from a DCP checkpoint, running
+    none of its bytes (titan/checkpoint.py). With `loader` (states' `dataloader`, a zephon_titan loader state):
+    the index is checked first (check_index: a model-only checkpoint, fewer lanes, entries of another size are
+    named before DCP runs), the templates sized from it, and after the load the loader state's step bound to
+    the train_state's and the folder's (check_step). Without: any other `dataloader` (TorchTitan's own) loads
+    as its owner stored it. Returns the checkpoint's index."""
+    if metadata is None:
+        metadata = read_checkpoint_metadata(checkpoint_id)
+    if loader is None:
+        with _quiet():
+            safe_load(states, checkpoint_id, metadata=metadata, tensors_only=())
+        return metadata
+    assert any(value is loader for value in states.values()), "restore() loads the loader it is given in states"
+    sizes = check_index(metadata, checkpoint_id, loader.lane_ids, loader.num_lanes)
+    loader.restored, loader.load_sizes = None, sizes
+    try:
+        with _quiet():
+            safe_load(states, checkpoint_id, metadata=metadata)
+    finally:
+        loader.load_sizes = None  # saves size their entries for this run's sources
+    assert loader.restored is not None, "DCP restores the loader state it loaded"
+    check_step(checkpoint_id, loader.restored.step, _train_step(states.get(TRAIN_STATE)))
+    return metadata
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without a process group (plan), DCP warns that it assumes one process: it is."""
+    with warnings.catch_warnings():
+        if not dist.is_initialized():
+            warnings.simplefilter("ignore")
+        yield
+
+
+def _train_step(train_state: Any) -> object:
+    """The step of a loaded train_state: TorchTitan's TrainState, data_run's counter, or plan's template."""
+    if isinstance(train_state, dict):
+        return train_state.get("step")
+    return getattr(train_state, "step", None)
+
+
+class PlannedLanes:
+    """The loader state of every lane of a job, restored without building a loader (plan): a LaneTarget."""
+
+    def __init__(self, lane_ids: Any, fingerprint: Fingerprint, allow: Any = ()):
+        self.lane_ids = list(lane_ids)
+        self.num_lanes = len(self.lane_ids)
+        self.fingerprint, self.allow = fingerprint, allow
+        self.load_sizes: tuple[int, int] | None = None
+        self.restored: Restored | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.load_sizes is not None, "only loaded, through restore()"
+        return templates(self.lane_ids, self.load_sizes)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.restored = read_state(state_dict, self.lane_ids, self.fingerprint, self.allow)
+
+
+def train_state_template(metadata: Metadata) -> dict[str, Any]:
+    """A template of the checkpoint's train_state step (TorchTitan's: an int stored as bytes; data_run's: a
+    tensor), to bind the loader state to it ({} when the checkpoint has none)."""
+    meta = metadata.state_dict_metadata.get(f"{TRAIN_STATE}.step")
+    if meta is None:
+        return {}
+    template = torch.zeros((), dtype=torch.int64) if isinstance(meta, TensorStorageMetadata) else None
+    return {TRAIN_STATE: {"step": template}}
