@@ -279,7 +279,7 @@ class DataConfig:
     sources: list[SourceConfig] = setting(
         factory=list,
         rows=True,
-        rows_note="each source's settings above; adding a source is allowed at a resume, removing one is not",
+        rows_note="every source's settings; adding a source is allowed at a resume, removing one is not",
         eval=Eval("own", "the eval set's own files, else the held-out part (eval_fraction) of the training sources"),
     )
     """The named sources, in sorted-name order (set them in the TOML file)."""
