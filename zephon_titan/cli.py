@@ -312,6 +312,7 @@ def cmd_validate(args) -> int:
     from tqdm import tqdm
 
     from zephon_titan.engine import fingerprint, valid_world_sizes
+    from zephon_titan.engine.fingerprint import component_text
     from zephon_titan.engine.split import held_out
     from zephon_titan.titan.job import load_job
 
@@ -344,7 +345,7 @@ def cmd_validate(args) -> int:
         return _check_tokenizer(spec)
     print("fingerprint:")
     for name, value in fingerprint(spec).items():
-        print(f"  {name:<22} {value}")
+        print(f"  {name:<22} {component_text(value)}")
     print("sources:")
     for source, weight, config in zip(spec.sources, spec.weights, job.data.sources):
         size = sum(f.size for f in source.files)
