@@ -234,3 +234,11 @@ def registered_format(fmt: formats.Format):
         yield fmt
     finally:
         formats._FORMATS.pop(fmt.name, None)
+
+
+def read_validation_entries(path: str) -> list[dict]:
+    """The entries of a validation.jsonl; a bad line (the last one too) is a DataError naming file and line."""
+    from zephon_titan.engine.eval_set import VALIDATION_RECORD
+    from zephon_titan.engine.jsonl_log import read_entries
+
+    return read_entries(path, VALIDATION_RECORD)[0]

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 from conftest import REPO, check, copy_checkpoint, ledger, torchrun
-
-from zephon_titan.titan.validator import read_validation_entries
+from helpers import read_validation_entries
 
 # Slow tier (the eval set through the real trainer (eval rows per W: unit/test_eval_split.py)).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

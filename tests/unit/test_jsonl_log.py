@@ -13,9 +13,10 @@ import subprocess
 import uuid
 
 import pytest
+from helpers import read_validation_entries
 
 from zephon_titan.engine import jsonl_log
-from zephon_titan.engine.eval_set import VALIDATION_RECORD, read_validation_entries
+from zephon_titan.engine.eval_set import VALIDATION_RECORD
 from zephon_titan.engine.jsonl_log import AppendOnlyLog, RecordFormat, read_entries
 from zephon_titan.engine.ledger import LEDGER, LedgerEntry
 from zephon_titan.errors import DataError

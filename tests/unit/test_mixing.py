@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.engine import LaneStream
-from zephon_titan.engine.mixing import choose_source, lane_phases, mixture_error_bound
+from zephon_titan.engine.mixing import choose_source, lane_phases
 
 
 def _simulate(weights, lengths, pieces, chunk, lane=0, lanes=1, chooser=choose_source):
@@ -23,6 +23,11 @@ def _simulate(weights, lengths, pieces, chunk, lane=0, lanes=1, chooser=choose_s
         if offset[s] == n:
             taken[s], offset[s] = taken[s] + 1, 0
         yield tokens
+
+
+def mixture_error_bound(weight: float, num_sources: int, chunk: int) -> float:
+    """The largest |w_s * T - t_s| the rule allows for a source of weight w_s (mixing.py's docstring)."""
+    return (1 + num_sources * weight) * chunk
 
 
 def _within_bound(weights, tokens, chunk):

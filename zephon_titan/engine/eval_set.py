@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from zephon_titan.engine.digest import lane_digest
-from zephon_titan.engine.jsonl_log import RecordFormat, read_entries
+from zephon_titan.engine.jsonl_log import RecordFormat
 from zephon_titan.engine.packing import IGNORE_INDEX, Row, RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.stream import LaneStream
@@ -157,8 +157,3 @@ VALIDATION_RECORD: RecordFormat[dict[str, Any]] = RecordFormat(
     step=lambda entry: int(entry["step"]),
     remedy="fix or delete that line, or delete the file (it only records the run's earlier validations)",
 )
-
-
-def read_validation_entries(path: str) -> list[dict[str, Any]]:
-    """The entries of a validation.jsonl; a bad line (the last one too) is a DataError naming file and line."""
-    return read_entries(path, VALIDATION_RECORD)[0]

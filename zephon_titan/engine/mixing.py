@@ -36,11 +36,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def mixture_error_bound(weight: float, num_sources: int, chunk: int) -> float:
-    """The largest |w_s * T - t_s| the rule allows for a source of weight w_s (module docstring)."""
-    return (1 + num_sources * weight) * chunk
-
-
 def lane_phases(source_names: Sequence[str], lane: int, num_lanes: int) -> tuple[float, ...]:
     """phi_{l,s}: lane l's phase for each source, evenly spread over the lanes (module docstring)."""
     count = len(source_names)

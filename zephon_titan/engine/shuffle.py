@@ -1,6 +1,6 @@
 """Pure, stateless shuffling: the position of item i is a function of (key, n, i).
 
-A permutation is never materialized or stored. `permuted_index(i, n, key)` is a
+A permutation is never materialized or stored. `Permutation(n, key)[i]` is a
 keyed bijection on [0, n) built from a balanced Feistel network with cycle
 walking, so a lane can ask "which block is my k-th?" in O(1) and a checkpoint
 needs no RNG state. Only stdlib integer arithmetic and BLAKE2b are used, so the

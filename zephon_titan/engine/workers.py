@@ -2,7 +2,7 @@
 
 Each worker process rebuilds the spec, owns every N-th lane of the rank, and
 produces R rows per lane per step, each row with the lane state right after it,
-into its own pipe, at most `prefetch_steps` steps ahead (a semaphore of credits). A thread
+into its own pipe, at most `prefetch_factor` steps ahead (a semaphore of credits). A thread
 of the consumer (StepCollector) takes the lanes in canonical order, one step ahead of the
 trainer, so rows never depend on the number of workers or the prefetch depth; the state the
 group reports is that of the rows it handed out, never the prefetcher's. Workers are started
@@ -118,7 +118,7 @@ def _worker_main(
                     message = ("rows", lane, stream.take_with_states(rows_per_step))
                 except LaneExhausted:
                     message = ("exhausted", lane, None)
-                while not credits.acquire(timeout=_POLL_SECONDS):  # prefetch_steps ahead at most
+                while not credits.acquire(timeout=_POLL_SECONDS):  # prefetch_factor steps ahead at most
                     if stop.is_set():
                         return
                 channel.send(fd, message)
@@ -256,15 +256,15 @@ class StepCollector:
 
 
 class ProcessLaneGroup:
-    """The same interface as LaneGroup, with lanes produced by `workers` processes."""
+    """The same interface as LaneGroup, with lanes produced by `num_workers` processes."""
 
     def __init__(
         self,
         spec: EngineSpec,
         lane_ids: list[int],
         rows_per_step: int,
-        workers: int,
-        prefetch_steps: int = 2,
+        num_workers: int,
+        prefetch_factor: int = 2,
         states: dict[int, LaneState] | None = None,
         deferred: bool = False,
         first_step: int = 0,
@@ -275,7 +275,7 @@ class ProcessLaneGroup:
         self._num_sources = len(spec.sources)
         self._consumed: dict[int, LaneState] = {}
         self._starts: list[Connection[Any, Any]] = []
-        workers = min(workers, len(self.lane_ids))
+        workers = min(num_workers, len(self.lane_ids))
         self._worker_of = {lane: i % workers for i, lane in enumerate(self.lane_ids)}
         ctx = mp.get_context("spawn")
         self._stop = StopFlag(ctx)
@@ -293,7 +293,7 @@ class ProcessLaneGroup:
             reader, writer = ctx.Pipe(duplex=False)
             channel.widen(reader.fileno(), step_bytes(spec.seq_len, len(mine) * rows_per_step))
             start_reader, start_writer = ctx.Pipe(duplex=False)
-            credits = ctx.Semaphore(prefetch_steps * len(mine))
+            credits = ctx.Semaphore(prefetch_factor * len(mine))
             proc = ctx.Process(
                 target=_worker_main,
                 args=(
