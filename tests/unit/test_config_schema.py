@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import LINES, data_table, registered_format, spec_of, with_special_tokens
 
-from zephon_titan.config import DataConfig, PhaseConfig, SourceConfig, config_from_dict, settings
+from zephon_titan.config import DataConfig, PhaseConfig, SourceConfig, config_from_dict, eval_rules, settings
 from zephon_titan.engine import fingerprint
 
 CLASSES = (DataConfig, SourceConfig, PhaseConfig)
@@ -216,3 +217,61 @@ def test_a_value_equal_to_what_the_default_resolves_to_keeps_the_fingerprint(job
     if value == "copy":
         value = str(shutil.copytree(job.tokenizer_dir, tmp_path / "copy"))
     assert _fingerprint(job.table()) == _fingerprint(_set(job.table(), path, value))
+
+
+# ---- the eval set ([validator.dataloader]) reads the schema's Eval rules ----------------------------------
+
+_JOB = '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+# A value other than the default for each [dataloader] key a training job may set (split needs held-out data).
+_TRAINING = {
+    "num_lanes": 4, "seed": 5, "split_seed": 3, "packing": "best_fit", "mix_chunk_tokens": 32, "labels": "stream",
+    "shuffle": False, "shuffle_window_blocks": 3, "best_fit_window_docs": 16, "tokenizer_path": "tok",
+    "add_bos": False, "add_eos": True, "tokenizer_backend": "tokenizers", "num_workers": 2, "prefetch_factor": 3,
+    "max_document_chars": 1000, "s3_endpoint_url": "http://host", "s3_region": "r", "s3_anonymous": True,
+    "resume_allow": ["mtimes"],
+}  # fmt: skip
+
+
+def _toml(table: dict) -> str:
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in table.items())
+
+
+def test_the_eval_set_inherits_as_the_schema_says(tmp_path):
+    from zephon_titan.titan.job import read_job_config
+
+    assert set(_TRAINING) | {"sources", "phases", "split", "exhaustion"} == set(settings(DataConfig))
+    path = tmp_path / "job.toml"
+    path.write_text(
+        _JOB + "[dataloader]\n" + _toml(_TRAINING) + '[dataloader.sources.a]\npaths = ["a.jsonl"]\n'
+        '[validator]\nenable = true\n[validator.dataloader.sources.e]\npaths = ["e.jsonl"]\n'
+    )
+    config = read_job_config(str(path))
+    train, evaluation = config.dataloader.data, config.validator.dataloader.data
+    defaults = DataConfig()
+    for key, rule in eval_rules().items():
+        if key not in settings(DataConfig) or key in ("sources", "phases"):
+            continue
+        if rule.rule in ("inherited", "training"):
+            expected = getattr(train, key)
+        else:
+            expected = rule.default if rule.default is not None else getattr(defaults, key)
+        assert getattr(evaluation, key) == expected, (key, rule)
+    assert [s.name for s in evaluation.sources] == ["e"]
+
+
+@pytest.mark.parametrize("key", sorted(k for k, rule in eval_rules().items() if rule.rule == "refused"))
+def test_the_keys_the_schema_refuses_for_the_eval_set_are_refused(tmp_path, key):
+    from zephon_titan.errors import ConfigError
+    from zephon_titan.titan.job import read_job_config
+
+    value = {"phases": [{"start_step": 1, "weights": {"e": 1}}], "resume_allow": [], "ledger": False}.get(key, 2)
+    path = tmp_path / "job.toml"
+    path.write_text(
+        _JOB
+        + '[dataloader.sources.a]\npaths = ["a.jsonl"]\n[validator.dataloader]\n'
+        + (f"{key} = {json.dumps(value)}\n" if key != "phases" else "")
+        + '[validator.dataloader.sources.e]\npaths = ["e.jsonl"]\n'
+        + ("[[validator.dataloader.phases]]\nstart_step = 1\nweights = { e = 1 }\n" if key == "phases" else "")
+    )
+    with pytest.raises(ConfigError, match=rf"\[validator.dataloader\] {key} is not an eval set setting: "):
+        read_job_config(str(path))
