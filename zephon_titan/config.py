@@ -339,7 +339,7 @@ class DataConfig:
     )
     """Documents are mixed in pieces of at most this many tokens (0: seq_len), so a long document is
     interleaved with the other sources instead of holding a lane; the per-lane mixture error is at
-    most (1 + S * w_s) * mix_chunk_tokens tokens (S sources; README "Mental model")."""
+    most (1 + S * w_s) * mix_chunk_tokens tokens (S sources; docs/how-it-works.md, step 4)."""
 
     labels: str = setting(
         "document",
@@ -387,13 +387,13 @@ class DataConfig:
         None, rows=True, rows_note=f"{_THE_TOKENIZER}: unset and the value it resolves to are the same rows"
     )
     """Prepend the tokenizer's BOS token to each document. Unset: as the tokenizer says (its
-    post-processor, else `add_bos_token` in tokenizer_config.json, else yes); see README."""
+    post-processor, else `add_bos_token` in tokenizer_config.json, else yes); see docs/how-it-works.md."""
 
     add_eos: bool | None = setting(
         None, rows=True, rows_note=f"{_THE_TOKENIZER}: unset and the value it resolves to are the same rows"
     )
     """Append the tokenizer's EOS token to each document. Unset: as the tokenizer says (its
-    post-processor, else `add_eos_token` in tokenizer_config.json, else yes); see README."""
+    post-processor, else `add_eos_token` in tokenizer_config.json, else yes); see docs/how-it-works.md."""
 
     tokenizer_backend: str = setting(
         "auto",
