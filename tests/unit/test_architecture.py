@@ -107,3 +107,22 @@ def test_the_command_line_imports_torch_only_for_the_commands_that_resolve_a_job
     assert not loaded("verify", str(tmp_path / "a.jsonl"), str(tmp_path / "a.jsonl")) & heavy
     # Control: a command that resolves a job does import them (the probe can see an import).
     assert {"torch", "torchtitan"} <= loaded("validate", str(tmp_path / "missing.toml"))
+
+
+def test_a_data_only_rank_imports_no_trainer_and_no_model_code():
+    """`titan/data_run` (64 of them on one 24 GiB machine in scripts/elastic_scale.py) imports neither
+    torchtitan.trainer nor model code (~240 MB more RSS per process); load_job, which does, runs in a child
+    process of rank 0."""
+    probe = (
+        "import json, sys\nimport zephon_titan.titan.data_run\nrank = sorted(sys.modules)\n"
+        "import zephon_titan.titan.job\nprint(json.dumps([rank, sorted(sys.modules)]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    rank, with_job = (set(names) for names in json.loads(out))
+
+    def heavy(modules: set[str]) -> set[str]:
+        return {m for m in modules if m == "torchtitan.trainer" or m.startswith("torchtitan.models")}
+
+    assert not heavy(rank), sorted(heavy(rank))
+    # Control: the job resolver does import them (the probe can see them).
+    assert {"torchtitan.trainer", "torchtitan.models"} <= heavy(with_job)

@@ -9,27 +9,47 @@ Every rank builds the loader exactly as the trainer does (`dataloader.build(dp_w
 dp_rank=, tokenizer=, seq_len=, local_batch_size=)`), consumes each step's microbatches,
 and rank 0 writes the batch ledger. `--builtin` runs TorchTitan's own HuggingFace text
 loader over the first JSONL source instead (to show it cannot resume on another size).
+
+Memory, for many ranks on one machine (scripts/elastic_scale.py runs 64 in 24 GiB). A data rank imports
+neither TorchTitan's trainer nor any model code (~240 MB RSS, ~150 MB of it private, per process), yet
+the job is resolved by `load_job`, the trainer's own reader (recipe defaults + TOML + overrides), never
+by a second one: rank 0 runs it in a short-lived child process and sends every rank the facts the
+loader is built from (`DataJob`). When the job's [tokenizer] is not TorchTitan's stock
+HuggingFaceTokenizer (a recipe's own class, whose import may pull in model code), every rank runs
+`load_job` itself instead (correct, heavier), and rank 0 says so. What remains is mostly torch's own
+import (~270 MB private per process); `torchrun --start-method fork --run-path
+zephon_titan/titan/data_run.py ...` forks the ranks from torchrun's process, which has imported torch
+already, so they share those pages.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import resource
+import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
+from zephon_titan.engine import validate_batch_layout
 from zephon_titan.engine.ledger import LedgerWriter
-from zephon_titan.errors import EXIT_USER_ERROR, ZephonError, report_once
-from zephon_titan.titan.job import Job, load_job
+from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
+from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry
 from zephon_titan.titan.loader_state import restore
+from zephon_titan.titan.tokenizer import load_hf_tokenizer
+
+if TYPE_CHECKING:
+    from zephon_titan.titan.job import Job  # imports torchtitan.trainer: only the child process (or fallback)
 
 
 class StepCounter(Stateful):
@@ -44,10 +64,116 @@ class StepCounter(Stateful):
         self.step = int(state_dict["step"])
 
 
-def _builtin_loader(job: Job, world: int, rank: int, tokenizer):
+@dataclass(frozen=True)
+class DataJob:
+    """What a data rank needs of a job, taken from the `Job` that load_job resolved (DataJob.of)."""
+
+    path: str
+    dataloader: ZephonDataLoader.Config
+    seq_len: int
+    global_batch_size: int
+    local_batch_size: int
+    hf_assets_path: str
+    tokenizer: Any
+    """The job's [tokenizer] config; None for TorchTitan's stock HuggingFaceTokenizer (built here by default)."""
+
+    @classmethod
+    def of(cls, job: Job) -> DataJob:
+        from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+        stock = type(job.config.tokenizer) is HuggingFaceTokenizer.Config
+        return cls(
+            job.path,
+            job.config.dataloader,
+            job.seq_len,
+            job.global_batch_size,
+            job.local_batch_size,
+            job.config.hf_assets_path,
+            None if stock else job.config.tokenizer,
+        )
+
+    def check_layout(self, dp_world_size: int) -> None:
+        """Job.check_layout: every rank is a data-parallel rank here."""
+        data = self.dataloader.data
+        try:
+            validate_batch_layout(data.num_lanes, self.global_batch_size, dp_world_size, self.local_batch_size)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {e}") from None
+
+    def trainer_tokenizer(self) -> Any:
+        """Job.trainer_tokenizer: the tokenizer object TorchTitan's trainer builds from hf_assets_path."""
+        return load_hf_tokenizer(self.hf_assets_path, "hf_assets_path", self.tokenizer)
+
+
+def resolve_job(path: str, overrides: list[str]) -> DataJob:
+    """The job as load_job resolves it, on every rank. Rank 0 runs load_job in a child process (it imports
+    the trainer and the recipe's model code, ~0.9 GB RSS, then exits) and broadcasts the result (a pickle of
+    our own child's output, never of a file)."""
+    if dist.get_world_size() == 1 or "torchtitan.trainer" in sys.modules:
+        return _load_job(path, overrides)  # one rank, or the trainer imported already: a child saves nothing
+    result: list[Any] = [_resolve_in_child(path, overrides) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(result, src=0)
+    kind, value = result[0]
+    if kind == "error":
+        raise ConfigError(value)
+    if kind == "fallback":
+        if dist.get_rank() == 0:
+            print(f"data_run: {value}; every rank resolves the job itself (imports the trainer)", flush=True)
+        return _load_job(path, overrides)
+    return value
+
+
+def _load_job(path: str, overrides: list[str]) -> DataJob:
+    from zephon_titan.titan.job import load_job  # imports torchtitan.trainer and the recipe's model code
+
+    return DataJob.of(load_job(path, overrides))
+
+
+def _resolve_in_child(path: str, overrides: list[str]) -> tuple[str, Any]:
+    code = "import sys; from zephon_titan.titan.data_run import child_main; child_main(sys.argv[1:])"
+    child = subprocess.run([sys.executable, "-c", code, path, *overrides], stdout=subprocess.PIPE)
+    if child.returncode != 0 or not child.stdout:
+        return "error", f"resolving {path} failed in a child process (exit {child.returncode}; its output is above)"
+    return pickle.loads(child.stdout)
+
+
+def child_main(argv: list[str]) -> None:
+    """The child of resolve_job: load_job, then ("job", DataJob) | ("fallback", why) | ("error", message)
+    pickled on stdout. Anything else printed (TorchTitan's log) goes to stderr."""
+    from torchtitan.tools.logging import init_logger
+
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    init_logger()
+    try:
+        job = _load_job(argv[0], argv[1:])
+        result: tuple[str, Any] = ("job", job)
+        if job.tokenizer is not None:
+            result = (
+                "fallback",
+                f"[tokenizer] is {type(job.tokenizer).__qualname__}, not the stock HuggingFaceTokenizer",
+            )
+    except ZephonError as e:
+        result = ("error", str(e))
+    out.write(pickle.dumps(result))
+    out.close()
+
+
+def _memory_mb() -> list[float]:
+    """[peak RSS, private memory now] of this process, in MB. RSS counts the shared libraries (torch's
+    alone ~0.2 GB) once per rank although every rank on a host maps the same pages; private memory
+    (USS: pages no other process maps, from smaps_rollup; Linux only, else 0) is what each rank adds."""
+    private = 0.0
+    if os.path.exists("/proc/self/smaps_rollup"):
+        with open("/proc/self/smaps_rollup") as f:
+            private = sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:")))
+    return [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, private / 1024]
+
+
+def _builtin_loader(job: DataJob, world: int, rank: int, tokenizer):
     from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
-    directory = os.path.dirname(job.data.sources[-1].paths[0])
+    directory = os.path.dirname(job.dataloader.data.sources[-1].paths[0])
     config = HuggingFaceTextDataLoader.Config(dataset="c4_test", dataset_path=directory, infinite=True)
     return config.build(
         dp_world_size=world,
@@ -81,14 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     world, rank = dist.get_world_size(), dist.get_rank()
     try:
         overrides = ["--training.local_batch_size", str(args.local_batch_size)] if args.local_batch_size else []
-        job = load_job(args.config, overrides)
+        job = resolve_job(args.config, overrides)
         job.check_layout(world)  # every rank is a data-parallel rank here
         tokenizer = job.trainer_tokenizer()
         microbatches = job.global_batch_size // (job.local_batch_size * world)
         if args.builtin:
             loader = _builtin_loader(job, world, rank, tokenizer)
         else:
-            loader = job.config.dataloader.build(
+            loader = job.dataloader.build(
                 dp_world_size=world,
                 dp_rank=rank,
                 tokenizer=tokenizer,
@@ -125,14 +251,16 @@ def main(argv: list[str] | None = None) -> int:
                 path = os.path.join(args.checkpoint, f"step-{counter.step}")
                 dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
         steps = max(counter.step - first_step, 1)
-        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024] * 2, dtype=torch.float64)
-        dist.all_reduce(rss[:1], op=dist.ReduceOp.MAX)
-        dist.all_reduce(rss[1:], op=dist.ReduceOp.SUM)
+        memory = torch.tensor(_memory_mb() * 2, dtype=torch.float64)  # [rss, private] max, then summed
+        dist.all_reduce(memory[:2], op=dist.ReduceOp.MAX)
+        dist.all_reduce(memory[2:], op=dist.ReduceOp.SUM)
         if rank == 0:
+            rss, private, rss_sum, private_sum = memory.tolist()
             print(
                 f"data_run: {steps} steps on {world} ranks; rank 0 spent {data_seconds / steps * 1e3:.1f} ms "
                 f"per step producing its batches, {ledger_seconds / steps * 1e3:.2f} ms per step on the ledger "
-                f"(gather + write); peak RSS {rss[0]:.0f} MB max per rank, {rss[1]:.0f} MB summed",
+                f"(gather + write); peak RSS {rss:.0f} MB max per rank, {rss_sum:.0f} MB summed; "
+                f"private {private:.0f} MB max per rank, {private_sum:.0f} MB summed",
                 flush=True,
             )
     except ZephonError as e:
