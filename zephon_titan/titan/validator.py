@@ -16,6 +16,7 @@ eval set's SHA-256 and appends it, with the losses, to validation.jsonl beside t
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -26,12 +27,12 @@ import torch.distributed as dist
 import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.loss import IGNORE_INDEX
-from torchtitan.components.validate import BaseValidator, Validator
+from torchtitan.components.validate import Validator
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig
-from zephon_titan.engine import batch_digest, build_engine, lanes_of_rank, validate_batch_layout
+from zephon_titan.engine import batch_digest
 from zephon_titan.engine.eval_set import (
     VALIDATION_RECORD,
     EvalStep,
@@ -39,22 +40,16 @@ from zephon_titan.engine.eval_set import (
     eval_steps,
     slot_sources,
 )
-from zephon_titan.engine.eval_set import read_validation_entries as read_validation_entries  # the record's reader
 from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.dataloader import collective_device
-from zephon_titan.titan.tokenizer import loader_tokenizer
+from zephon_titan.titan.rank_lanes import RankLanes, any_rank, gather_lanes, long_tensor
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
 # big (it is then not read and tokenized again); larger sets are produced again every time.
 CACHE_BYTES = 1 << 30
 _LABEL_BITS = 32  # labels (token ids) and their source travel as one int64 through CP sharding
 Microbatch = tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]
-
-
-def _long(rows: list[np.ndarray]) -> torch.Tensor:
-    return torch.from_numpy(np.stack(rows).astype(np.int64, copy=False))
 
 
 class ZephonEvalLoader(BaseDataLoader):
@@ -86,28 +81,36 @@ class ZephonEvalLoader(BaseDataLoader):
         data = config.data
         check_eval_data(data)
         try:
-            self.rows_per_lane = validate_batch_layout(
-                data.num_lanes, config.global_batch_size, dp_world_size, local_batch_size
-            )
             packer_class(data.packing)
-            self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
+            self.lanes = RankLanes.build(
+                data,
+                global_batch_size=config.global_batch_size,
+                dp_world_size=dp_world_size,
+                dp_rank=dp_rank,
+                local_batch_size=local_batch_size,
+                seq_len=seq_len,
+                trainer_tokenizer=lambda: tokenizer,
+            )
         except ConfigError as e:
             raise ConfigError(eval_message(e)) from None
+        self.spec = self.lanes.spec
         self.local_batch_size = local_batch_size
-        self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
         next(iter(self.steps(1)), None)  # an empty eval set is a ConfigError now, not a silent loss of 0
 
     def steps(self, max_steps: int = -1) -> Iterator[EvalStep]:
         """The eval set's steps (this rank's lanes); a collective per step under torchrun."""
-        return eval_steps(self.spec, self.lane_ids, self.rows_per_lane, max_steps, _any_rank)
+        return eval_steps(self.spec, self.lanes.lane_ids, self.lanes.rows_per_lane, max_steps, any_rank)
 
     def microbatches(self, step: EvalStep) -> Iterator[Microbatch]:
         """(inputs and positions, labels, the source of each position (-1: padding)) per microbatch."""
         rows = step.rows
         for start in range(0, len(rows), self.local_batch_size):
             chunk = rows[start : start + self.local_batch_size]
-            inputs = {"input": _long([r.inputs for r in chunk]), "positions": _long([r.positions for r in chunk])}
-            yield inputs, _long([r.labels for r in chunk]), torch.from_numpy(np.stack([slot_sources(r) for r in chunk]))
+            inputs = {
+                "input": long_tensor([r.inputs for r in chunk]),
+                "positions": long_tensor([r.positions for r in chunk]),
+            }
+            yield inputs, long_tensor([r.labels for r in chunk]), long_tensor([slot_sources(r) for r in chunk])
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         for step in self.steps():
@@ -119,15 +122,6 @@ class ZephonEvalLoader(BaseDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
-
-
-def _any_rank(live: bool) -> bool:
-    """Does a lane of any rank still have rows? (MAX over every rank; every rank steps the eval set.)"""
-    if not dist.is_initialized():
-        return live
-    flag = torch.tensor([int(live)], dtype=torch.int32, device=collective_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
 
 
 def check_eval_data(data: DataConfig) -> None:
@@ -176,21 +170,24 @@ class ZephonValidator(Validator):
         (-1: the whole eval set once)."""
 
     def __init__(self, config: Config, **kwargs: Any):
-        BaseValidator.__init__(self, config=config)  # Validator's own __init__ warns about steps = -1 hangs
-        for name in ("parallelism", "parallel_dims", "loss_fn", "validation_context", "metrics_processor"):
-            setattr(self, name, kwargs[name])
+        # TorchTitan's own __init__ keeps what its methods use (parallel_dims, loss_fn, ...). It warns that
+        # steps = -1 may hang when ranks run out of data at different steps: not here, where one collective per
+        # eval step decides the end for every rank (engine/eval_set.py); it sees steps = 1 and says nothing.
+        quiet = copy.copy(config)
+        quiet.steps = max(config.steps, 1)
+        Validator.__init__(self, quiet, **kwargs)
+        self.config = config
         if self.parallel_dims.pp_enabled:
             raise ConfigError(
                 "[validator] with zephon_titan's eval set does not support pipeline parallelism yet; "
                 "disable validation ([validator] enable = false) or pipeline parallelism"
             )
-        self.dp_world_size, self.dp_rank = kwargs["dp_world_size"], kwargs["dp_rank"]
         self.loader = config.dataloader.build(
             dp_world_size=self.dp_world_size,
             dp_rank=self.dp_rank,
-            tokenizer=kwargs["tokenizer"],
-            seq_len=kwargs["seq_len"],
-            local_batch_size=kwargs["local_batch_size"],
+            tokenizer=self.tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
         )
         self.source_names = self.loader.spec.source_names
         self.ledger_path: str | None = None  # validation.jsonl; set by ZephonTrainer
@@ -220,17 +217,12 @@ class ZephonValidator(Validator):
     def _global_digest(self, digests: list[list[bytes]]) -> str:
         """SHA-256 of the eval set: over its steps' batch digests, each over the lane digests in lane
         order as in the training ledger; the lane digests are gathered over the batch mesh."""
-        lanes = len(self.loader.lane_ids)
+        lanes = len(self.loader.lanes.lane_ids)
         local = np.frombuffer(b"".join(d for step in digests for d in step), dtype=np.int64)
         # [lanes, steps, 4]: gathered rank after rank, that is lane after lane.
         table = torch.from_numpy(local.reshape(len(digests), lanes, 4).transpose(1, 0, 2).copy())
         if self.parallel_dims.dp_enabled:
-            table = table.to(utils.device_type)
-            gathered = torch.empty(
-                (lanes * self.dp_world_size, *table.shape[1:]), dtype=torch.int64, device=table.device
-            )
-            dist.all_gather_single(gathered, table, group=self.parallel_dims.get_mesh("batch").get_group())
-            table = gathered
+            table = gather_lanes(table.to(utils.device_type), self.parallel_dims.get_mesh("batch").get_group())
         step_major = table.cpu().numpy().transpose(1, 0, 2)  # [steps, all lanes, 4]
         return eval_set_digest(batch_digest(lane.tobytes() for lane in step) for step in step_major)
 
