@@ -5,26 +5,21 @@
 
 `job_from_env` loads the TOML named by ZEPHON_JOB_CONFIG, so stock `torchtitan.train`
 (and its `--section.key value` overrides) runs any zephon_titan job config.
-`llama3_debugmodel` is the CPU debug job (configs/debug_cpu.toml) built in Python,
-over the demo corpus in ./demo_out.
+`llama3_debugmodel` is the CPU debug job, read from configs/debug_cpu.toml (over the demo corpus
+in ./demo_out).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
-from torchtitan.models.llama3.config_registry import llama3_debugmodel as _titan_debugmodel
-
-from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
-from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.job import load_job
 from zephon_titan.titan.trainer import ZephonTrainer
-from zephon_titan.titan.validator import ZephonValidator
 
 JOB_CONFIG_ENV = "ZEPHON_JOB_CONFIG"
+DEBUG_JOB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "debug_cpu.toml")
 
 
 def job_from_env() -> ZephonTrainer.Config:
@@ -43,22 +38,5 @@ def job_from_env() -> ZephonTrainer.Config:
 
 
 def llama3_debugmodel() -> ZephonTrainer.Config:
-    base = _titan_debugmodel()
-    base.hf_assets_path = "demo_out/tokenizer"
-    base.training.seq_len = 128
-    base.training.local_batch_size = 4
-    base.training.global_batch_size = 16
-    skip = ("dataloader", "validator")
-    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name not in skip}
-    values["validator"] = ZephonValidator.Config(freq=base.validator.freq)  # off: the demo holds nothing out
-    values["dataloader"] = ZephonDataLoader.Config(
-        data=DataConfig(
-            num_lanes=8,
-            seed=2026,
-            sources=[
-                SourceConfig(name="code", paths=["demo_out/code/*.parquet"], weight=0.3),
-                SourceConfig(name="prose", paths=["demo_out/prose/*.jsonl"], weight=0.7, block_bytes=32768),
-            ],
-        )
-    )
-    return ZephonTrainer.Config(**values)
+    """The demo's CPU debug job, defined once: this repository's configs/debug_cpu.toml."""
+    return load_job(DEBUG_JOB).config
