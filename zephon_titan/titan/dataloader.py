@@ -1,10 +1,10 @@
 """ZephonDataLoader: TorchTitan's BaseDataLoader over the lane engine.
 
-Each DP rank owns the contiguous lanes [r L/W, (r+1) L/W) and yields, per optimizer
-step, R = G/L rows of each of its lanes in lane order, cut into microbatches of
-local_batch_size rows. Its checkpoint state is one entry per lane plus a header
-replicated on every rank, so a rank that owns other lanes after a resize loads
-exactly those entries from TorchTitan's DCP checkpoint.
+Each DP rank owns the contiguous lanes [r L/W, (r+1) L/W) (titan/rank_lanes.py) and yields, per
+optimizer step, R = G/L rows of each of its lanes in lane order, cut into microbatches of
+local_batch_size rows. Its checkpoint state (titan/loader_state.py) is one entry per lane plus a
+header replicated on every rank, so a rank that owns other lanes after a resize loads exactly those
+entries from TorchTitan's DCP checkpoint.
 """
 
 from __future__ import annotations
@@ -13,25 +13,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-import numpy as np
 import torch
-import torch.distributed as dist
 import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig, config_from_dict, short_repr
-from zephon_titan.engine import (
-    LaneState,
-    Row,
-    build_engine,
-    fingerprint,
-    lane_digest,
-    lanes_of_rank,
-    open_lane_group,
-    tally,
-    validate_batch_layout,
-)
+from zephon_titan.engine import LaneState, Row, fingerprint, lane_digest, open_lane_group, tally
 from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.loader_state import (
@@ -45,7 +33,7 @@ from zephon_titan.titan.loader_state import (
     templates,
 )
 from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
-from zephon_titan.titan.tokenizer import loader_tokenizer
+from zephon_titan.titan.rank_lanes import RankLanes, dp_rank_zero, every_rank, long_tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +48,6 @@ class StepRecord:
     def of(cls, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> StepRecord:
         totals = tally((row for rows in step for row, _ in rows), num_sources)
         return cls([lane_digest(row for row, _ in rows) for rows in step], totals)
-
-
-def _long_tensor(rows: list[np.ndarray]) -> torch.Tensor:
-    """int64 [len(rows), seq_len], stacked and widened in one copy; the tensor shares its memory."""
-    return torch.from_numpy(np.stack(rows, dtype=np.int64))
 
 
 class ZephonDataLoader(BaseDataLoader):
@@ -94,10 +77,17 @@ class ZephonDataLoader(BaseDataLoader):
     ):
         self.config = config
         data = config.data
-        self.rows_per_lane = validate_batch_layout(data.num_lanes, config.global_batch_size, dp_world_size,
-                                                   local_batch_size)  # fmt: skip
+        lanes = RankLanes.build(
+            data,
+            global_batch_size=config.global_batch_size,
+            dp_world_size=dp_world_size,
+            dp_rank=dp_rank,
+            local_batch_size=local_batch_size,
+            seq_len=seq_len,
+            trainer_tokenizer=lambda: tokenizer,
+        )
+        self.spec, self.lane_ids, self.rows_per_lane = lanes.spec, lanes.lane_ids, lanes.rows_per_lane
         self.local_batch_size = local_batch_size
-        self.spec = build_engine(data, seq_len, loader_tokenizer(data, lambda: tokenizer))
         # In process: loaded while the trainer builds its model; chosen (and said, once per rank) at the first
         # batch. Worker processes load, check and report their own: this process then never tokenizes.
         if not data.num_workers:
@@ -114,7 +104,6 @@ class ZephonDataLoader(BaseDataLoader):
                 f"[[dataloader.phases]]: the schedule ({phases} phases x {sources} sources) does not fit the "
                 f"checkpoint header's {HEADER_CAPACITY} bytes; use fewer phases (ramp_steps draws a ramp in one)"
             ) from None
-        self.lane_ids = list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank))
         self.num_lanes = data.num_lanes
         num_sources = len(self.spec.sources)
         self._group: StepSource | None = None
@@ -176,10 +165,10 @@ class ZephonDataLoader(BaseDataLoader):
                 chunk = flat[start : start + self.local_batch_size]
                 batch = (
                     {
-                        "input": _long_tensor([row.inputs for _, row, _ in chunk]),
-                        "positions": _long_tensor([row.positions for _, row, _ in chunk]),
+                        "input": long_tensor([row.inputs for _, row, _ in chunk]),
+                        "positions": long_tensor([row.positions for _, row, _ in chunk]),
                     },
-                    _long_tensor([row.labels for _, row, _ in chunk]),
+                    long_tensor([row.labels for _, row, _ in chunk]),
                 )
                 # Handing the microbatch over is consumption: record it before yielding.
                 for lane, row, state in chunk:
@@ -220,11 +209,9 @@ class ZephonDataLoader(BaseDataLoader):
             step = self._group.next_step_with_states()
         except LaneExhausted:
             step = None
-        if self.spec.repeat or not dist.is_initialized():
+        if self.spec.repeat:
             return step
-        have = torch.tensor([0 if step is None else 1], dtype=torch.int32, device=collective_device())
-        dist.all_reduce(have, op=dist.ReduceOp.MIN)
-        return step if int(have.item()) == 1 else None
+        return step if every_rank(step is not None) else None
 
     # ---- token accounting ------------------------------------------------------------------
 
@@ -298,12 +285,3 @@ def loader_config(table: Any) -> ZephonDataLoader.Config:
     if not isinstance(ledger, bool):
         raise ConfigError(f"[dataloader] ledger must be true or false, got {short_repr(ledger)}")
     return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
-
-
-def collective_device() -> torch.device | str:
-    """Where a tensor for a collective over the default group must live (NCCL: this rank's GPU)."""
-    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else "cpu"
-
-
-def dp_rank_zero() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0

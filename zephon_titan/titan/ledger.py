@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from zephon_titan.engine import batch_digest
 from zephon_titan.engine.ledger import LedgerEntry, step_weights
 from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.rank_lanes import digest_table, gather_lanes
 
 
 def gather_ledger_entry(
@@ -18,14 +18,10 @@ def gather_ledger_entry(
     record = loader.last_step
     if record is None:
         raise RuntimeError("gather_ledger_entry() runs after a step, once its last microbatch was consumed")
-    digests = torch.from_numpy(np.frombuffer(b"".join(record.lane_digests), dtype=np.int64).copy())
-    digests = digests.reshape(len(record.lane_digests), 4).to(device)
+    digests = gather_lanes(digest_table(record.lane_digests).to(device), group)
     tokens = torch.tensor(record.tokens, dtype=torch.int64, device=device)
     if group is not None:
-        gathered = torch.empty((digests.shape[0] * dist.get_world_size(group), 4), dtype=torch.int64, device=device)
-        dist.all_gather_single(gathered, digests, group=group)  # DP-rank order = lane order
         dist.all_reduce(tokens, group=group)
-        digests = gathered
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
     lane_bytes = digests.cpu().numpy().tobytes()
