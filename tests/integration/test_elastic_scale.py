@@ -1,8 +1,7 @@
 """scripts/elastic_scale.py: save on W ranks, resume on others, through real torchrun + DCP, data only.
 
-The slow tier runs the reduced variant (4 -> 8, 4 -> 2) and 16 -> 8/32 with a chain; the full
-16 -> 8/32/64 run is `heavy` (64 ranks need more memory than this machine has while each rank imports
-TorchTitan's trainer)."""
+The slow tier runs the reduced variant (4 -> 8, 4 -> 2) and the full 16 -> 8/32/64 run with its chain
+(~5 min and ~13 GB at its 64-rank phases on the 2-core 24 GiB machine: docs/performance.md)."""
 
 import json
 import os
@@ -59,17 +58,8 @@ def test_reduced_variant(tmp_path):
 
 
 @pytest.mark.slow
-def test_sixteen_ranks_resumed_on_8_and_32_and_a_chain(tmp_path):
-    """The slow tier's elastic run: what fits this 24 GiB machine while a data-only rank imports the trainer
-    (~1 GB RSS, ~0.5 GB private each; issue 27 slims it)."""
-    stdout, summary = _run(tmp_path, "--resume-on", "8,32", "--chain", "16,8,32", timeout=3600)
-    assert [p["ranks"] for p in summary["phases"]] == [0, 16, 8, 32, 8, 32]
-    print(stdout)
-
-
-@pytest.mark.heavy
 def test_sixteen_ranks_resumed_on_8_32_64_and_a_chain(tmp_path):
-    """The full run (64 ranks): by hand (`pytest -m heavy`), on a machine with the memory for 64 ranks."""
+    """The full run: what the README and docs/performance.md show."""
     stdout, summary = _run(tmp_path, timeout=3600)
     assert [p["ranks"] for p in summary["phases"]] == [0, 16, 8, 32, 64, 8, 64, 32]
     print(stdout)
