@@ -23,7 +23,7 @@ def readme_blocks(page: str = "README.md", language: str = "bash") -> list[str]:
         return re.findall(rf"```{language}\n(.*?)```", f.read(), flags=re.S)
 
 
-def tested_block(page: str) -> str:
+def block_run_as_written(page: str) -> str:
     """The one block of `page` that says this file runs it as written."""
     (block,) = [b for b in readme_blocks(page) if "tests/test_demo.py runs this block as written" in b]
     return block
@@ -56,7 +56,7 @@ def test_demo_trains_resumes_and_checks_itself(repo_copy, monkeypatch, capsys):
 def test_every_command_of_the_look_inside_block_runs_as_written(repo_copy, monkeypatch):
     from zephon_titan.cli import main
 
-    block = tested_block("README.md")
+    block = block_run_as_written("README.md")
     assert os.path.exists(repo_copy / "demo_out" / "runs" / "w2" / "checkpoint" / "ledger.jsonl"), "run the demo first"
     monkeypatch.chdir(repo_copy)
     ran = 0
@@ -85,7 +85,7 @@ def test_the_cpu_blocks_of_the_docs_run_as_written(repo_copy, page):
     bin_dir = os.path.dirname(sys.executable)  # torchrun and zephon-titan of this environment, as after `activate`
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", tested_block(page)], cwd=repo_copy, env=env, capture_output=True, text=True
+        ["bash", "-euo", "pipefail", "-c", block_run_as_written(page)], cwd=repo_copy, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, f"{page}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
 
