@@ -85,7 +85,11 @@ def test_the_cpu_blocks_of_the_docs_run_as_written(repo_copy, page):
     bin_dir = os.path.dirname(sys.executable)  # torchrun and zephon-titan of this environment, as after `activate`
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", block_run_as_written(page)], cwd=repo_copy, env=env, capture_output=True, text=True
+        ["bash", "-euo", "pipefail", "-c", block_run_as_written(page)],
+        cwd=repo_copy,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, f"{page}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
 

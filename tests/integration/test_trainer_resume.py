@@ -254,3 +254,33 @@ def test_the_trainer_refuses_the_loader_state_of_another_step(workdir, crafted, 
     monkeypatch.chdir(workdir)
     with pytest.raises(ResumeError, match="its dataloader state is of step 6, its train_state of step 4"):
         list(plan_ledger(CPU_CONFIG, STEPS, crafted[1]["step6_in_4"]))
+
+
+@pytest.mark.slow
+def test_more_ranks_than_lanes_with_the_real_trainer(workdir, monkeypatch):
+    """2 lanes, 12 rows per step: the trainer saves on 2 ranks and resumes on 3 (W not dividing L) and on 4
+    (W > L); every step's global batch equals the plan's, and the losses are finite."""
+    import math
+
+    from zephon_titan.plan import plan_ledger
+
+    monkeypatch.chdir(workdir)
+    job = os.path.join(workdir, "two_lanes_job.toml")
+    with open(job, "w") as f:
+        f.write(
+            f'[job]\nextends = "{CPU_CONFIG}"\n[training]\nglobal_batch_size = 12\nlocal_batch_size = 1\n'
+            "[dataloader]\nnum_lanes = 2\n"
+        )
+    planned = {e.step: e.sha256 for e in plan_ledger(job, STEPS)}
+
+    def run(name, nproc):
+        args = ["--job.config_file", job, "--dump_folder", name, "--training.steps", str(STEPS)]
+        output = check(torchrun(workdir, "zephon_titan.train_cpu", nproc, [*args, "--metrics.disable_color_printing"]))
+        return ledger(os.path.join(workdir, name, "checkpoint", "ledger.jsonl")), losses(output.stdout + output.stderr)
+
+    assert run("runs/two_lanes_w2", 2)[0] == planned
+    for nproc in (3, 4):
+        copy_checkpoint(workdir, "runs/two_lanes_w2", 2, f"runs/two_lanes_w{nproc}")
+        got, got_losses = run(f"runs/two_lanes_w{nproc}", nproc)
+        assert got == planned, nproc
+        assert min(got_losses) == 3 and all(math.isfinite(v) for v in got_losses.values()), got_losses

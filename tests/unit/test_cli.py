@@ -90,9 +90,11 @@ def test_validate_reports_counts_and_world_sizes(tmp_path, corpus_dir, tokenizer
     out = capsys.readouterr().out
     assert f"{len(code_docs)} documents" in out and f"{len(prose_docs)} documents" in out
     assert "seed                   7" in out
-    assert main(["validate", job, "--no-count", "--world-sizes", "3,16"]) == 1
+    assert main(["validate", job, "--no-count", "--world-sizes", "3,8,16"]) == 1
     out = capsys.readouterr().out
-    assert "3 ranks: INVALID (does not divide the 8 lanes)" in out
+    assert "3 ranks: INVALID (the data-parallel size is 3, which does not divide training.global_batch_size" in out
+    assert "8 ranks: ok (2 rows per rank per step, 1 microbatches)" in out
+    assert "16 ranks: INVALID (each of the 16 data-parallel ranks takes global_batch_size / 16 = 1 rows" in out
 
 
 def test_validate_suggests_an_index_for_many_files(tmp_path, corpus_dir, tokenizer_dir, capsys, monkeypatch):

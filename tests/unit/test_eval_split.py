@@ -161,5 +161,7 @@ def test_separate_eval_files_are_read_whole_and_planned(tmp_path, corpus_dir, to
     )
     assert planned["tokens"] == {"prose": targets}
     assert planned["rows"] == 8 * planned["steps"] and planned == plan_eval_set(str(job))
-    with pytest.raises(ConfigError, match=r"\[validator.dataloader\] num_lanes = 4"):
+    with pytest.raises(
+        ConfigError, match=r"size is 3, which does not divide \[validator.dataloader\] global_batch_size = 8"
+    ):
         load_job(str(job)).check_eval_layout(3)

@@ -74,8 +74,8 @@ def test_dataloader_global_batch_size_points_to_training(tmp_path, corpus_dir, t
         (
             "global_batch_size = 16\nlocal_batch_size = 2",
             3,
-            r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel "
-            r"sizes: \[1, 2, 4, 8\]",
+            r"data-parallel size is 3, which does not divide training.global_batch_size = 16 rows per step; valid "
+            r"data-parallel sizes: \[1, 2, 4, 8, 16\]",
         ),
     ],
 )

@@ -10,6 +10,7 @@ from zephon_titan.engine import (
     batch_digest,
     lane_digest,
     lanes_of_rank,
+    rank_rows,
     rows_per_lane,
     valid_world_sizes,
 )
@@ -52,15 +53,17 @@ def test_negative_controls_other_seed_or_lane_order(corpus_dir, tokenizer_dir):
 
 
 def test_ownership_is_contiguous_and_complete():
-    for w in valid_world_sizes(8):
+    for w in (1, 2, 4, 8):
         owned = [lane for r in range(w) for lane in lanes_of_rank(8, w, r)]
         assert owned == list(range(8))
     assert valid_world_sizes(12) == [1, 2, 3, 4, 6, 12]
 
 
 def test_invalid_world_size_lists_valid_ones():
-    with pytest.raises(ConfigError, match=r"3 data-parallel ranks cannot share 8 lanes evenly; .*\[1, 2, 4, 8\]"):
-        lanes_of_rank(8, 3, 0)
+    with pytest.raises(
+        ConfigError, match=r"3 data-parallel ranks cannot share a global batch of 16 rows evenly; .*\[1, 2, 4, 8, 16\]"
+    ):
+        rank_rows(8, 16, 3, 0)
 
 
 def test_global_batch_must_be_a_multiple_of_lanes():

@@ -79,10 +79,20 @@ def test_state_is_what_was_consumed(corpus_dir, tokenizer_dir):
     config = _config(corpus_dir, tokenizer_dir)
     loader = _build(config, 1, 0)
     batches = iter(loader)
-    next(batches)  # one microbatch of 2 rows: lane 0's rows 0 and 1 (R = 2)
-    entries = {k: v for k, v in _decoded(loader.state_dict()).items() if k != HEADER_KEY}
-    assert entries[lane_key(0)]["state"]["rows"] == 2
-    assert all(entries[lane_key(lane)]["state"]["rows"] == 0 for lane in range(1, 8))
+
+    def rows_per_lane() -> set[int]:
+        entries = {k: v for k, v in _decoded(loader.state_dict()).items() if k != HEADER_KEY}
+        return {entry["state"]["rows"] for entry in entries.values()}
+
+    # A step is consumed when its last microbatch is handed over (TorchTitan saves between steps; a step whose
+    # optimizer step never ran is produced again whole). One step: 16 rows, 8 microbatches of 2, R = 2.
+    next(batches)  # lane 0's rows 0 and 1: the step is not consumed yet
+    assert rows_per_lane() == {0}
+    for _ in range(7):
+        next(batches)
+    assert rows_per_lane() == {2}  # every lane stands at the end of step 1
+    next(batches)  # the first microbatch of step 2, and the prefetcher may run ahead: still step 1
+    assert rows_per_lane() == {2}
 
 
 def test_fingerprint_mismatch_names_the_change(corpus_dir, tokenizer_dir):
@@ -109,7 +119,8 @@ def test_trainer_tokenizer_is_the_default(corpus_dir, tokenizer_dir):
             16,
             3,
             2,
-            r"data-parallel size is 3, which does not divide \[dataloader\] num_lanes = 8; valid data-parallel sizes: \[1, 2, 4, 8\]",
+            r"data-parallel size is 3, which does not divide training.global_batch_size = 16 rows per step; valid "
+            r"data-parallel sizes: \[1, 2, 4, 8, 16\]",
         ),
         (20, 2, 2, r"global batch size 20 is not a positive multiple of num_lanes 8"),
         (
@@ -140,13 +151,14 @@ def test_prefetch_thread_is_ahead_but_state_is_what_was_consumed(corpus_dir, tok
     before = threading.active_count()
     loader = _build(_config(corpus_dir, tokenizer_dir, prefetch_factor=3), 1, 0)
     batches = iter(loader)
-    next(batches)
+    for _ in range(9):  # step 1 (8 microbatches of 2 rows) and the first microbatch of step 2
+        next(batches)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and threading.active_count() == before:
         time.sleep(0.01)
-    assert threading.active_count() > before  # the prefetch thread runs
+    assert threading.active_count() > before  # the prefetch thread runs, steps ahead
     entries = {k: v for k, v in _decoded(loader.state_dict()).items() if k != HEADER_KEY}
-    assert entries[lane_key(0)]["state"]["rows"] == 2 and entries[lane_key(1)]["state"]["rows"] == 0
+    assert {entry["state"]["rows"] for entry in entries.values()} == {2}  # the end of step 1: R = 2 rows per lane
     loader.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and threading.active_count() > before:

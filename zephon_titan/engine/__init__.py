@@ -4,8 +4,10 @@ from zephon_titan.engine.digest import batch_digest, lane_digest
 from zephon_titan.engine.fingerprint import check_fingerprint, check_mixture, fingerprint
 from zephon_titan.engine.lanes import (
     LaneGroup,
+    RankRows,
     lanes_of_rank,
     open_lane_group,
+    rank_rows,
     rows_per_lane,
     valid_world_sizes,
     validate_batch_layout,
@@ -38,6 +40,8 @@ __all__ = [
     "fingerprint",
     "lane_digest",
     "lanes_of_rank",
+    "RankRows",
+    "rank_rows",
     "SpecialTokenChoice",
     "open_lane_group",
     "rows_per_lane",

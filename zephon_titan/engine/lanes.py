@@ -1,13 +1,17 @@
-"""Lane ownership and the canonical order of a step's rows.
+"""Which rows of a step each data-parallel rank takes, and the canonical order of a step's rows.
 
-Step t's global batch is lane 0's rows [tR, (t+1)R), then lane 1's, ..., lane L-1's
-(R = G / L). DP rank r of W owns lanes [r L/W, (r+1) L/W) and yields its rows in
-that same order, so concatenating ranks in rank order gives the same bytes for
-every valid W.
+Step t's global batch is lane 0's rows [tR, (t+1)R), then lane 1's, ..., lane L-1's (R = G / L). Rows, not
+lanes, belong to ranks: DP rank r of W takes rows [r G/W, (r+1) G/W) of it, so concatenating the ranks' rows
+in rank order gives the same bytes for every W that divides G. A rank produces every lane its rows fall on;
+a lane whose rows fall on several ranks is produced by each of them, and each keeps its own rows. The lane is
+*owned* by the rank holding its first row of a step: that rank alone reports its state (checkpoint), its
+digest (ledger) and its tokens (metrics), so every lane counts once whatever W. With W dividing L a rank takes
+whole lanes [r L/W, (r+1) L/W) and owns them all.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from zephon_titan.engine.packing import Row
@@ -17,21 +21,49 @@ from zephon_titan.engine.stream import LaneStream, lane_clock
 from zephon_titan.errors import ConfigError
 
 
-def valid_world_sizes(num_lanes: int) -> list[int]:
-    return [w for w in range(1, num_lanes + 1) if num_lanes % w == 0]
+def valid_world_sizes(global_batch_size: int, limit: int = 64) -> list[int]:
+    """Data-parallel sizes a global batch of `global_batch_size` rows can be split over: its divisors (the
+    first `limit`, smallest first; local_batch_size must also divide the rows per rank)."""
+    return divisors(global_batch_size, limit)
 
 
-def lanes_of_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> range:
-    if dp_world_size < 1 or num_lanes % dp_world_size:
+@dataclass(frozen=True, slots=True)
+class RankRows:
+    """One DP rank's part of every step: the lanes it produces, which of their rows it takes, which it owns."""
+
+    lanes: range
+    """The lanes its rows fall on, produced whole (R rows each per step), in lane order."""
+    skip: int
+    """Rows of its first lane's step that precede its own (another rank's)."""
+    take: int
+    """Rows it takes per step, G / W: rows [skip, skip + take) of its lanes' rows in lane order."""
+    owned: range
+    """The lanes whose first row of a step is its own: it alone reports their state, digest and tokens."""
+
+
+def rank_rows(num_lanes: int, global_batch_size: int, dp_world_size: int, dp_rank: int) -> RankRows:
+    """Rank `dp_rank` of `dp_world_size`'s rows of each step (validate_batch_layout checks the layout first)."""
+    per_lane = rows_per_lane(global_batch_size, num_lanes)
+    if dp_world_size < 1 or global_batch_size % dp_world_size:
         raise ConfigError(
-            f"{dp_world_size} data-parallel ranks cannot share {num_lanes} lanes evenly; "
-            f"use a data-parallel size in {valid_world_sizes(num_lanes)} or change [dataloader] num_lanes "
-            "(only at the start of a run)"
+            f"{dp_world_size} data-parallel ranks cannot share a global batch of {global_batch_size} rows evenly; "
+            f"use a data-parallel size that divides it: {valid_world_sizes(global_batch_size)}"
         )
     if not 0 <= dp_rank < dp_world_size:
         raise ConfigError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
-    per_rank = num_lanes // dp_world_size
-    return range(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+    take = global_batch_size // dp_world_size
+    first, last = dp_rank * take, (dp_rank + 1) * take - 1  # the rank's rows of the step's global batch
+    lanes = range(first // per_lane, last // per_lane + 1)
+    owned = range(-(-first // per_lane), last // per_lane + 1)  # lanes whose row 0 (at l * R) is in its rows
+    return RankRows(lanes, first - lanes.start * per_lane, take, owned)
+
+
+def lanes_of_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> range:
+    """The lanes DP rank `dp_rank` takes whole when `dp_world_size` divides `num_lanes` (tests and tools that
+    split lanes evenly; a loader uses rank_rows, which also serves any W dividing the global batch)."""
+    if dp_world_size < 1 or num_lanes % dp_world_size:
+        raise ConfigError(f"{dp_world_size} ranks cannot take {num_lanes} whole lanes each evenly")
+    return rank_rows(num_lanes, num_lanes, dp_world_size, dp_rank).lanes
 
 
 # The most rows one optimizer step may take. A step's rows are produced and held in memory together (a
@@ -66,13 +98,14 @@ def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size:
             f"[dataloader] num_lanes = {num_lanes}). TorchTitan's default (-1) means local_batch_size x "
             "data-parallel size, which changes with the number of GPUs and so would change the data of every step"
         )
-    if num_lanes % dp_world_size:
-        raise ConfigError(
-            f"the data-parallel size is {dp_world_size}, which does not divide [dataloader] num_lanes = {num_lanes}; "
-            f"valid data-parallel sizes: {valid_world_sizes(num_lanes)} "
-            "(data_parallel_replicate_degree x data_parallel_shard_degree)"
-        )
     rows = rows_per_lane(global_batch_size, num_lanes)
+    if dp_world_size < 1 or global_batch_size % dp_world_size:
+        raise ConfigError(
+            f"the data-parallel size is {dp_world_size}, which does not divide training.global_batch_size = "
+            f"{global_batch_size} rows per step; valid data-parallel sizes: {valid_world_sizes(global_batch_size)} "
+            "(data_parallel_replicate_degree x data_parallel_shard_degree; local_batch_size must also divide "
+            "the rows per rank)"
+        )
     rows_per_rank = global_batch_size // dp_world_size
     if local_batch_size < 1 or rows_per_rank % local_batch_size:
         fits = divisors(rows_per_rank)

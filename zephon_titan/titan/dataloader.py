@@ -1,10 +1,11 @@
 """ZephonDataLoader: TorchTitan's BaseDataLoader over the lane engine.
 
-Each DP rank owns the contiguous lanes [r L/W, (r+1) L/W) (titan/rank_lanes.py) and yields, per
-optimizer step, R = G/L rows of each of its lanes in lane order, cut into microbatches of
-local_batch_size rows. Its checkpoint state (titan/loader_state.py) is one entry per lane plus a
-header replicated on every rank, so a rank that owns other lanes after a resize loads exactly those
-entries from TorchTitan's DCP checkpoint.
+DP rank r of W yields rows [r G/W, (r+1) G/W) of each step's global batch (lane 0's R = G/L rows, then
+lane 1's, ...; engine/lanes.py), cut into microbatches of local_batch_size rows: W may be any divisor of G,
+more than the lanes too. It produces every lane its rows fall on, whole. Its checkpoint state
+(titan/loader_state.py) is one entry per lane it owns (the lane's first row of a step is its own), so every
+lane is saved exactly once, plus a header replicated on every rank; a rank that produces other lanes after a
+resize loads exactly those entries from TorchTitan's DCP checkpoint.
 """
 
 from __future__ import annotations
@@ -38,16 +39,17 @@ from zephon_titan.titan.rank_lanes import RankLanes, dp_rank_zero, every_rank, l
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """What this rank's lanes contributed to one step, for the batch ledger."""
+    """What the lanes this rank owns contributed to one step, for the batch ledger."""
 
     lane_digests: list[bytes]
+    """Per owned lane (RankLanes.owned), over all its rows of the step."""
     tokens: list[int]
-    """Per source, then padding (last)."""
+    """Per source, then padding (last), over the owned lanes' rows."""
 
     @classmethod
-    def of(cls, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> StepRecord:
-        totals = tally((row for rows in step for row, _ in rows), num_sources)
-        return cls([lane_digest(row for row, _ in rows) for rows in step], totals)
+    def of(cls, owned_rows: list[list[tuple[Row, LaneState]]], num_sources: int) -> StepRecord:
+        totals = tally((row for rows in owned_rows for row, _ in rows), num_sources)
+        return cls([lane_digest(row for row, _ in rows) for rows in owned_rows], totals)
 
 
 class ZephonDataLoader(BaseDataLoader):
@@ -86,6 +88,7 @@ class ZephonDataLoader(BaseDataLoader):
             seq_len=seq_len,
             trainer_tokenizer=lambda: tokenizer,
         )
+        self.lanes = lanes
         self.spec, self.lane_ids, self.rows_per_lane = lanes.spec, lanes.lane_ids, lanes.rows_per_lane
         self.local_batch_size = local_batch_size
         # In process: loaded while the trainer builds its model; chosen (and said, once per rank) at the first
@@ -159,27 +162,32 @@ class ZephonDataLoader(BaseDataLoader):
             if announce_workers:
                 self._announce_workers_backend()
                 announce_workers = False
-            record = StepRecord.of(step, num_sources) if self.config.ledger else None
-            flat = [(lane, row, state) for lane, rows in zip(self.lane_ids, step) for row, state in rows]
-            for start in range(0, len(flat), self.local_batch_size):
-                chunk = flat[start : start + self.local_batch_size]
+            record = StepRecord.of(self.lanes.of_owned(step), num_sources) if self.config.ledger else None
+            mine = self.lanes.mine([row for rows in step for row, _ in rows])
+            for start in range(0, len(mine), self.local_batch_size):
+                chunk = mine[start : start + self.local_batch_size]
                 batch = (
                     {
-                        "input": long_tensor([row.inputs for _, row, _ in chunk]),
-                        "positions": long_tensor([row.positions for _, row, _ in chunk]),
+                        "input": long_tensor([row.inputs for row in chunk]),
+                        "positions": long_tensor([row.positions for row in chunk]),
                     },
-                    long_tensor([row.labels for _, row, _ in chunk]),
+                    long_tensor([row.labels for row in chunk]),
                 )
-                # Handing the microbatch over is consumption: record it before yielding.
-                for lane, row, state in chunk:
-                    self._consumed[lane] = state
-                    counts = tally([row], num_sources)
-                    self._tokens[lane] = [a + b for a, b in zip(self._tokens[lane], counts)]
-                    self._padding[lane] += counts[-1]
-                if start + self.local_batch_size >= len(flat):
-                    self.last_step = record  # the step's last microbatch is consumed with this one
-                    self._steps_done += 1
+                if start + self.local_batch_size >= len(mine):
+                    # Handing over the step's last microbatch is consuming the step (TorchTitan saves between
+                    # steps): record it before yielding. Every lane this rank produces then stands at the end
+                    # of the step, whichever of its rows this rank took.
+                    self._consume(step, num_sources)
+                    self.last_step = record
                 yield batch
+
+    def _consume(self, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> None:
+        for lane, rows in zip(self.lane_ids, step):
+            self._consumed[lane] = rows[-1][1]
+            counts = tally((row for row, _ in rows), num_sources)
+            self._tokens[lane] = [a + b for a, b in zip(self._tokens[lane], counts)]
+            self._padding[lane] += counts[-1]
+        self._steps_done += 1
 
     def _announce_backend(self) -> None:
         """Choose the backend (loaded in the background since __init__, while the model was built) and
@@ -216,9 +224,11 @@ class ZephonDataLoader(BaseDataLoader):
     # ---- token accounting ------------------------------------------------------------------
 
     def consumed_tokens(self) -> list[int]:
-        """Tokens per source (plus padding, last) in this rank's lanes, as consumed by the trainer."""
-        totals = [sum(self._tokens[lane][s] for lane in self.lane_ids) for s in range(len(self.spec.sources))]
-        return totals + [sum(self._padding.values())]
+        """Tokens per source (plus padding, last) in the lanes this rank owns, as consumed by the trainer: a sum
+        over the DP ranks counts every lane once."""
+        owned = self.lanes.owned
+        totals = [sum(self._tokens[lane][s] for lane in owned) for s in range(len(self.spec.sources))]
+        return totals + [sum(self._padding[lane] for lane in owned)]
 
     # ---- checkpoint state ------------------------------------------------------------------
 
@@ -234,8 +244,9 @@ class ZephonDataLoader(BaseDataLoader):
     def state_dict(self) -> dict[str, Any]:
         if self.load_sizes is not None:  # templates for restore()'s DCP load: only the size counts
             return templates(self.lane_ids, self.load_sizes)
+        # Only the lanes this rank owns: every lane is saved once, whichever ranks produce it.
         lanes = {
-            lane: LaneEntry(self._consumed[lane], self._tokens[lane], self._padding[lane]) for lane in self.lane_ids
+            lane: LaneEntry(self._consumed[lane], self._tokens[lane], self._padding[lane]) for lane in self.lanes.owned
         }
         return encode_state(self._header(), lanes, len(self.spec.sources))
 

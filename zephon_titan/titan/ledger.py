@@ -1,4 +1,5 @@
-"""The step's ledger entry, assembled across DP ranks from 32-byte lane digests (never tokens)."""
+"""The step's ledger entry, assembled across DP ranks from 32-byte lane digests (never tokens): each rank
+gives the digests and tokens of the lanes it owns, so every lane counts once for any layout."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch.distributed as dist
 from zephon_titan.engine import batch_digest
 from zephon_titan.engine.ledger import LedgerEntry, step_weights
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.rank_lanes import digest_table, gather_lanes
+from zephon_titan.titan.rank_lanes import digest_table, lane_table
 
 
 def gather_ledger_entry(
@@ -18,7 +19,7 @@ def gather_ledger_entry(
     record = loader.last_step
     if record is None:
         raise RuntimeError("gather_ledger_entry() runs after a step, once its last microbatch was consumed")
-    digests = gather_lanes(digest_table(record.lane_digests).to(device), group)
+    digests = lane_table(loader.lanes.owned, digest_table(record.lane_digests).to(device), loader.num_lanes, group)
     tokens = torch.tensor(record.tokens, dtype=torch.int64, device=device)
     if group is not None:
         dist.all_reduce(tokens, group=group)

@@ -1,34 +1,57 @@
 """What the training loader and the eval loader share: a DP rank's lanes of a job, its microbatch tensors, and
 the collectives that keep the ranks in step (torch only, no torchtitan).
 
-Both loaders are one rank's view of the same lane layout (engine/lanes.py): the rank owns the contiguous lanes
-[r L/W, (r+1) L/W), each step takes R = G/L rows of each of them in lane order, cut into microbatches of
-local_batch_size rows. Which lanes have rows left, and the lane digests of a step, are global questions: one
-small collective over the data-parallel ranks answers each.
+Both loaders are one rank's view of the same layout (engine/lanes.py): DP rank r of W takes rows
+[r G/W, (r+1) G/W) of each step's global batch (lane 0's R = G/L rows, then lane 1's, ...), cut into
+microbatches of local_batch_size rows. It produces every lane those rows fall on, whole, and reports the
+lanes it owns (their first row of a step is its own), so each lane counts once whatever W. Which lanes have
+rows left, and the lane digests and tokens of a step, are global questions: one small collective over the
+data-parallel ranks answers each.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from zephon_titan.config import DataConfig
-from zephon_titan.engine import EngineSpec, build_engine, lanes_of_rank, validate_batch_layout
+from zephon_titan.engine import EngineSpec, RankRows, build_engine, rank_rows, validate_batch_layout
 from zephon_titan.titan.tokenizer import loader_tokenizer
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class RankLanes:
-    """The engine spec of a [dataloader] table and the lanes one DP rank produces, with their rows per step."""
+    """The engine spec of a [dataloader] table and one DP rank's part of every step (engine/lanes.py)."""
 
     spec: EngineSpec
-    lane_ids: list[int]
     rows_per_lane: int
+    rows: RankRows
+
+    @property
+    def lane_ids(self) -> list[int]:
+        """The lanes this rank produces (whole), in lane order."""
+        return list(self.rows.lanes)
+
+    @property
+    def owned(self) -> list[int]:
+        """The lanes this rank reports (state, digest, tokens): every lane is owned by exactly one rank."""
+        return list(self.rows.owned)
+
+    def mine(self, step_rows: Sequence[T]) -> Sequence[T]:
+        """This rank's rows of a step, from the rows of all its lanes in lane order."""
+        return step_rows[self.rows.skip : self.rows.skip + self.rows.take]
+
+    def of_owned(self, per_lane: Sequence[T]) -> list[T]:
+        """The items of the owned lanes, from one item per produced lane (in lane order)."""
+        start = self.rows.lanes.start
+        return [per_lane[lane - start] for lane in self.rows.owned]
 
     @classmethod
     def build(
@@ -46,7 +69,7 @@ class RankLanes:
         opened (sizes and footers; no document is read)."""
         rows_per_lane = validate_batch_layout(data.num_lanes, global_batch_size, dp_world_size, local_batch_size)
         spec = build_engine(data, seq_len, loader_tokenizer(data, trainer_tokenizer))
-        return cls(spec, list(lanes_of_rank(data.num_lanes, dp_world_size, dp_rank)), rows_per_lane)
+        return cls(spec, rows_per_lane, rank_rows(data.num_lanes, global_batch_size, dp_world_size, dp_rank))
 
 
 def long_tensor(arrays: Sequence[np.ndarray]) -> torch.Tensor:
@@ -81,16 +104,17 @@ def _reduce(flag: bool, op: Any) -> bool:
     return bool(value.item())
 
 
-def gather_lanes(table: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """`table` ([this rank's lanes, ...]) of every DP rank of `group`, concatenated in DP-rank order, which is
-    lane order: [all lanes, ...]. None: a single rank, the table itself."""
-    if group is None:
-        return table
-    gathered = torch.empty(
-        (table.shape[0] * dist.get_world_size(group), *table.shape[1:]), dtype=table.dtype, device=table.device
-    )
-    dist.all_gather_single(gathered, table, group=group)
-    return gathered
+def lane_table(
+    owned: Sequence[int], values: torch.Tensor, num_lanes: int, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Every lane's row of a table ([num_lanes, ...]), from the rows of the lanes each DP rank of `group` owns
+    (`values`: [len(owned), ...]). Each lane is owned by exactly one rank and the others add zeros, so a sum
+    over the ranks is exact for any layout (None: a single rank, which owns every lane)."""
+    table = torch.zeros((num_lanes, *values.shape[1:]), dtype=values.dtype, device=values.device)
+    table[list(owned)] = values
+    if group is not None:
+        dist.all_reduce(table, group=group)
+    return table
 
 
 def digest_table(digests: Sequence[bytes]) -> torch.Tensor:

@@ -43,7 +43,7 @@ from zephon_titan.engine.eval_set import (
 from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.rank_lanes import RankLanes, any_rank, gather_lanes, long_tensor
+from zephon_titan.titan.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
 # big (it is then not read and tokenized again); larger sets are produced again every time.
@@ -98,12 +98,13 @@ class ZephonEvalLoader(BaseDataLoader):
         next(iter(self.steps(1)), None)  # an empty eval set is a ConfigError now, not a silent loss of 0
 
     def steps(self, max_steps: int = -1) -> Iterator[EvalStep]:
-        """The eval set's steps (this rank's lanes); a collective per step under torchrun."""
+        """The eval set's steps (every lane this rank produces, whole); a collective per step under torchrun."""
         return eval_steps(self.spec, self.lanes.lane_ids, self.lanes.rows_per_lane, max_steps, any_rank)
 
     def microbatches(self, step: EvalStep) -> Iterator[Microbatch]:
-        """(inputs and positions, labels, the source of each position (-1: padding)) per microbatch."""
-        rows = step.rows
+        """(inputs and positions, labels, the source of each position (-1: padding)) per microbatch of this
+        rank's rows of the step."""
+        rows = self.lanes.mine(step.rows)
         for start in range(0, len(rows), self.local_batch_size):
             chunk = rows[start : start + self.local_batch_size]
             inputs = {
@@ -134,7 +135,9 @@ def check_eval_data(data: DataConfig) -> None:
 
 def eval_message(error: ConfigError) -> str:
     """A [dataloader] (or batch layout) error raised for the eval set, naming the table it came from."""
-    text = str(error).replace("[training] global_batch_size", "[validator.dataloader] global_batch_size")
+    text = str(error)
+    for training in ("[training] global_batch_size", "training.global_batch_size"):
+        text = text.replace(training, "[validator.dataloader] global_batch_size")
     if "[dataloader" in text:
         return text.replace("[dataloader", "[validator.dataloader")
     return text if "[validator.dataloader" in text else f"[validator.dataloader]: {text}"
@@ -205,7 +208,7 @@ class ZephonValidator(Validator):
         microbatches: list[Microbatch] = []
         digests: list[list[bytes]] = []
         for step in self.loader.steps(config.steps):
-            digests.append(step.lane_digests())
+            digests.append(self.loader.lanes.of_owned(step.lane_digests()))
             microbatches.extend(self.loader.microbatches(step))
         rows = len(digests) * config.dataloader.global_batch_size
         eval_set = _EvalSet(microbatches, self._global_digest(digests), len(digests), rows)
@@ -216,13 +219,13 @@ class ZephonValidator(Validator):
 
     def _global_digest(self, digests: list[list[bytes]]) -> str:
         """SHA-256 of the eval set: over its steps' batch digests, each over the lane digests in lane
-        order as in the training ledger; the lane digests are gathered over the batch mesh."""
-        lanes = len(self.loader.lanes.lane_ids)
+        order as in the training ledger; each rank gives the digests of the lanes it owns (`digests`: per step,
+        per owned lane), summed into one table over the batch mesh."""
+        lanes = self.loader.lanes
         local = np.frombuffer(b"".join(d for step in digests for d in step), dtype=np.int64)
-        # [lanes, steps, 4]: gathered rank after rank, that is lane after lane.
-        table = torch.from_numpy(local.reshape(len(digests), lanes, 4).transpose(1, 0, 2).copy())
-        if self.parallel_dims.dp_enabled:
-            table = gather_lanes(table.to(utils.device_type), self.parallel_dims.get_mesh("batch").get_group())
+        owned = torch.from_numpy(local.reshape(len(digests), len(lanes.owned), 4).transpose(1, 0, 2).copy())
+        group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+        table = lane_table(lanes.owned, owned.to(utils.device_type), lanes.spec.num_lanes, group)  # [lanes, steps, 4]
         step_major = table.cpu().numpy().transpose(1, 0, 2)  # [steps, all lanes, 4]
         return eval_set_digest(batch_digest(lane.tobytes() for lane in step) for step in step_major)
 
