@@ -128,3 +128,31 @@ def test_a_size_that_does_not_divide_the_global_batch_names_the_valid_ones(corpu
 
     with pytest.raises(ConfigError, match=r"does not divide training.global_batch_size = 16 .*\[1, 2, 4, 8, 16\]"):
         _loaders(corpus_dir, tokenizer_dir, 8, 16, world, 1)
+
+
+def test_the_eval_set_is_the_same_rows_for_any_divisor_of_its_batch(corpus_dir, tokenizer_dir):
+    from zephon_titan.titan.validator import ZephonEvalLoader
+
+    data = config_from_dict(data_table(corpus_dir, tokenizer_dir, num_lanes=2, exhaustion="redistribute"))
+    config = ZephonEvalLoader.Config(data=data, global_batch_size=12)
+
+    def eval_set(world, local):
+        """Per eval step: the ranks' rows in DP-rank order, and the owned lanes' digests in rank order."""
+        loaders = [
+            config.build(dp_world_size=world, dp_rank=r, tokenizer=None, seq_len=SEQ, local_batch_size=local)
+            for r in range(world)
+        ]
+        out = []
+        for steps in zip(*(loader.steps(3) for loader in loaders)):
+            rows = torch.cat(
+                [torch.cat([mb[1] for mb in loader.microbatches(step)]) for loader, step in zip(loaders, steps)]
+            )
+            digests = [d for loader, step in zip(loaders, steps) for d in loader.lanes.of_owned(step.lane_digests())]
+            out.append((rows, digests))
+        return out
+
+    reference = eval_set(1, 12)
+    assert len(reference) == 3 and not torch.equal(reference[0][0], reference[1][0])  # the comparison can fail
+    for world, local in ((2, 3), (3, 2), (4, 3), (12, 1)):  # W not dividing L, W > L, one row per rank
+        got = eval_set(world, local)
+        assert all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(got, reference)), world
