@@ -3,7 +3,7 @@
 Imports nothing of the engine or of TorchTitan; reading TOML files is toml_file.py's job.
 
     [dataloader]
-    num_lanes = 8              # fixed for the life of a run; W must divide it
+    num_lanes = 8              # fixed for the life of a run; any W dividing the global batch works
     seed = 1234
     packing = "wrap"           # or "best_fit"
 
@@ -296,7 +296,9 @@ class DataConfig:
     num_lanes: int = setting(
         8, rows=True, bounds=(1, 1 << 16, "each lane is a row stream with its own state and buffers")
     )
-    """Number of lanes L; fixed for a run. Data-parallel sizes must divide it."""
+    """Number of lanes L (independent row streams); fixed for a run. The global batch size must be a multiple
+    of it; the data-parallel size W may be any divisor of the global batch, more than L too (ranks then share
+    lanes: each produces the lanes its rows fall on)."""
 
     seed: int = setting(
         0, rows=True, bounds=(0, (1 << 63) - 1, "shuffle keys and checkpoint fields are 63-bit integers")
