@@ -18,8 +18,11 @@ block before the window is shuffled (split.py); the validator's loader keeps onl
 
 from __future__ import annotations
 
+import bisect
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import accumulate
 
 import numpy as np
 
@@ -33,9 +36,13 @@ from zephon_titan.engine.tokenize import BackendMismatch
 from zephon_titan.errors import DataError, ResumeError
 
 # Documents tokenized together in one encode_batch call (a speed knob only). Batches
-# start small and double, so the first row (and a restore) waits for a few documents only.
+# start at one document and double, so the first row (and a restore) waits for a few documents only
+# (a row of 2,048 tokens is often one document of a source, and a lane's first row meets a few sources).
 TOKENIZE_BATCH = 64
-FIRST_TOKENIZE_BATCH = 2
+FIRST_TOKENIZE_BATCH = 1
+# A batch also ends once its texts reach this many characters: every lane holds its current batch of
+# every source as token ids, and thousands of lanes of a process hold that many batches (issue 28).
+TOKENIZE_BATCH_CHARS = 32 << 10
 # A repeating source whose lane meets no document for this many epochs is empty.
 MAX_EMPTY_EPOCHS = 100
 # Sources in object storage: while a lane tokenizes window w, the blocks of window w+1 are
@@ -69,18 +76,29 @@ class Document:
 class _Window:
     index: int
     blocks: list[BlockDocuments]
-    where: list[tuple[int, int]]
-    """Per document of the window, in block order: (block, index in that block's texts)."""
+    kept: list[range | np.ndarray]
+    """Per block, the indices of its documents in this loader's part (all of them, without a split)."""
+    ends: list[int]
+    """Documents of the window up to and including each block (block order). Not a list of every
+    document's (block, index): a window of Parquet row groups may hold ~10^5 documents per lane."""
     order: Permutation | range
 
     def __len__(self) -> int:
-        return len(self.where)
+        return self.ends[-1] if self.ends else 0
 
     def document(self, i: int) -> tuple[str | np.ndarray, str, int]:
-        """Document i (block order): its text or token ids (decoded now, if lazy), file and row."""
-        b, j = self.where[i]
+        """Document i (block order): its text or token ids (read or decoded now), file and row."""
+        b = bisect.bisect_right(self.ends, i)
+        j = int(self.kept[b][i - (self.ends[b - 1] if b else 0)])
         block = self.blocks[b]
         return block.texts[j], block.file, block.rows[j]
+
+
+@lru_cache(maxsize=1024)
+def _block_order(seed: int, shuffle: bool, source: str, num_blocks: int, epoch: int) -> Permutation | range:
+    """A source's block order in an epoch: the same for every lane, so the lanes of a process share
+    it (thousands of lanes reach a source's epochs together: one permutation each, not one per lane)."""
+    return Permutation(num_blocks, derive_key(seed, "blocks", source, epoch)) if shuffle else range(num_blocks)
 
 
 class LaneSourceReader:
@@ -91,7 +109,6 @@ class LaneSourceReader:
         self.source = spec.sources[source_index]
         self.source_index = source_index
         self.lane_id = lane_id
-        self._perms: dict[int, Permutation | range] = {}
         self._window: _Window | None = None
         self._tokens: dict[int, np.ndarray] = {}
         self._where: dict[int, tuple[str, int]] = {}  # window position -> (file, row), for _tokens
@@ -109,11 +126,7 @@ class LaneSourceReader:
         epoch, index = divmod(self.lane_id + k * self.spec.num_lanes, num_blocks)
         if epoch > 0 and not self.spec.repeat:
             return None
-        perm = self._perms.get(epoch)
-        if perm is None:
-            perm = self._order(num_blocks, "blocks", self.source.name, epoch)
-            self._perms = {epoch: perm}  # lanes move forward: one epoch at a time is enough
-        return perm[index]
+        return _block_order(self.spec.seed, self.spec.config.shuffle, self.source.name, num_blocks, epoch)[index]
 
     def window(self, w: int) -> _Window | None:
         """Window w of this lane (None if it has no block: the source is exhausted)."""
@@ -124,20 +137,21 @@ class LaneSourceReader:
         blocks = self._read_window_blocks(w)
         if blocks is None:
             return None
-        where = [(b, j) for b, docs in enumerate(blocks) for j in self._split_rows(docs)]
-        order = self._order(len(where), "docs", self.source.name, self.lane_id, w)
-        self._window = _Window(w, blocks, where, order)
+        kept = [self._split_rows(docs) for docs in blocks]
+        ends = list(accumulate(len(k) for k in kept))
+        order = self._order(ends[-1], "docs", self.source.name, self.lane_id, w)
+        self._window = _Window(w, blocks, kept, ends, order)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
 
-    def _split_rows(self, docs: BlockDocuments) -> range | list[int]:
+    def _split_rows(self, docs: BlockDocuments) -> range | np.ndarray:
         """Indices of the block's documents in this loader's part of the source (split.py)."""
         fraction = self.spec.config.sources[self.source_index].eval_fraction
         if fraction <= 0.0:
             return range(len(docs.texts))
         config = self.spec.config
-        return np.flatnonzero(kept(config.split, config.split_seed, docs.file, docs.rows, fraction)).tolist()
+        return np.flatnonzero(kept(config.split, config.split_seed, docs.file, docs.rows, fraction))
 
     def _split_note(self) -> str:
         fraction = self.spec.config.sources[self.source_index].eval_fraction
@@ -208,9 +222,17 @@ class LaneSourceReader:
         assert window is not None, "document() needs a normalized cursor"  # normalize() checked it has a window
         p = cursor.position
         if p not in self._tokens:
+            self._tokens, self._where = {}, {}  # the previous batch is consumed: let it go
             stop = min(p + self._batch, len(window))
             self._batch = min(2 * self._batch, TOKENIZE_BATCH)
-            docs = [window.document(window.order[i]) for i in range(p, stop)]
+            docs = []
+            chars = 0
+            for i in range(p, stop):  # the next documents, up to TOKENIZE_BATCH_CHARS of text
+                docs.append(window.document(window.order[i]))
+                chars += len(docs[-1][0])
+                if chars >= TOKENIZE_BATCH_CHARS:
+                    stop = i + 1
+                    break
             for item, file, row in docs:
                 if not isinstance(item, str):
                     self._check_token_ids(item, file, row)

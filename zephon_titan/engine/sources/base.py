@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import posixpath
+import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,21 +35,24 @@ def _sha(obj: object) -> str:
 
 
 class LazyTexts(Sequence[str]):
-    """Texts decoded when first read: a JSONL line's JSON is parsed only when its document is needed.
+    """A block's documents, each read (or decoded) when it is asked for and not kept.
 
-    A lane reads a whole shuffle window of blocks before its first row; parsing all of it up front
-    was most of the time to the first batch. A bad line raises its DataError (file, line, byte)
-    when its document is reached, as `zephon-titan validate` reaches every document. A decoded text
-    replaces its line, so a window holds each document once (as bytes or as text), never both."""
+    A lane holds a whole shuffle window of blocks, of every source, from its first row on; holding their
+    raw bytes (or parsed texts) cost megabytes per lane, so a run with thousands of lanes could not fit
+    (issue 28). A window now holds only where each document is (`load(i)` reads it: a JSONL line is read
+    from the file and parsed, a Parquet row taken from the row group's Arrow column); the lane tokenizes
+    a few documents at a time as they come due. A bad line raises its DataError (file, line, byte)
+    when its document is reached, as `zephon-titan validate` reaches every document. Nothing is cached:
+    the object is immutable, so lanes of a process share it (Source.read_block)."""
 
-    __slots__ = ("_items", "_decode")
+    __slots__ = ("_n", "_load")
 
-    def __init__(self, raw: list[bytes], decode: Callable[[int, bytes], str]):
-        self._items: list[bytes | str] = list(raw)
-        self._decode = decode
+    def __init__(self, n: int, load: Callable[[int], str]):
+        self._n = n
+        self._load = load
 
     def __len__(self) -> int:
-        return len(self._items)
+        return self._n
 
     @overload
     def __getitem__(self, i: int) -> str: ...
@@ -55,28 +60,27 @@ class LazyTexts(Sequence[str]):
     def __getitem__(self, i: slice) -> list[str]: ...
     def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
+            return [self[j] for j in range(*i.indices(self._n))]
         if i < 0:
-            i += len(self._items)
-        item = self._items[i]
-        if isinstance(item, bytes):
-            item = self._items[i] = self._decode(i, item)
-        return item
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"document {i} of a block of {self._n}")
+        return self._load(i)
 
     def __iter__(self) -> Iterator[str]:
-        return (self[i] for i in range(len(self._items)))
+        return (self._load(i) for i in range(self._n))
 
     def __eq__(self, other: object) -> bool:  # equal to the list of the same texts
         if not isinstance(other, (list, LazyTexts)):
             return NotImplemented
         return list(self) == list(other)
 
-    __hash__ = None  # type: ignore[assignment]  # mutable cache, compared by value: not hashable
+    __hash__ = None  # type: ignore[assignment]  # compared by value: not hashable
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class BlockDocuments:
-    """The documents of one block, in file order.
+    """The documents of one block, in file order (immutable: lanes of a process share it).
 
     `rows[i]` locates texts[i] inside `file`: the row number for Parquet, the byte
     offset of the line for JSONL (see each source's `row_unit`).
@@ -84,8 +88,9 @@ class BlockDocuments:
 
     file: str
     texts: Sequence[str] | Sequence[np.ndarray]
-    """Document texts (str; LazyTexts for JSONL), or token-id arrays for a pre-tokenized source."""
-    rows: list[int]
+    """Document texts (str; LazyTexts, read when asked for), or token-id arrays for a pre-tokenized source."""
+    rows: Sequence[int]
+    """A list (JSONL's byte offsets) or a range (row numbers)."""
 
 
 FileRecord: TypeAlias = list[Any]
@@ -146,6 +151,11 @@ class Source(ABC):
             self._first_block.append(total)
             total += f.num_blocks
         self.num_blocks = total
+        # Blocks some lane of this process holds now (weakly: one goes when the last window holding it
+        # does). Lanes whose windows meet the same block (a source with fewer blocks than lanes' windows,
+        # or lanes in different epochs) share one copy instead of reading and holding it once each.
+        self._held: weakref.WeakValueDictionary[int, BlockDocuments] = weakref.WeakValueDictionary()
+        self._held_lock = threading.Lock()
 
     def _scan_all(self, files: Listing) -> list[FileBlocks]:
         if all(isinstance(f, FileBlocks) for f in files):
@@ -173,9 +183,16 @@ class Source(ABC):
     def read_block(self, block_id: int) -> BlockDocuments:
         if not 0 <= block_id < self.num_blocks:
             raise IndexError(f"source {self.name!r} has {self.num_blocks} blocks, asked for {block_id}")
+        with self._held_lock:  # read-ahead threads share the cache (remote sources)
+            held = self._held.get(block_id)
+        if held is not None:
+            return held
         # The last file starting at or before block_id (binary search: a source may have many files).
         file_index = bisect.bisect_right(self._first_block, block_id) - 1
-        return self._read(file_index, block_id - self._first_block[file_index])
+        block = self._read(file_index, block_id - self._first_block[file_index])
+        with self._held_lock:
+            self._held[block_id] = block
+        return block
 
     @property
     def column(self) -> str:

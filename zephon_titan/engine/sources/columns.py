@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import overload
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from zephon_titan.engine.sources.base import BlockDocuments, Source
+from zephon_titan.engine.sources.base import BlockDocuments, LazyTexts, Source
 from zephon_titan.errors import DataError
 
 
@@ -14,18 +18,21 @@ def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_r
     if column.null_count:
         i = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
         raise DataError(f"{path} row {first_row + i}: column {source.column!r} is null; drop null rows from the file")
-    rows = list(range(first_row, first_row + len(column)))
+    rows = range(first_row, first_row + len(column))
     if source.token_field:
         return BlockDocuments(path, _token_lists(column, path, source.token_field), rows)
     if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
         raise DataError(f"{path}: column {source.text_field!r} has type {column.type}, expected a string")
-    texts = column.to_pylist()
-    for i, text in enumerate(texts):
-        source.check_size(text, f"{path} row {first_row + i}")
-    return BlockDocuments(path, texts, rows)
+    lengths = pc.utf8_length(column)
+    if len(column) and pc.max(lengths).as_py() > source.max_document_chars:  # name the first one too long
+        i = pc.index(pc.greater(lengths, source.max_document_chars), True).as_py()
+        source.check_size(column[i].as_py(), f"{path} row {first_row + i}")
+    # The column stays in Arrow's compact form (one buffer, no Python object per row): a row becomes a
+    # Python string only when its document is due. A row group may be hundreds of MiB of text.
+    return BlockDocuments(path, LazyTexts(len(column), lambda i: column[i].as_py()), rows)
 
 
-def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> list[np.ndarray]:
+def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> _TokenLists:
     """Each row's token ids as an int32 array, sliced from the column's flat values (no Python lists)."""
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or not pa.types.is_integer(
         column.type.value_type
@@ -34,5 +41,28 @@ def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> list[np.ndarr
     array = column.combine_chunks()
     offsets = array.offsets.to_numpy()
     values = array.flatten().to_numpy().astype(np.int32, copy=False)
-    base = offsets[0]
-    return [values[a - base : b - base] for a, b in zip(offsets[:-1], offsets[1:])]
+    return _TokenLists(values, offsets - offsets[0])
+
+
+class _TokenLists(Sequence[np.ndarray]):
+    """Row i's token ids, a view values[offsets[i]:offsets[i + 1]] made when asked for (not one array
+    object per row of a row group held for the whole window)."""
+
+    def __init__(self, values: np.ndarray, offsets: np.ndarray):
+        self._values, self._offsets = values, offsets
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {i} of a block of {len(self)}")
+        return self._values[self._offsets[i] : self._offsets[i + 1]]

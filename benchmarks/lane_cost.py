@@ -1,0 +1,195 @@
+"""The cost of a lane: memory, time to the first step and steady throughput against the number of lanes.
+
+    python benchmarks/lane_cost.py [--lanes 8 --lanes 1024 ...] [--baseline-ref REF] [--sources jsonl]
+
+One rank produces every lane (`open_lane_group(spec, range(L), rows_per_step=1)`, in process), with the
+default windows (1 MiB JSONL blocks, 4-block shuffle windows) and rows of 2,048 tokens. The corpus is
+written here: 2 JSONL sources (the Python documentation topics and the standard library's modules, each
+`--jsonl-mib` MiB) and 2 Parquet sources with row groups of `--row-group-mib` MiB of text (the same texts),
+and a byte-level BPE trained on them. Each (code, L) runs in a fresh process, all of them side by side in
+one invocation, so the ratios are comparable on a noisy machine:
+
+- `peak RSS`: the process's peak resident memory (VmHWM) minus its RSS after the imports and the
+  tokenizer load, i.e. what the spec and the lanes cost;
+- `first step`: build_engine + open_lane_group + the first step (one row per lane);
+- `tokens/s`: input tokens per second over `--rows` rows (at least `--rows-per-lane` per lane), after as
+  many rows of warm-up (the first documents of the fast tokenizer are checked against the reference, and
+  each lane's first batches of documents are tokenized ahead of its rows).
+
+`--baseline-ref REF` also runs the code of git revision REF (a temporary worktree), for before/after
+tables. A process is stopped when its RSS passes `--max-rss-gb` (reported as ">").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEQ_LEN = 2048
+
+
+def _rss_kb(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def write_corpus(root: str, jsonl_mib: int, row_group_mib: int, row_groups: int) -> None:
+    """Two JSONL sources and two Parquet sources of real-looking text (the documents repeat, numbered)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, os.path.join(REPO, "examples"))
+    import corpus
+
+    kinds = {"prose": corpus.prose_documents(), "code": corpus.code_documents(max_files=400, max_bytes=60_000)}
+    for kind, docs in kinds.items():
+        os.makedirs(f"{root}/{kind}_jsonl", exist_ok=True)
+        with open(f"{root}/{kind}_jsonl/part-00000.jsonl", "w", encoding="utf-8") as f:
+            written, i = 0, 0
+            while written < jsonl_mib << 20:
+                line = json.dumps({"text": f"{i}\n{docs[i % len(docs)]}"}) + "\n"
+                f.write(line)
+                written += len(line)
+                i += 1
+        os.makedirs(f"{root}/{kind}_parquet", exist_ok=True)
+        schema = pa.schema([("text", pa.string())])
+        with pq.ParquetWriter(f"{root}/{kind}_parquet/part-00000.parquet", schema) as writer:
+            i = 0
+            for _ in range(row_groups):
+                texts, size = [], 0
+                while size < row_group_mib << 20:
+                    texts.append(f"{i}\n{docs[i % len(docs)]}")
+                    size += len(texts[-1])
+                    i += 1
+                writer.write_table(pa.table({"text": texts}, schema=schema), row_group_size=len(texts))
+    train = kinds["prose"] + kinds["code"]
+    corpus.train_tokenizer(train, f"{root}/tokenizer", vocab_size=8000)
+
+
+def child(args: argparse.Namespace) -> None:
+    """One configuration in a fresh process."""
+    from zephon_titan.config import DataConfig, SourceConfig
+    from zephon_titan.engine import build_engine, open_lane_group
+    from zephon_titan.titan.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(f"{args.root}/tokenizer", backend=args.backend)
+    kinds = ["jsonl"] if args.sources == "jsonl" else ["jsonl", "parquet"]
+    names = sorted(f"{kind}_{fmt}" for fmt in kinds for kind in ("prose", "code"))
+    sources = [SourceConfig(name=n, paths=[f"{args.root}/{n}/*.{n.split('_')[1]}"], weight=1.0) for n in names]
+    import zephon_titan
+
+    assert zephon_titan.__file__.startswith(os.getcwd()), zephon_titan.__file__  # the code asked for
+    base = _rss_kb("VmRSS")
+    started = time.perf_counter()
+    spec = build_engine(DataConfig(sources=sources, num_lanes=args.num_lanes, seed=1), SEQ_LEN, tokenizer)
+    group = open_lane_group(spec, range(args.num_lanes), 1)
+    group.next_step()
+    first = time.perf_counter() - started
+    rows = 0
+    while rows < args.rows:  # warm-up: the fast tokenizer's first documents are checked against the reference
+        rows += sum(len(lane) for lane in group.next_step())
+    rows, started = 0, time.perf_counter()
+    while rows < args.rows:
+        rows += sum(len(lane) for lane in group.next_step())
+    steady = time.perf_counter() - started
+    print(
+        json.dumps(
+            {
+                "peak_mb": (_rss_kb("VmHWM") - base) / 1024,
+                "first_s": first,
+                "tokens_per_s": rows * SEQ_LEN / steady,
+                "rows": rows,
+            }
+        )
+    )
+
+
+def run_case(args: argparse.Namespace, code: str, lanes: int) -> dict:
+    """One configuration in its own process (code: the repository whose zephon_titan is imported)."""
+    cmd = [sys.executable, __file__, "--child", "--root", args.root, "--num-lanes", str(lanes)]
+    cmd += [
+        "--rows",
+        str(max(args.rows, args.rows_per_lane * lanes)),
+        "--sources",
+        args.sources,
+        "--backend",
+        args.backend,
+    ]
+    env = {**os.environ, "PYTHONPATH": code}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=code)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            peak = max(peak, _rss_kb("VmRSS", proc.pid))
+        except OSError:
+            pass
+        if peak > args.max_rss_gb * (1 << 20):
+            proc.kill()
+            proc.wait()
+            return {"stopped": f"> {args.max_rss_gb:g} GB RSS"}
+        time.sleep(0.1)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        return {"stopped": (err.strip().splitlines() or ["?"])[-1][:120]}
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lanes", type=int, action="append", help="lanes (repeatable); default 8 64 256 1024 4096")
+    p.add_argument("--baseline-ref", help="also run the code of this git revision (before/after)")
+    p.add_argument("--sources", choices=["mixed", "jsonl"], default="mixed", help="2 JSONL + 2 Parquet, or 2 JSONL")
+    p.add_argument("--jsonl-mib", type=int, default=64, help="MiB per JSONL source")
+    p.add_argument("--row-group-mib", type=int, default=128, help="MiB of text per Parquet row group")
+    p.add_argument("--row-groups", type=int, default=2, help="row groups per Parquet source")
+    p.add_argument("--rows", type=int, default=2048, help="rows of warm-up, then rows timed")
+    p.add_argument("--rows-per-lane", type=int, default=8, help="at least this many rows per lane, each phase")
+    p.add_argument("--backend", default="auto", help="[dataloader] tokenizer_backend")
+    p.add_argument("--max-rss-gb", type=float, default=8.0, help="stop a configuration above this RSS")
+    p.add_argument("--root", help="corpus directory (default: written to a temporary directory)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--num-lanes", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+    if not args.root:
+        args.root = tempfile.mkdtemp(prefix="lane_cost_")
+    if not os.path.exists(f"{args.root}/tokenizer/tokenizer.json"):
+        started = time.perf_counter()
+        write_corpus(args.root, args.jsonl_mib, args.row_group_mib, args.row_groups)
+        print(f"corpus written to {args.root} in {time.perf_counter() - started:.0f} s", flush=True)
+    codes = [("this tree", REPO)]
+    worktree = None
+    if args.baseline_ref:
+        worktree = tempfile.mkdtemp(prefix="lane_cost_base_")
+        subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", worktree, args.baseline_ref], check=True)
+        codes.insert(0, (args.baseline_ref, worktree))
+    try:
+        print("| code | lanes | peak RSS above the interpreter | first step | steady tokens/s |\n|---|---|---|---|---|")
+        for lanes in args.lanes or [8, 64, 256, 1024, 4096]:
+            for name, code in codes:
+                r = run_case(args, code, lanes)
+                if "stopped" in r:
+                    print(f"| {name} | {lanes:,} | stopped: {r['stopped']} | | |", flush=True)
+                else:
+                    print(
+                        f"| {name} | {lanes:,} | {r['peak_mb']:,.0f} MB | {r['first_s']:.2f} s "
+                        f"| {r['tokens_per_s'] / 1e6:.3f} M |",
+                        flush=True,
+                    )
+    finally:
+        if worktree:
+            subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], check=False)
+
+
+if __name__ == "__main__":
+    main()
