@@ -1,6 +1,6 @@
 """zephon-titan: look inside a data stream and prove two runs saw the same data, without GPUs.
 
-zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl]
+zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl] [--procs N]
 zephon-titan plan CONFIG.toml --validation
 zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
@@ -39,7 +39,7 @@ def cmd_plan(args) -> int:
             return 0
     if args.steps is None:
         raise ZephonError("plan needs --steps N (the last step to plan), or --validation")
-    entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint)
+    entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint, args.procs)
     if args.mixture:
         entries = _with_mixture_report(args.config, list(entries), to_stderr=not args.output)
     if not args.output:
@@ -525,6 +525,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
+    plan.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="simulate the lanes in this many processes, each a range of them (the same ledger; "
+        "default 1: all lanes in this process)",
+    )
     plan.add_argument(
         "--mixture",
         action="store_true",

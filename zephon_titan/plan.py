@@ -8,6 +8,7 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -15,14 +16,13 @@ from zephon_titan.engine import (
     LaneState,
     batch_digest,
     build_engine,
-    lane_digest,
     open_lane_group,
     rows_per_lane,
-    tally,
 )
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
+from zephon_titan.engine.lane_digests import PlanProcesses, step_digests
 from zephon_titan.engine.ledger import LedgerEntry, step_weights
-from zephon_titan.errors import ConfigError, LaneExhausted
+from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.tokenizer import loader_tokenizer
 from zephon_titan.titan.validator import check_eval_data, eval_message
@@ -43,25 +43,31 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     return lanes.restored.step, {lane: entry.state for lane, entry in lanes.restored.lanes.items()}
 
 
-def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None) -> Iterator[LedgerEntry]:
-    """Ledger entries up to step `steps` (from the checkpoint's step + 1 if given)."""
+def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs: int = 1) -> Iterator[LedgerEntry]:
+    """Ledger entries up to step `steps` (from the checkpoint's step + 1 if given). `procs` > 1: the lanes
+    are split into that many contiguous ranges, each simulated by its own process (the same entries)."""
+    if procs < 1:
+        raise ConfigError(f"plan --procs must be at least 1, got {procs}")
     job = load_job(job_path)
     rows_per_lane = job.check_layout(1)
     job.check_model_vocab()
     start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
     names = job.spec.source_names
     spec = job.spec
-    with open_lane_group(
-        spec, range(spec.num_lanes), rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start
-    ) as group:
-        for step in range(start + 1, steps + 1):
-            try:
-                lanes = group.next_step()
-            except LaneExhausted:  # a finite run stops at the first step any lane cannot fill
-                return
-            counts = tally((row for rows in lanes for row in rows), len(names))
-            digest = batch_digest(lane_digest(rows) for rows in lanes)
-            yield LedgerEntry.of(step, digest, job.global_batch_size, names, counts, step_weights(spec, step))
+    with contextlib.ExitStack() as stack:
+        if min(procs, spec.num_lanes) > 1:
+            digests = stack.enter_context(PlanProcesses(spec, rows_per_lane, states or {}, start, steps, procs)).steps()
+        else:
+            workers, prefetch = job.data.num_workers, job.data.prefetch_factor
+            lanes = range(spec.num_lanes)
+            group = stack.enter_context(
+                open_lane_group(spec, lanes, rows_per_lane, workers, prefetch, states, False, start)
+            )
+            digests = step_digests(group, len(names), start, steps)
+        for step, lane_digests, counts in digests:
+            yield LedgerEntry.of(
+                step, batch_digest(lane_digests), job.global_batch_size, names, counts, step_weights(spec, step)
+            )
 
 
 def plan_eval_set(job_path: str) -> dict:
