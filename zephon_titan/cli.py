@@ -376,30 +376,29 @@ def cmd_validate(args) -> int:
             )
     _print_schedule(job)
     _print_validation(job, count=not args.no_count)
-    usable = []
-    for w in valid_world_sizes(spec.num_lanes):
+
+    def misfit(w: int) -> str | None:
+        """Why `w` data-parallel ranks cannot run the job (None: they can)."""
         try:
             job.check_layout(w)
             job.check_eval_layout(w)
-            usable.append(w)
-        except ZephonError:
-            pass
+        except ZephonError as e:
+            return str(e).removeprefix(f"{job.path}: ")
+        return None
+
+    usable = [w for w in valid_world_sizes(job.global_batch_size) if misfit(w) is None]
     print(
-        f"valid data-parallel sizes (divide {spec.num_lanes} lanes, local_batch_size {job.local_batch_size} "
-        f"divides the rows per rank): {usable}"
+        f"valid data-parallel sizes (divide the {job.global_batch_size} rows per step, local_batch_size "
+        f"{job.local_batch_size} divides the rows per rank; more ranks than the {spec.num_lanes} lanes is fine): "
+        f"{usable}"
     )
     bad = 0
     for w in args.world_sizes:
+        why = misfit(w)
         rows = job.global_batch_size // w
-        detail = (
-            f"{rows} rows per rank per step, {rows // job.local_batch_size} microbatches"
-            if w in usable
-            else f"does not divide the {spec.num_lanes} lanes"
-            if spec.num_lanes % w
-            else f"{rows} rows per rank is not a multiple of local_batch_size {job.local_batch_size}"
-        )
-        bad += w not in usable
-        print(f"  {w:>5} ranks: {'ok' if w in usable else 'INVALID'} ({detail})")
+        detail = f"{rows} rows per rank per step, {rows // job.local_batch_size} microbatches" if why is None else why
+        bad += why is not None
+        print(f"  {w:>5} ranks: {'ok' if why is None else 'INVALID'} ({detail})")
     return 1 if bad else 0
 
 
