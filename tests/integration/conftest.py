@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,20 @@ def torchrun(
     target = [module] if module.endswith(".py") else ["-m", module]  # a script path, or a module
     cmd = TORCHRUN + ["--nproc_per_node", str(nproc), *target, *args]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_scale_script(script: str, work: str, *args: str, timeout: int) -> tuple[str, dict]:
+    """Run a scripts/ proof (elastic_scale.py, thousand_ranks.py) in `work`: it must exit 0, print ALL MATCH
+    and write summary.json saying ok. Returns its stdout and that summary."""
+    out = subprocess.run(
+        [sys.executable, script, "--work", work, *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "ALL MATCH" in out.stdout
+    with open(os.path.join(work, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["ok"]
+    return out.stdout, summary
 
 
 def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -3,30 +3,18 @@
 The slow tier runs the reduced variant (4 -> 8, 4 -> 2) and the full 16 -> 8/32/64 run with its chain
 (~5 min and ~13 GB at its 64-rank phases on the 2-core 24 GiB machine: docs/performance.md)."""
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_scale_script
 
 SCRIPT = os.path.join(REPO, "scripts", "elastic_scale.py")
 
 
 def _run(tmp_path, *args, timeout):
-    out = subprocess.run(
-        [sys.executable, SCRIPT, "--work", str(tmp_path / "work"), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    assert "ALL MATCH" in out.stdout
-    assert "(differs from step 1)" in out.stdout  # the negative control mismatches from its first step
-    summary = json.loads((tmp_path / "work" / "summary.json").read_text())
-    assert summary["ok"]
-    return out.stdout, summary
+    stdout, summary = run_scale_script(SCRIPT, str(tmp_path / "work"), *args, timeout=timeout)
+    assert "(differs from step 1)" in stdout  # the negative control mismatches from its first step
+    return stdout, summary
 
 
 @pytest.mark.integration

@@ -104,6 +104,16 @@ class DataJob:
         """Job.trainer_tokenizer: the tokenizer object TorchTitan's trainer builds from hf_assets_path."""
         return load_hf_tokenizer(self.hf_assets_path, "hf_assets_path", self.tokenizer)
 
+    def build_loader(self, dp_world_size: int, dp_rank: int, tokenizer: Any) -> ZephonDataLoader:
+        """The loader of one data-parallel rank, built as the trainer builds it (`dataloader.build`)."""
+        return self.dataloader.build(
+            dp_world_size=dp_world_size,
+            dp_rank=dp_rank,
+            tokenizer=tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
+        )
+
 
 def resolve_job(path: str, overrides: list[str]) -> DataJob:
     """The job as load_job resolves it, on every rank. Rank 0 runs load_job in a child process (it imports
@@ -214,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.builtin:
             loader = _builtin_loader(job, world, rank, tokenizer)
         else:
-            loader = job.dataloader.build(
-                dp_world_size=world,
-                dp_rank=rank,
-                tokenizer=tokenizer,
-                seq_len=job.seq_len,
-                local_batch_size=job.local_batch_size,
-            )
+            loader = job.build_loader(world, rank, tokenizer)
         counter = StepCounter()
         if args.resume:
             # The loader's resume sequence (titan/loader_state.restore): no checkpoint byte runs. TorchTitan's
