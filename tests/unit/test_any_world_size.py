@@ -83,11 +83,7 @@ def test_every_lane_is_owned_once_and_rows_partition_the_step():
                 assert rows == list(range(global_batch))  # each row of the step taken once, in order
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(layout=_layouts(), packing=st.sampled_from(["wrap", "best_fit"]))
-def test_any_divisor_of_the_global_batch_gives_the_same_batches_and_resumes_at_any_other(
-    corpus_dir, tokenizer_dir, layout, packing
-):
+def _same_batches_and_resume(corpus_dir, tokenizer_dir, layout, packing):
     lanes, global_batch, world, resume, local, local_after = layout
     build = lambda w, lbs: _loaders(corpus_dir, tokenizer_dir, lanes, global_batch, w, lbs, packing=packing)  # noqa: E731
     reference = _steps(build(1, global_batch), 4, global_batch, global_batch)
@@ -99,6 +95,21 @@ def test_any_divisor_of_the_global_batch_gives_the_same_batches_and_resumes_at_a
     _restore(second, _checkpoint(first))
     for (rows, digests), (want_rows, want_digests) in zip(_steps(second, 2, global_batch, local_after), reference[2:]):
         assert torch.equal(rows, want_rows) and digests == want_digests
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=_layouts(), packing=st.sampled_from(["wrap", "best_fit"]))
+def test_any_divisor_of_the_global_batch_gives_the_same_batches_and_resumes_at_any_other(
+    corpus_dir, tokenizer_dir, layout, packing
+):
+    _same_batches_and_resume(corpus_dir, tokenizer_dir, layout, packing)
+
+
+@pytest.mark.slow  # the long sweep of the same property
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=_layouts(), packing=st.sampled_from(["wrap", "best_fit"]))
+def test_the_layout_sweep(corpus_dir, tokenizer_dir, layout, packing):
+    _same_batches_and_resume(corpus_dir, tokenizer_dir, layout, packing)
 
 
 def test_more_ranks_than_lanes_and_the_negative_controls(corpus_dir, tokenizer_dir):

@@ -52,7 +52,13 @@ def _processes(spec, steps: int, procs: int, states=None, start: int = 0) -> lis
         return list(parts.steps())
 
 
-@pytest.mark.parametrize("config", sorted(CONFIGS))
+# wrap and a finite run in the gate; best_fit and a schedule in the slow tier (the same code path).
+_SLOW_CONFIGS = {"best_fit", "schedule"}
+
+
+@pytest.mark.parametrize(
+    "config", [pytest.param(c, marks=pytest.mark.slow) if c in _SLOW_CONFIGS else c for c in sorted(CONFIGS)]
+)
 def test_processes_give_the_steps_of_one_process(corpus_dir, tokenizer_dir, config):
     spec = _spec(corpus_dir, tokenizer_dir, config)
     steps = 10_000 if config == "finite" else 12
@@ -67,7 +73,7 @@ def test_processes_give_the_steps_of_one_process(corpus_dir, tokenizer_dir, conf
     assert all(a[1] != b[1] for a, b in zip(other, one))
 
 
-@pytest.mark.parametrize("config", ["wrap", "schedule"])
+@pytest.mark.parametrize("config", ["wrap", pytest.param("schedule", marks=pytest.mark.slow)])
 def test_processes_continue_from_saved_lane_states(corpus_dir, tokenizer_dir, config):
     spec = _spec(corpus_dir, tokenizer_dir, config)
     group = LaneGroup(spec, range(spec.num_lanes), R, None, 0)
