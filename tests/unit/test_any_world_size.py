@@ -167,3 +167,19 @@ def test_the_eval_set_is_the_same_rows_for_any_divisor_of_its_batch(corpus_dir, 
     for world, local in ((2, 3), (3, 2), (4, 3), (12, 1)):  # W not dividing L, W > L, one row per rank
         got = eval_set(world, local)
         assert all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(got, reference)), world
+
+
+def test_worker_processes_with_shared_lanes(corpus_dir, tokenizer_dir):
+    # 2 lanes, 12 rows per step on 4 ranks: every lane is shared by two ranks, each producing it in its workers.
+    reference = _steps(_loaders(corpus_dir, tokenizer_dir, 2, 12, 1, 12), 3, 12, 12)
+    ranks = _loaders(corpus_dir, tokenizer_dir, 2, 12, 4, 3, num_workers=2, prefetch_factor=2)
+    try:
+        got = _steps(ranks, 3, 12, 3)
+        tokens = [sum(x) for x in zip(*(loader.consumed_tokens() for loader in ranks))]
+    finally:
+        for loader in ranks:
+            loader.close()
+    assert all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(got, reference))
+    one = _loaders(corpus_dir, tokenizer_dir, 2, 12, 1, 12)[0]
+    _steps([one], 3, 12, 12)
+    assert tokens == one.consumed_tokens()  # the owners' tokens add up to every lane once
