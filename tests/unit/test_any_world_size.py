@@ -169,6 +169,7 @@ def test_the_eval_set_is_the_same_rows_for_any_divisor_of_its_batch(corpus_dir, 
         assert all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(got, reference)), world
 
 
+@pytest.mark.slow  # worker processes: the same lanes as in process (test_stream, test_workers), shared here
 def test_worker_processes_with_shared_lanes(corpus_dir, tokenizer_dir):
     # 2 lanes, 12 rows per step on 4 ranks: every lane is shared by two ranks, each producing it in its workers.
     reference = _steps(_loaders(corpus_dir, tokenizer_dir, 2, 12, 1, 12), 3, 12, 12)

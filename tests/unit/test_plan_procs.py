@@ -52,8 +52,8 @@ def _processes(spec, steps: int, procs: int, states=None, start: int = 0) -> lis
         return list(parts.steps())
 
 
-# wrap and a finite run in the gate; best_fit and a schedule in the slow tier (the same code path).
-_SLOW_CONFIGS = {"best_fit", "schedule"}
+# wrap in the gate; best_fit, a schedule and a finite run in the slow tier (the same code path).
+_SLOW_CONFIGS = {"best_fit", "schedule", "finite"}
 
 
 @pytest.mark.parametrize(
