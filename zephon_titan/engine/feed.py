@@ -19,6 +19,7 @@ block before the window is shuffled (split.py); the validator's loader keeps onl
 from __future__ import annotations
 
 import bisect
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,9 +41,21 @@ from zephon_titan.errors import DataError, ResumeError
 # (a row of 2,048 tokens is often one document of a source, and a lane's first row meets a few sources).
 TOKENIZE_BATCH = 64
 FIRST_TOKENIZE_BATCH = 1
-# A batch also ends once its texts reach this many characters: every lane holds its current batch of
-# every source as token ids, and thousands of lanes of a process hold that many batches (issue 28).
-TOKENIZE_BATCH_CHARS = 32 << 10
+# A batch also ends once its texts reach a number of characters: every lane holds its current batch of
+# every source as token ids, so the readers of a process share a budget of characters tokenized ahead.
+# A few lanes get large batches (fewer, longer encode calls: ~15 % more tokens/s at 8 lanes than with
+# the floor), thousands of lanes the floor (issue 28).
+TOKENIZE_AHEAD_CHARS = 64 << 20
+TOKENIZE_BATCH_CHARS = (32 << 10, 1 << 20)  # (floor, ceiling) per reader
+_live_readers: weakref.WeakSet[LaneSourceReader] = weakref.WeakSet()
+
+
+def tokenize_batch_chars() -> int:
+    """Characters one reader tokenizes in a batch: its share of the process's budget, within bounds."""
+    floor, ceiling = TOKENIZE_BATCH_CHARS
+    return max(floor, min(ceiling, TOKENIZE_AHEAD_CHARS // max(1, len(_live_readers))))
+
+
 # A repeating source whose lane meets no document for this many epochs is empty.
 MAX_EMPTY_EPOCHS = 100
 # Sources in object storage: while a lane tokenizes window w, the blocks of window w+1 are
@@ -115,6 +128,7 @@ class LaneSourceReader:
         self._batch = FIRST_TOKENIZE_BATCH
         self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
         self._ahead: tuple[int, list[Future[BlockDocuments]]] | None = None
+        _live_readers.add(self)
 
     def _order(self, n: int, *path: object) -> Permutation | range:
         """A keyed shuffle of range(n), or file order when `shuffle` is off."""
@@ -226,11 +240,11 @@ class LaneSourceReader:
             stop = min(p + self._batch, len(window))
             self._batch = min(2 * self._batch, TOKENIZE_BATCH)
             docs = []
-            chars = 0
-            for i in range(p, stop):  # the next documents, up to TOKENIZE_BATCH_CHARS of text
+            chars, most = 0, tokenize_batch_chars()
+            for i in range(p, stop):  # the next documents, up to `most` characters of text
                 docs.append(window.document(window.order[i]))
                 chars += len(docs[-1][0])
-                if chars >= TOKENIZE_BATCH_CHARS:
+                if chars >= most:
                     stop = i + 1
                     break
             for item, file, row in docs:

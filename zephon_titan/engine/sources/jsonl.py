@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
+import weakref
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -31,6 +33,8 @@ from zephon_titan.errors import DataError
 # The line crossing a block's end is completed in reads of this size, so a block costs at
 # most block_bytes + 1 + (its last line's tail rounded up to this) bytes of requests.
 TAIL_READ_BYTES = 64 << 10
+# Raw bytes of local blocks a process may keep while lanes hold them (see JsonlSource._read).
+HELD_BYTES_BUDGET = 128 << 20
 
 
 class JsonlSource(Source):
@@ -88,14 +92,20 @@ class JsonlSource(Source):
                 line = held[rows[i] - start : rows[i] - start + lengths[i]]
             return self._text_of(line, f.path, rows[i], line_number)
 
-        # A local file's block keeps only where its lines are: each is read again when its document is
-        # due (from the page cache, usually), so a lane never holds bytes it has not reached. A compressed
-        # file cannot be read from the middle, and a request per document to object storage would be
-        # slow: those blocks keep their bytes.
-        held = data if codec or storage.is_uri(f.path) else None
+        # A compressed file cannot be read from the middle, and a request per document to object storage
+        # would be slow: those blocks keep their bytes. A local file's block keeps them too while the
+        # process's held blocks stay within HELD_BYTES_BUDGET (a few lanes: a read per document costs ~15 %
+        # of their tokens/s); past it, a block keeps only where its lines are, and each line is read again
+        # when its document is due (from the page cache, usually), so thousands of lanes never hold bytes
+        # they have not reached. Either way a document's text is the same.
+        keep = bool(codec) or storage.is_uri(f.path) or _held_bytes.take(len(data))
+        held = data if keep else None
         if held is None:
             del data  # an uncompressed file's line numbers are counted from the file, only on error
-        return BlockDocuments(f.path, LazyTexts(len(rows), text), rows)
+        block = BlockDocuments(f.path, LazyTexts(len(rows), text), rows)
+        if held is not None and not codec and not storage.is_uri(f.path):
+            weakref.finalize(block, _held_bytes.give_back, len(held))
+        return block
 
     def _read_line(self, f: FileBlocks, offset: int, length: int) -> bytes:
         """One line of a local file, read when its document is due (checked unchanged since it was listed)."""
@@ -224,6 +234,28 @@ def _local_handle(path: str, size: int, mtime_ns: int, options: storage.StorageO
     """A local file kept open for the documents read one by one (size and mtime in the key: a file
     rewritten under its name is opened anew; JsonlSource._read_line checks it before each read)."""
     return storage.open_input_file(path, (size, mtime_ns), options)
+
+
+class _ByteBudget:
+    """Bytes a process holds against a limit (thread-safe: remote read-ahead threads read blocks too)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def give_back(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+_held_bytes = _ByteBudget(HELD_BYTES_BUDGET)
 
 
 class _BadLine(Exception):
