@@ -6,6 +6,7 @@ zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
 zephon-titan index CONFIG.toml [--check]
+zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import select
+import shlex
 import sys
 import time
 from collections.abc import Iterable
@@ -506,6 +508,12 @@ def _index_differences(indexed, listed) -> list[str]:
     return problems
 
 
+def cmd_init(args) -> int:
+    from zephon_titan.init_job import run
+
+    return run(args, shlex.join(["zephon-titan", *args.argv]))
+
+
 JOB_HELP = "the job TOML (relative paths inside it start from the current directory)"
 
 
@@ -516,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="write the ledger a run of CONFIG will write")
     plan.add_argument("config", help=JOB_HELP)
-    plan.add_argument("--steps", type=int, help="last step to plan")
+    plan.add_argument("--steps", type=_positive, help="last step to plan")
     plan.add_argument(
         "--validation",
         action="store_true",
@@ -564,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("config", help=JOB_HELP)
     validate.add_argument(
         "--world-sizes",
-        type=lambda s: [int(x) for x in s.split(",") if x],
+        type=_int_list,
         default=[],
         metavar="W1,W2,...",
         help="data-parallel sizes to check the batch layout for; exit 1 if one is invalid",
@@ -581,7 +589,55 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("config", help=JOB_HELP)
     index.add_argument("--check", action="store_true", help="compare the indexes with the files; exit 1 if stale")
     index.set_defaults(run=cmd_index)
+    _add_init(sub)
     return p
+
+
+def _add_init(sub) -> None:
+    init = sub.add_parser("init", help="write a starter job from your data files and tokenizer (then validate it)")
+    init.add_argument(
+        "data",
+        nargs="+",
+        metavar="[NAME=]PATH",
+        help="a source each: a directory (its Parquet/JSONL files), a file or a quoted glob; NAME= names it",
+    )
+    init.add_argument("--tokenizer", required=True, help="the directory holding tokenizer.json (hf_assets_path)")
+    init.add_argument("-o", "--output", default="my_job.toml", help="the job file to write (default my_job.toml)")
+    init.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    init.add_argument(
+        "--gpus",
+        type=_int_list,
+        default=[1, 2, 4, 8],
+        metavar="N1,N2,...",
+        help="the data-parallel sizes (GPU counts, with FSDP) the job must run on (default 1,2,4,8)",
+    )
+    init.add_argument(
+        "--recipe",
+        default="llama3:llama3_debugmodel",
+        metavar="MODULE:CONFIG",
+        help="TorchTitan's --module and --config (default llama3:llama3_debugmodel, a small model to start with)",
+    )
+    init.add_argument("--flavor", help="the model size within the recipe's model (e.g. 1B)")
+    init.add_argument("--seq-len", type=_positive, default=2048, help="tokens per row (default 2048)")
+    init.add_argument("--local-batch-size", type=_positive, help="rows per microbatch (default: 8 rows of 2048 tokens)")
+    init.add_argument("--global-batch-size", type=_positive, help="rows per step (default: the least that fits --gpus)")
+    init.add_argument("--steps", type=_positive, help="training steps (default: about one pass over the data)")
+    init.add_argument("--weights", metavar="NAME=W,...", help="each source's weight (default: its share of the tokens)")
+    init.add_argument("--seed", type=int, default=1234, help="[dataloader] seed (default 1234)")
+    init.set_defaults(run=cmd_init)
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas (e.g. 8,16), got {text!r}") from None
 
 
 # Exit status when the reader of standard output went away (`zephon-titan verify A B | head -1`): what a
@@ -601,6 +657,7 @@ def _stdout_closed() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # the command as typed (init writes it into the job)
     try:
         status = args.run(args)
         sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit

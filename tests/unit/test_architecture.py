@@ -104,6 +104,7 @@ def test_the_command_line_imports_torch_only_for_the_commands_that_resolve_a_job
 
     heavy = {"torch", "torchtitan", "zephon_titan.titan.job"}
     assert not loaded("--help") & heavy
+    assert not loaded("init", "--help") & heavy
     assert not loaded("verify", str(tmp_path / "a.jsonl"), str(tmp_path / "a.jsonl")) & heavy
     # Control: a command that resolves a job does import them (the probe can see an import).
     assert {"torch", "torchtitan"} <= loaded("validate", str(tmp_path / "missing.toml"))

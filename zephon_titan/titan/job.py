@@ -56,6 +56,15 @@ _MISPLACED = {
     "global_batch_size": "set [training] global_batch_size instead (the loader takes it from there)",
     "dataset": "zephon_titan reads [dataloader.sources.<name>] tables, not a dataset name",
     "dataset_path": "zephon_titan reads [dataloader.sources.<name>] paths, not dataset_path",
+    # TorchTitan's Hugging Face loader settings (README, "Train on your own files", has the whole mapping).
+    "infinite": 'set exhaustion = "repeat" (every source loops, reshuffled: infinite = true) or "redistribute" '
+    "(each source read once: the run stops when a lane has read its share)",
+    "stopping_strategy": 'set exhaustion = "repeat" (sources loop and the mixture holds) or "redistribute" (each '
+    "source read once, an exhausted one leaves the mixture)",
+    "pin_memory": "remove it: not needed, a microbatch is a few hundred KB of token ids (the data wait is ~0.4 % "
+    "of a GPU step, docs/performance.md)",
+    "persistent_workers": "remove it: not needed, num_workers worker processes live for the whole run (lanes are "
+    "endless streams, there are no epochs)",
 }
 
 

@@ -1,0 +1,138 @@
+"""`zephon-titan init` as a new user meets it: a fresh folder of their files (Parquet whose text is in a
+`content` column, JSONL, gzip JSONL) and a tokenizer, the README's commands as written; the demo corpus; a
+mistake is one line; (slow) a 2-rank CPU run of the job it wrote, verified against `plan`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+
+import corpus
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import check, torchrun
+from test_demo import commands, readme_blocks
+
+from zephon_titan.cli import main
+from zephon_titan.toml_file import load_toml
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def user_folder(tmp_path, tokenizer_dir, prose_docs, code_docs, monkeypatch) -> str:
+    """data/web: JSONL and gzip JSONL; data/code: Parquet with `content`, a shorter `path` and an id column;
+    assets/my_tokenizer. The working directory, as the README's commands expect."""
+    corpus.write_jsonl(prose_docs[:40], str(tmp_path / "data" / "web"), num_files=2)
+    with gzip.open(tmp_path / "data" / "web" / "more.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": t, "url": f"https://example.com/{i}"}) + "\n" for i, t in enumerate(prose_docs[40:80]))  # fmt: skip
+    os.makedirs(tmp_path / "data" / "code")
+    table = pa.table({"path": [f"lib/m{i}.py" for i in range(len(code_docs))], "content": code_docs,
+                      "stars": list(range(len(code_docs)))})  # fmt: skip
+    pq.write_table(table, str(tmp_path / "data" / "code" / "part-0.parquet"), row_group_size=8)
+    shutil.copytree(tokenizer_dir, tmp_path / "assets" / "my_tokenizer")
+    monkeypatch.chdir(tmp_path)
+    return str(tmp_path)
+
+
+def test_the_readme_commands_write_a_job_that_validate_accepts(user_folder, capsys):
+    (block,) = [b for b in readme_blocks() if "zephon-titan init" in b]
+    ran = [argv for argv in commands(block) if argv[:2] in (["zephon-titan", "init"], ["zephon-titan", "validate"])]
+    assert len(ran) == 2, block  # init, then validate on the GPU counts init was given
+    assert main(ran[0][1:]) == 0
+    said = capsys.readouterr().out
+    assert "code: parquet, 1 files" in said and "text_field 'content' (no \"text\" column; 'content' has the longest" in said  # fmt: skip
+    assert "web: jsonl, 3 files" in said and "vocab_size 2048: the tokenizer's 2,000 ids rounded up to 64" in said
+    assert "global_batch_size 128, local_batch_size 8" in said and "num_lanes 64" in said
+    job = load_toml("my_job.toml")
+    web, code = job["dataloader"]["sources"]["web"], job["dataloader"]["sources"]["code"]
+    assert web["paths"] == ["data/web/**/*.jsonl", "data/web/**/*.jsonl.gz"] and web["text_field"] == "text"
+    assert code["paths"] == ["data/code/**/*.parquet"] and code["text_field"] == "content"
+    assert job["dump_folder"] == "outputs/my_job" and job["model"]["vocab_size"] == 2048
+    assert main(ran[1][1:]) == 0  # every document read, both GPU counts valid
+    out = capsys.readouterr().out
+    assert "8 ranks: ok" in out and "16 ranks: ok" in out
+
+
+def test_the_estimates_on_the_demo_corpus_are_its_counts(workdir, tmp_path, monkeypatch, capsys):
+    """Every file of the demo corpus fits the sample: init's documents and tokens are validate's exact counts."""
+    monkeypatch.chdir(tmp_path)
+    demo = os.path.join(workdir, "demo_out")
+    argv = ["init", f"{demo}/code", f"{demo}/prose", "--tokenizer", f"{demo}/tokenizer", "--gpus", "1,2,4",
+            "--seq-len", "128", "-o", "demo_job.toml"]  # fmt: skip
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert main(["validate", "demo_job.toml", "--world-sizes", "1,2,4"]) == 0
+    counted = re.findall(
+        r"(\w+) +weight [\d.]+ .*?, ([\d,]+) documents, ([\d,]+) tokens per epoch", capsys.readouterr().out
+    )
+    assert [name for name, _, _ in counted] == ["code", "prose"]
+    for name, documents, tokens in counted:
+        line = next(line for line in said.splitlines() if line.startswith(f"  {name}:"))
+        assert f"~{int(documents.replace(',', ''))} documents" in line
+        assert f"~{int(tokens.replace(',', '')) / 1000:.1f}K tokens" in line
+    job = load_toml("demo_job.toml")
+    weights = [s["weight"] for s in job["dataloader"]["sources"].values()]
+    assert abs(sum(weights) - 1) < 1e-3 and job["training"]["global_batch_size"] == 32  # 8 rows x lcm(1, 2, 4)
+
+
+def _error(argv: list[str], capsys) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not os.path.exists("my_job.toml")  # nothing written
+    return err
+
+
+def test_mistakes_are_one_line(user_folder, capsys):
+    init = ["init", "--tokenizer", "assets/my_tokenizer"]
+    err = _error([*init, "web=data/nothing/*.jsonl"], capsys)
+    assert "data/nothing/*.jsonl: matches no file" in err
+    pq.write_table(pa.table({"id": [1, 2], "score": [0.5, 0.7]}), "data/numbers.parquet")
+    err = _error([*init, "data/numbers.parquet"], capsys)
+    assert "data/numbers.parquet: no string column" in err and "id (int64), score (double)" in err
+    err = _error(["init", "data/web", "--tokenizer", "assets/missing"], capsys)
+    assert "--tokenizer assets/missing does not exist" in err
+    err = _error([*init, "data/web", "--gpus", "8,16", "--global-batch-size", "100"], capsys)
+    assert "--global-batch-size 100: must be a multiple of 128" in err
+    err = _error([*init, "data/web", "--recipe", "llama3:no_such_config"], capsys)
+    assert "no_such_config" in err
+
+
+@pytest.mark.slow  # a 2-rank CPU run of the trainer (~1 min)
+def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, capsys):
+    argv = ["init", "web=data/web", "code=data/code", "--tokenizer", "assets/my_tokenizer", "--gpus", "1,2",
+            "--seq-len", "128", "--steps", "4", "-o", "my_job.toml"]  # fmt: skip
+    assert main(argv) == 0  # the README's CPU variant
+    assert main(["validate", "my_job.toml", "--world-sizes", "1,2"]) == 0
+    check(torchrun(user_folder, "zephon_titan.train_cpu", 2, ["--job.config_file", "my_job.toml"]))
+    assert main(["plan", "my_job.toml", "--steps", "4", "-o", "planned.jsonl"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "planned.jsonl", "outputs/my_job/checkpoint/ledger.jsonl"]) == 0
+    assert "identical: all 4 steps" in capsys.readouterr().out
+
+
+def test_the_readme_maps_every_setting_of_torchtitans_hf_loader(tmp_path):
+    import dataclasses
+
+    from torchtitan.hf_datasets.text_datasets import HFDataSource, InterleavedHuggingFaceTextDataLoader
+
+    from zephon_titan.errors import ConfigError
+    from zephon_titan.titan.job import load_job
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "README.md")) as f:
+        readme = f.read()
+    table = readme[readme.index("**Coming from TorchTitan's Hugging Face loader**") : readme.index("## At scale")]
+    settings = {f.name for c in (HFDataSource, InterleavedHuggingFaceTextDataLoader.Config) for f in dataclasses.fields(c)}  # fmt: skip
+    assert sorted(s for s in settings if f"`{s}`" not in table) == []
+    # Those a job may not keep are refused with the line to write instead.
+    for key, value in (("pin_memory", "true"), ("persistent_workers", "true"), ("infinite", "false"),
+                       ("stopping_strategy", '"all_exhausted"')):  # fmt: skip
+        job = tmp_path / "job.toml"
+        job.write_text(f'[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n[dataloader]\n{key} = {value}\n')
+        with pytest.raises(ConfigError, match=rf"\[dataloader\] {key} is not a loader setting; (set|remove)"):
+            load_job(str(job))

@@ -1,0 +1,583 @@
+"""`zephon-titan init`: a starter job from your files and a tokenizer.
+
+    zephon-titan init web=data/web code=data/code --tokenizer assets/my_tokenizer --gpus 8,16 -o my_job.toml
+
+Each data argument is a source: a directory (every Parquet / JSONL file under it, one source per format), a
+file, or a quoted glob; `NAME=PATH` names it (else the directory's name). Files the shell expanded from one
+directory (`data/code/*.parquet` unquoted) are one source again. For each source it samples a few documents
+from a few files (spread over its list) to pick the text column and to estimate documents and tokens with
+the job's own tokenizer; then it chooses the batch layout for the GPU counts named, writes a commented job
+TOML and resolves it as the trainer does (so `zephon-titan validate` accepts it).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE, divisors
+from zephon_titan.engine.sources import formats, storage
+from zephon_titan.engine.sources.base import expand_paths
+from zephon_titan.engine.sources.storage import FileStat
+from zephon_titan.errors import ConfigError
+
+SAMPLE_FILES = 8  # files read per source, spread over its sorted file list
+SAMPLE_ROWS = 64  # documents read per sampled file
+SAMPLE_BYTES = 1 << 20  # bytes of JSONL read per sampled file (the rest of the file is estimated from it)
+VOCAB_MULTIPLE = 64  # the model's vocabulary is rounded up to this (as `validate` suggests)
+MAX_LANES = 64  # num_lanes proposed at most, unless the GPU counts need more
+MAX_LOCAL_TOKENS = 16384  # the proposed local batch holds at most this many tokens (8 rows of 2048)
+MAX_LOCAL_ROWS = 8
+SUPPORTED = ("parquet", "jsonl")
+
+
+@dataclass
+class Sample:
+    """What one sampled file showed: its string fields' values, and how many documents it holds."""
+
+    texts: dict[str, list[str]]  # field -> its values in the sampled documents (string fields only)
+    other_fields: dict[str, str]  # field -> type, for fields that are not strings
+    documents: int  # documents read
+    file_documents: float  # documents in the whole file (exact, or estimated from the bytes read)
+
+
+@dataclass
+class SourcePlan:
+    name: str
+    paths: list[str]
+    format: str
+    files: list[FileStat]
+    samples: list[Sample] = field(default_factory=list)
+    text_field: str = ""
+    why_field: str = ""
+    documents: float = 0.0
+    tokens: float = 0.0
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+# ---- which sources -------------------------------------------------------------------------------------
+
+
+def plan_sources(arguments: list[str]) -> list[SourcePlan]:
+    """One SourcePlan per data argument (a directory may give one per format), files listed."""
+    plans: list[SourcePlan] = []
+    loose: dict[tuple[str, str], list[str]] = {}  # (directory, format) -> plain files named one by one
+    for argument in arguments:
+        name, _, path = argument.partition("=") if _named(argument) else ("", "", argument)
+        if _format_name(path.rstrip("/")) == "lance":
+            _format(path, argument)  # refused, saying why
+        if os.path.isdir(path):
+            plans += _directory_sources(name, path)
+        elif not name and os.path.isfile(path):
+            loose.setdefault((os.path.dirname(path), _format(path, path)), []).append(path)
+        else:
+            plans.append(_source(name or _name_of(path), [path]))
+    for (directory, _), paths in loose.items():
+        plans.append(_source(_name_of(directory or "."), _as_glob(directory, paths)))
+    _deduplicate_names(plans)
+    return plans
+
+
+def _as_glob(directory: str, paths: list[str]) -> list[str]:
+    """Files named one by one (a glob the shell expanded): `directory/*<ending>` when that is all of them."""
+    endings = {"." + os.path.basename(p).split(".", 1)[1] for p in paths if "." in os.path.basename(p)}
+    if len(endings) == 1:
+        pattern = os.path.join(directory, "*" + endings.pop())
+        if sorted(map(os.path.normpath, glob.glob(pattern))) == sorted(map(os.path.normpath, paths)):
+            return [pattern]
+    return paths
+
+
+def _named(argument: str) -> bool:
+    name, sep, _ = argument.partition("=")
+    return bool(sep) and name.replace("_", "").replace("-", "").isalnum()
+
+
+def _format_name(path: str) -> str | None:
+    """The registered format whose file endings `path` has (None: no format's)."""
+    return next((n for n in formats.format_names() if path.endswith(formats.get_format(n, "").extensions)), None)
+
+
+def _format(path: str, argument: str) -> str:
+    name = _format_name(path)
+    if name not in SUPPORTED:
+        what = f"a {name} dataset" if name else "not a Parquet or JSONL file (.parquet, .jsonl, .jsonl.gz, .jsonl.zst)"
+        raise ConfigError(
+            f"{argument}: {path} is {what}; init reads Parquet and JSONL (other formats: write the source by hand, "
+            "docs/configuration.md), so leave it out or name only the data files"
+        )
+    return name
+
+
+def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
+    """Every Parquet or JSONL file under `directory`: one source per format, one glob per file ending."""
+    endings: dict[str, set[str]] = {}
+    for _, _, files in os.walk(directory):
+        for file in files:
+            fmt = _format_name(file)
+            if fmt in SUPPORTED:
+                extensions = formats.get_format(fmt, "").extensions
+                endings.setdefault(fmt, set()).add(max((e for e in extensions if file.endswith(e)), key=len))
+    if not endings:
+        raise ConfigError(
+            f"{directory}: no Parquet or JSONL file (.parquet, .jsonl, .jsonl.gz, .jsonl.zst) under it; "
+            "name the folder that holds your data files"
+        )
+    base = name or _name_of(directory)
+    return [
+        _source(
+            base if len(endings) == 1 else f"{base}_{fmt}",
+            [os.path.join(directory, "**", f"*{e}") for e in sorted(ends)],
+        )
+        for fmt, ends in sorted(endings.items())
+    ]
+
+
+def _source(name: str, paths: list[str]) -> SourcePlan:
+    for pattern in paths:
+        if not storage.expand(pattern):
+            raise ConfigError(
+                f"{pattern}: matches no file (from {os.getcwd()}); fix the path, and quote a glob so that init "
+                "reads it (not the shell)"
+            )
+    files = expand_paths(name, paths)  # the loader's own listing, sorted
+    found = {_format(f.path, ", ".join(paths)) for f in files}
+    if len(found) > 1:
+        raise ConfigError(
+            f"{', '.join(paths)}: mixes {' and '.join(sorted(found))} files; give each format its own argument "
+            "(a source reads one format)"
+        )
+    return SourcePlan(name, paths, found.pop(), files)
+
+
+def _name_of(path: str) -> str:
+    """A source name from a path: the last folder before any wildcard, else the file's name."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    plain = [p for p in parts if not any(c in p for c in "*?[")]
+    if len(plain) == len(parts) and plain and "." in plain[-1] and not os.path.isdir(path):
+        plain[-1] = plain[-1].split(".", 1)[0]  # a file: its name without extensions
+    chosen = plain[-1] if plain else "data"
+    cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in chosen).strip("_-")
+    return (cleaned or "data")[:48]
+
+
+def _deduplicate_names(plans: list[SourcePlan]) -> None:
+    seen: set[str] = set()
+    for plan in plans:
+        name, n = plan.name, 2
+        while plan.name in seen:
+            plan.name, n = f"{name}_{n}", n + 1
+        seen.add(plan.name)
+
+
+# ---- what the files hold -------------------------------------------------------------------------------
+
+
+def spread(files: list[FileStat], count: int = SAMPLE_FILES) -> list[FileStat]:
+    """Up to `count` files evenly spread over the list (first and last included)."""
+    if len(files) <= count:
+        return files
+    return [files[round(i * (len(files) - 1) / (count - 1))] for i in range(count)]
+
+
+def sample_file(fmt: str, file: FileStat) -> Sample:
+    handle = storage.open_input_file(file.path, (file.size, file.mtime_ns))
+    with handle:
+        return _sample_parquet(handle) if fmt == "parquet" else _sample_jsonl(handle, file)
+
+
+def _sample_parquet(handle: pa.NativeFile) -> Sample:
+    parquet = pq.ParquetFile(handle)
+    schema = parquet.schema_arrow
+    strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    others = {f.name: str(f.type) for f in schema if f.name not in strings}
+    texts: dict[str, list[str]] = {name: [] for name in strings}
+    if strings and parquet.metadata.num_rows:
+        batch = next(parquet.iter_batches(batch_size=SAMPLE_ROWS, columns=strings))
+        for name in strings:
+            texts[name] = [v for v in batch.column(name).to_pylist() if v is not None]
+    return Sample(texts, others, min(parquet.metadata.num_rows, SAMPLE_ROWS), parquet.metadata.num_rows)
+
+
+def _sample_jsonl(handle: pa.NativeFile, file: FileStat) -> Sample:
+    """The first lines (SAMPLE_BYTES, or up to the end of the first line); the file's documents are
+    counted when it was read whole, else estimated from the bytes behind the lines read."""
+    codec = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}.get(os.path.splitext(file.path)[1])
+    stream = pa.CompressedInputStream(handle, codec) if codec else handle
+    data, whole = b"", False
+    while not whole and (len(data) < SAMPLE_BYTES or b"\n" not in data) and len(data) < 64 * SAMPLE_BYTES:
+        chunk = stream.read(SAMPLE_BYTES)
+        data, whole = data + chunk, not chunk
+    lines = data.split(b"\n")
+    cut = b"" if whole else lines.pop()  # the line the last read cut off
+    records = [_record(line, file.path, n) for n, line in enumerate(lines, 1) if line.strip()]
+    behind = handle.tell() if codec else len(data) - len(cut)  # compressed bytes read, or the lines' bytes
+    documents = len(records) if whole else len(records) * file.size / max(1, behind)
+    texts: dict[str, list[str]] = {}
+    others: dict[str, str] = {}
+    for record in records[:SAMPLE_ROWS]:
+        for key, value in record.items():
+            if isinstance(value, str):
+                texts.setdefault(key, []).append(value)
+            else:
+                others.setdefault(key, type(value).__name__)
+    read = min(len(records), SAMPLE_ROWS)
+    others.update({k: "not a string in every line" for k, v in texts.items() if len(v) < read})
+    return Sample({k: v for k, v in texts.items() if len(v) == read}, others, read, documents)
+
+
+def _record(line: bytes, path: str, number: int) -> dict:
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} line {number}: not valid JSON ({e}); fix the line or leave the file out") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path} line {number}: a JSON {type(record).__name__}, expected an object per line")
+    return record
+
+
+def choose_text_field(plan: SourcePlan) -> None:
+    """`text` if every sampled file has it as a string, else the string field with the longest average values."""
+    samples = [s for s in plan.samples if s.documents]  # an empty file has no say
+    common = set.intersection(*(set(s.texts) for s in samples))
+    if not common:
+        found = ", ".join(f"{k} ({t})" for k, t in samples[0].other_fields.items()) or "none"
+        raise ConfigError(
+            f"{plan.files[0].path}: no string column in every sampled document of source {plan.name!r} (columns: "
+            f"{found}); init needs a column of text (pre-tokenized ids: set token_field by hand, docs/configuration.md)"
+        )
+    mean = {
+        k: sum(len(t) for s in samples for t in s.texts[k]) / max(1, sum(len(s.texts[k]) for s in samples))
+        for k in common
+    }
+    ranked = sorted(common, key=lambda k: (-mean[k], k))
+    if "text" in common:
+        plan.text_field, plan.why_field = "text", ""
+        return
+    plan.text_field = ranked[0]
+    others = ", ".join(f"{k} {mean[k]:,.0f}" for k in ranked[1:4])
+    plan.why_field = (
+        f'no "text" column; {ranked[0]!r} has the longest texts (mean {mean[ranked[0]]:,.0f} characters'
+        + (f"; others: {others})" if others else ")")
+    )
+
+
+def estimate(plan: SourcePlan, tokenizer) -> None:
+    """Documents from the sampled files' counts scaled by bytes; tokens from the sample tokenized."""
+    read = sum(s.file_documents for s in plan.samples)
+    plan.documents = read * plan.bytes / max(1, sum(f.size for f in spread(plan.files)))
+    texts = [t for s in plan.samples for t in s.texts[plan.text_field]]
+    ids = tokenizer.encode(texts) if texts else []
+    plan.tokens = plan.documents * (sum(len(i) for i in ids) / max(1, len(ids)))
+
+
+def inspect_sources(arguments: list[str], tokenizer) -> list[SourcePlan]:
+    plans = plan_sources(arguments)
+    for plan in plans:
+        plan.samples = [sample_file(plan.format, f) for f in spread(plan.files)]
+        if not any(s.documents for s in plan.samples):
+            raise ConfigError(f"{', '.join(plan.paths)}: the sampled files hold no document; check the files")
+        choose_text_field(plan)
+        estimate(plan, tokenizer)
+    return plans
+
+
+# ---- the batch layout ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    gpus: tuple[int, ...]
+    global_batch_size: int
+    local_batch_size: int
+    num_lanes: int
+
+    def why(self) -> list[str]:
+        lcm = math.lcm(*self.gpus)
+        per_gpu = ", ".join(f"{self.global_batch_size // w} on {w}" for w in self.gpus)
+        return [
+            f"global_batch_size {self.global_batch_size}, local_batch_size {self.local_batch_size}: a multiple of "
+            f"{self.local_batch_size} x {lcm} (the least common multiple of the GPU counts), so every count divides "
+            f"it and each GPU's rows are whole microbatches (rows per GPU: {per_gpu})",
+            f"num_lanes {self.num_lanes}: a multiple of {lcm} dividing the global batch (each GPU makes whole lanes), "
+            f"at most {max(MAX_LANES, lcm)}",
+        ]
+
+
+def propose_layout(gpus: list[int], seq_len: int, local: int | None, global_: int | None) -> Layout:
+    if not gpus or min(gpus) < 1:
+        raise ConfigError(f"--gpus {','.join(map(str, gpus))}: name positive GPU counts, e.g. --gpus 8,16,32")
+    lcm = math.lcm(*gpus)
+    local = local or max(1, min(MAX_LOCAL_ROWS, MAX_LOCAL_TOKENS // seq_len))
+    unit = lcm * local  # every GPU count divides a multiple of it, and local divides the rows per GPU
+    size = global_ or unit
+    if size % unit:
+        raise ConfigError(
+            f"--global-batch-size {size}: must be a multiple of {unit} (local_batch_size {local} x {lcm}, the least "
+            f"common multiple of --gpus {','.join(map(str, gpus))}), e.g. {unit * max(1, round(size / unit))}"
+        )
+    if size > MAX_GLOBAL_BATCH_SIZE:
+        raise ConfigError(
+            f"--gpus {','.join(map(str, gpus))} with local batch {local} need {size:,} rows per step, above the "
+            f"bound of {MAX_GLOBAL_BATCH_SIZE:,}; name fewer or rounder GPU counts (e.g. powers of 2)"
+        )
+    lanes = max(lcm * k for k in divisors(size // lcm, limit=1 << 12) if lcm * k <= max(MAX_LANES, lcm))
+    return Layout(tuple(sorted(set(gpus))), size, local, lanes)
+
+
+# ---- the job file --------------------------------------------------------------------------------------
+
+
+def round_vocab(ids: int) -> int:
+    return -(-ids // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def weights_of(plans: list[SourcePlan], given: dict[str, float]) -> dict[str, float]:
+    """The given weights (every source named), else each source's share of the estimated tokens."""
+    names = [p.name for p in plans]
+    if given:
+        if sorted(given) != sorted(names):
+            raise ConfigError(
+                f"--weights names {', '.join(sorted(given))}, the sources are {', '.join(names)}; give one "
+                "weight per source (NAME=W,...) or leave --weights out (weights from the sizes)"
+            )
+        return {n: given[n] for n in names}
+    total = sum(p.tokens for p in plans) or 1.0
+    return {p.name: max(round(p.tokens / total, 4), 0.0001) for p in plans}
+
+
+def distinct_dump_folder(job_path: str) -> str:
+    """outputs/<job name>, or outputs/<job name>-N when that folder exists (another run's checkpoints)."""
+    stem = os.path.splitext(os.path.basename(job_path))[0] or "job"
+    folder, n = os.path.join("outputs", stem), 2
+    while os.path.exists(folder):
+        folder, n = os.path.join("outputs", f"{stem}-{n}"), n + 1
+    return folder
+
+
+def _toml(value) -> str:
+    return (
+        json.dumps(value)
+        if isinstance(value, (str, list))
+        else str(value).lower()
+        if isinstance(value, bool)
+        else str(value)
+    )
+
+
+def _line(key: str, value, comment: str = "") -> str:
+    """`key = value  # comment`; a long value gets its comment on the line above."""
+    text = f"{key} = {_toml(value)}"
+    if not comment:
+        return text
+    return f"{text:<37} # {comment}" if len(text) <= 37 else f"# {comment}\n{text}"
+
+
+def _count(n: float, units: tuple[str, ...] = ("", "K", "M", "B")) -> str:
+    """1234567 -> 1.2M; 999 -> 999."""
+    power = min(len(units) - 1, max(0, int(math.log10(max(n, 1)) // 3)))
+    return f"{n / 1000**power:.1f}{units[power]}" if power else f"{n:.0f}{units[0]}"
+
+
+def _bytes(n: int) -> str:
+    return _count(n, (" bytes", " KB", " MB", " GB", " TB"))
+
+
+def describe(plan: SourcePlan) -> str:
+    return (
+        f"{plan.format}, {len(plan.files)} files, {_bytes(plan.bytes)}, ~{_count(plan.documents)} documents, "
+        f"~{_count(plan.tokens)} tokens"
+    )
+
+
+@dataclass
+class JobChoices:
+    path: str
+    tokenizer: str
+    vocab_ids: int
+    module: str
+    config: str
+    flavor: str
+    seq_len: int
+    layout: Layout
+    steps: int
+    seed: int
+    dump_folder: str
+    weights: dict[str, float]
+    weights_given: bool
+    sources: list[SourcePlan]
+
+
+def render(c: JobChoices, command: str) -> str:
+    """The job TOML, every choice with a comment saying why."""
+    gpus = ",".join(map(str, c.layout.gpus))
+    tokens_per_step = c.layout.global_batch_size * c.seq_len
+    out = [
+        f"# Written by: {command if len(command) < 300 else command[:300] + ' ...'}",
+        f"# Check:  zephon-titan validate {c.path} --world-sizes {gpus}",
+        f"# Train:  torchrun --nproc_per_node {c.layout.gpus[0]} -m zephon_titan.train --job.config_file {c.path}",
+        "#         (no GPU: -m zephon_titan.train_cpu). Every key: docs/configuration.md.",
+        "# Relative paths start from the directory you launch from.",
+        _line("hf_assets_path", c.tokenizer, f"the tokenizer (the trainer's and the loader's): {c.vocab_ids:,} ids"),
+        _line("dump_folder", c.dump_folder, "this run's own folder: checkpoints, ledger.jsonl"),
+        "",
+        "[model]",
+        _line("module", c.module, "a TorchTitan model package (or an importable recipe module)"),
+        _line("config", c.config, "a function of its config_registry: its settings are the defaults"),
+    ]
+    if c.flavor:
+        out.append(_line("flavor", c.flavor, "the model size"))
+    out += [
+        _line(
+            "vocab_size",
+            round_vocab(c.vocab_ids),
+            f"the tokenizer's {c.vocab_ids:,} ids rounded up to {VOCAB_MULTIPLE}",
+        ),
+        "",
+        "[training]",
+        _line("seq_len", c.seq_len),
+        _line(
+            "global_batch_size",
+            c.layout.global_batch_size,
+            f"rows per step, fixed for the run: {gpus} GPUs all divide it",
+        ),
+        _line("local_batch_size", c.layout.local_batch_size, "rows per microbatch; lower it if one does not fit a GPU"),
+        _line("steps", c.steps, f"~one pass over the data at {tokens_per_step:,} tokens per step"),
+        "",
+        "[checkpoint]",
+        _line("enable", True),
+        _line("interval", max(1, min(500, c.steps // 10))),
+        _line("last_save_model_only", False, "keep the loader state in the last checkpoint (to resume)"),
+        "",
+        "[dataloader]",
+        _line("num_lanes", c.layout.num_lanes, "fixed for the run; a multiple of every GPU count named"),
+        _line("seed", c.seed, "every shuffle; another seed is another data order"),
+        "# Validation on held-out documents: eval_fraction per source and [validator] (docs/validation.md).",
+    ]
+    for plan in c.sources:
+        share = "as given" if c.weights_given else "its share of the estimated tokens: sources run out together"
+        out += [
+            "",
+            f"[dataloader.sources.{plan.name}]",
+            _line("paths", plan.paths, describe(plan)),
+            _line("text_field", plan.text_field, plan.why_field or "the text column"),
+            _line("weight", c.weights[plan.name], share),
+        ]
+    return "\n".join(out) + "\n"
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+
+
+def check_tokenizer_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        what = "is a file" if os.path.isfile(path) else "does not exist"
+        raise ConfigError(
+            f"--tokenizer {path} {what}; name the directory holding tokenizer.json and tokenizer_config.json "
+            "(e.g. a Hugging Face model download)"
+        )
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise ConfigError(
+            f"--tokenizer {path} holds no tokenizer.json; download it with the model's tokenizer_config.json "
+            "(huggingface-cli download <model> tokenizer.json tokenizer_config.json --local-dir DIR)"
+        )
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    weights = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--weights {text}: expected NAME=WEIGHT,... (e.g. web=0.7,code=0.3)") from None
+    return weights
+
+
+def parse_recipe(text: str) -> tuple[str, str]:
+    module, _, config = text.partition(":")
+    if not module or not config:
+        raise ConfigError(
+            f"--recipe {text}: expected MODULE:CONFIG, e.g. llama3:llama3_8b (TorchTitan's --module and --config)"
+        )
+    return module, config
+
+
+def run(args, command: str) -> int:
+    from zephon_titan.titan.tokenizer import load_tokenizer
+
+    if os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} exists; pass --force to replace it, or -o another file")
+    check_tokenizer_dir(args.tokenizer)
+    module, config = parse_recipe(args.recipe)
+    given = parse_weights(args.weights or "")
+    layout = propose_layout(args.gpus, args.seq_len, args.local_batch_size, args.global_batch_size)
+    tokenizer = load_tokenizer(args.tokenizer, key="--tokenizer", backend="tokenizers")  # ids to count only
+    plans = inspect_sources(args.data, tokenizer)
+    total = sum(p.tokens for p in plans)
+    steps = args.steps or max(1, math.ceil(total / (layout.global_batch_size * args.seq_len)))
+    choices = JobChoices(
+        path=args.output,
+        tokenizer=args.tokenizer,
+        vocab_ids=tokenizer.vocab_size,
+        module=module,
+        config=config,
+        flavor=args.flavor or "",
+        seq_len=args.seq_len,
+        layout=layout,
+        steps=steps,
+        seed=args.seed,
+        dump_folder=distinct_dump_folder(args.output),
+        weights=weights_of(plans, given),
+        weights_given=bool(given),
+        sources=plans,
+    )
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(render(choices, command))
+    try:
+        check_written(args.output, layout)
+    except ConfigError:
+        os.remove(args.output)
+        raise
+    report(choices)
+    return 0
+
+
+def check_written(path: str, layout: Layout) -> None:
+    """The written job resolves as the trainer reads it (recipe, keys, vocabulary) at every GPU count."""
+    from zephon_titan.titan.job import load_job
+
+    job = load_job(path)
+    for w in layout.gpus:
+        job.check_layout(w)
+    job.check_model_vocab()
+
+
+def report(c: JobChoices) -> None:
+    print(f"sources (sampled up to {SAMPLE_FILES} files x {SAMPLE_ROWS} documents each, tokenized with {c.tokenizer}):")
+    for plan in c.sources:
+        print(
+            f"  {plan.name}: {describe(plan)}; text_field {plan.text_field!r}"
+            + (f" ({plan.why_field})" if plan.why_field else "")
+        )
+    how = "as given" if c.weights_given else "each source's share of the tokens, so all run out at the same step"
+    print("weights: " + ", ".join(f"{n} {w:g}" for n, w in c.weights.items()) + f" ({how})")
+    print(f"vocab_size {round_vocab(c.vocab_ids)}: the tokenizer's {c.vocab_ids:,} ids rounded up to {VOCAB_MULTIPLE}")
+    for line in c.layout.why():
+        print(line)
+    print(
+        f"steps {c.steps}: ~one pass over ~{_count(sum(p.tokens for p in c.sources))} tokens; dump_folder {c.dump_folder}"
+    )
+    gpus = ",".join(map(str, c.layout.gpus))
+    print(
+        f"wrote {c.path} (it resolves as the trainer reads it); next: zephon-titan validate {c.path} --world-sizes {gpus}"
+    )
