@@ -34,7 +34,7 @@ VOCAB_MULTIPLE = 64  # the model's vocabulary is rounded up to this (as `validat
 MAX_LANES = 64  # num_lanes proposed at most, unless the GPU counts need more
 MAX_LOCAL_TOKENS = 16384  # the proposed local batch holds at most this many tokens (8 rows of 2048)
 MAX_LOCAL_ROWS = 8
-SUPPORTED = ("parquet", "jsonl")
+FILE_FORMATS = ("parquet", "jsonl")  # Lance datasets are directories, named by their .lance path
 
 
 @dataclass
@@ -74,8 +74,8 @@ def plan_sources(arguments: list[str]) -> list[SourcePlan]:
     for argument in arguments:
         name, _, path = argument.partition("=") if _named(argument) else ("", "", argument)
         if _format_name(path.rstrip("/")) == "lance":
-            _format(path, argument)  # refused, saying why
-        if os.path.isdir(path):
+            plans.append(_lance_source(name or _name_of(path), path))
+        elif os.path.isdir(path):
             plans += _directory_sources(name, path)
         elif not name and os.path.isfile(path):
             loose.setdefault((os.path.dirname(path), _format(path, path)), []).append(path)
@@ -109,11 +109,10 @@ def _format_name(path: str) -> str | None:
 
 def _format(path: str, argument: str) -> str:
     name = _format_name(path)
-    if name not in SUPPORTED:
-        what = f"a {name} dataset" if name else "not a Parquet or JSONL file (.parquet, .jsonl, .jsonl.gz, .jsonl.zst)"
+    if name not in FILE_FORMATS:
         raise ConfigError(
-            f"{argument}: {path} is {what}; init reads Parquet and JSONL (other formats: write the source by hand, "
-            "docs/configuration.md), so leave it out or name only the data files"
+            f"{argument}: {path} is not a Parquet or JSONL (.jsonl, .jsonl.gz, .jsonl.zst) file (nor a .lance dataset); "
+            "leave it out, or name only the data files"
         )
     return name
 
@@ -124,7 +123,7 @@ def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
     for _, _, files in os.walk(directory):
         for file in files:
             fmt = _format_name(file)
-            if fmt in SUPPORTED:
+            if fmt in FILE_FORMATS:
                 extensions = formats.get_format(fmt, "").extensions
                 endings.setdefault(fmt, set()).add(max((e for e in extensions if file.endswith(e)), key=len))
     if not endings:
@@ -140,6 +139,14 @@ def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
         )
         for fmt, ends in sorted(endings.items())
     ]
+
+
+def _lance_source(name: str, pattern: str) -> SourcePlan:
+    from zephon_titan.engine.sources.lance import expand_datasets
+
+    datasets = expand_datasets(name, [pattern])
+    sizes = [sum(os.path.getsize(os.path.join(r, f)) for r, _, files in os.walk(d) for f in files) for d in datasets]
+    return SourcePlan(name, [pattern], "lance", [FileStat(d, size, 0) for d, size in zip(datasets, sizes)])
 
 
 def _source(name: str, paths: list[str]) -> SourcePlan:
@@ -163,8 +170,8 @@ def _name_of(path: str) -> str:
     """A source name from a path: the last folder before any wildcard, else the file's name."""
     parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
     plain = [p for p in parts if not any(c in p for c in "*?[")]
-    if len(plain) == len(parts) and plain and "." in plain[-1] and not os.path.isdir(path):
-        plain[-1] = plain[-1].split(".", 1)[0]  # a file: its name without extensions
+    if len(plain) == len(parts) and plain and _format_name(plain[-1]):
+        plain[-1] = plain[-1].split(".", 1)[0]  # a file or dataset: its name without extensions
     chosen = plain[-1] if plain else "data"
     cleaned = "".join(c if c.isalnum() or c in "_-" else "_" for c in chosen).strip("_-")
     return (cleaned or "data")[:48]
@@ -190,22 +197,43 @@ def spread(files: list[FileStat], count: int = SAMPLE_FILES) -> list[FileStat]:
 
 
 def sample_file(fmt: str, file: FileStat) -> Sample:
+    if fmt == "lance":
+        return _sample_lance(file.path)
     handle = storage.open_input_file(file.path, (file.size, file.mtime_ns))
     with handle:
         return _sample_parquet(handle) if fmt == "parquet" else _sample_jsonl(handle, file)
 
 
+def _string_columns(schema: pa.Schema) -> tuple[list[str], dict[str, str]]:
+    """(the string columns, {other column: its type})."""
+    strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    return strings, {f.name: str(f.type) for f in schema if f.name not in strings}
+
+
+def _columns_sample(first_rows: pa.Table | pa.RecordBatch, others: dict[str, str], total: int) -> Sample:
+    texts = {
+        name: [v for v in first_rows.column(name).to_pylist() if v is not None] for name in first_rows.schema.names
+    }
+    return Sample(texts, others, min(total, SAMPLE_ROWS), total)
+
+
 def _sample_parquet(handle: pa.NativeFile) -> Sample:
     parquet = pq.ParquetFile(handle)
-    schema = parquet.schema_arrow
-    strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
-    others = {f.name: str(f.type) for f in schema if f.name not in strings}
-    texts: dict[str, list[str]] = {name: [] for name in strings}
-    if strings and parquet.metadata.num_rows:
-        batch = next(parquet.iter_batches(batch_size=SAMPLE_ROWS, columns=strings))
-        for name in strings:
-            texts[name] = [v for v in batch.column(name).to_pylist() if v is not None]
-    return Sample(texts, others, min(parquet.metadata.num_rows, SAMPLE_ROWS), parquet.metadata.num_rows)
+    strings, others = _string_columns(parquet.schema_arrow)
+    rows = parquet.metadata.num_rows
+    first = next(parquet.iter_batches(batch_size=SAMPLE_ROWS, columns=strings)) if strings and rows else pa.table({})
+    return _columns_sample(first, others, rows)
+
+
+def _sample_lance(path: str) -> Sample:
+    try:
+        import lance
+    except ImportError:
+        raise ConfigError(f"{path}: a Lance dataset needs pylance: pip install 'zephon-titan[lance]'") from None
+    dataset = lance.dataset(path)
+    strings, others = _string_columns(dataset.schema)
+    first = dataset.to_table(columns=strings, limit=SAMPLE_ROWS) if strings else pa.table({})
+    return _columns_sample(first, others, dataset.count_rows())
 
 
 def _sample_jsonl(handle: pa.NativeFile, file: FileStat) -> Sample:
@@ -393,10 +421,9 @@ def _bytes(n: int) -> str:
 
 
 def describe(plan: SourcePlan) -> str:
-    return (
-        f"{plan.format}, {len(plan.files)} files, {_bytes(plan.bytes)}, ~{_count(plan.documents)} documents, "
-        f"~{_count(plan.tokens)} tokens"
-    )
+    unit = "dataset" if plan.format == "lance" else "file"
+    files = f"{len(plan.files)} {unit}{'s' if len(plan.files) > 1 else ''}"
+    return f"{plan.format}, {files}, {_bytes(plan.bytes)}, ~{_count(plan.documents)} documents, ~{_count(plan.tokens)} tokens"
 
 
 @dataclass

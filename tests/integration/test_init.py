@@ -45,7 +45,7 @@ def test_the_readme_commands_write_a_job_that_validate_accepts(user_folder, caps
     assert len(ran) == 2, block  # init, then validate on the GPU counts init was given
     assert main(ran[0][1:]) == 0
     said = capsys.readouterr().out
-    assert "code: parquet, 1 files" in said and "text_field 'content' (no \"text\" column; 'content' has the longest" in said  # fmt: skip
+    assert "code: parquet, 1 file," in said and "text_field 'content' (no \"text\" column; 'content' has the longest" in said  # fmt: skip
     assert "web: jsonl, 3 files" in said and "vocab_size 2048: the tokenizer's 2,000 ids rounded up to 64" in said
     assert "global_batch_size 128, local_batch_size 8" in said and "num_lanes 64" in said
     job = load_toml("my_job.toml")
@@ -78,6 +78,15 @@ def test_the_estimates_on_the_demo_corpus_are_its_counts(workdir, tmp_path, monk
     job = load_toml("demo_job.toml")
     weights = [s["weight"] for s in job["dataloader"]["sources"].values()]
     assert abs(sum(weights) - 1) < 1e-3 and job["training"]["global_batch_size"] == 32  # 8 rows x lcm(1, 2, 4)
+
+
+def test_a_lance_dataset(user_folder, code_docs, capsys):
+    lance = pytest.importorskip("lance")
+    lance.write_dataset(pa.table({"title": ["t"] * len(code_docs), "body": code_docs}), "data/books.lance")
+    assert main(["init", "data/books.lance", "--tokenizer", "assets/my_tokenizer", "--gpus", "1,2"]) == 0
+    assert "books: lance, 1 dataset, " in capsys.readouterr().out
+    assert load_toml("my_job.toml")["dataloader"]["sources"]["books"]["text_field"] == "body"
+    assert main(["validate", "my_job.toml", "--world-sizes", "1,2"]) == 0
 
 
 def _error(argv: list[str], capsys) -> str:
