@@ -29,7 +29,8 @@ from zephon_titan.errors import ConfigError
 
 SAMPLE_FILES = 8  # files read per source, spread over its sorted file list
 SAMPLE_ROWS = 64  # documents read per sampled file
-SAMPLE_BYTES = 1 << 20  # bytes of JSONL read per sampled file (the rest of the file is estimated from it)
+SAMPLE_BYTES = 1 << 20  # bytes of JSONL parsed per sampled file
+COUNT_BYTES = 16 << 20  # bytes of a JSONL file (compressed) whose lines are counted; the rest is scaled from them
 VOCAB_MULTIPLE = 64  # the model's vocabulary is rounded up to this (as `validate` suggests)
 MAX_LANES = 64  # num_lanes proposed at most, unless the GPU counts need more
 MAX_LOCAL_TOKENS = 16384  # the proposed local batch holds at most this many tokens (8 rows of 2048)
@@ -237,8 +238,7 @@ def _sample_lance(path: str) -> Sample:
 
 
 def _sample_jsonl(handle: pa.NativeFile, file: FileStat) -> Sample:
-    """The first lines (SAMPLE_BYTES, or up to the end of the first line); the file's documents are
-    counted when it was read whole, else estimated from the bytes behind the lines read."""
+    """The first lines (SAMPLE_BYTES, or up to the end of the first line) parsed; the file's lines counted."""
     codec = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}.get(os.path.splitext(file.path)[1])
     stream = pa.CompressedInputStream(handle, codec) if codec else handle
     data, whole = b"", False
@@ -246,10 +246,10 @@ def _sample_jsonl(handle: pa.NativeFile, file: FileStat) -> Sample:
         chunk = stream.read(SAMPLE_BYTES)
         data, whole = data + chunk, not chunk
     lines = data.split(b"\n")
-    cut = b"" if whole else lines.pop()  # the line the last read cut off
+    if not whole:
+        lines.pop()  # the line the last read cut off
     records = [_record(line, file.path, n) for n, line in enumerate(lines, 1) if line.strip()]
-    behind = handle.tell() if codec else len(data) - len(cut)  # compressed bytes read, or the lines' bytes
-    documents = len(records) if whole else len(records) * file.size / max(1, behind)
+    documents = len(records) if whole else _count_lines(stream, handle, data.count(b"\n"), file.size)
     texts: dict[str, list[str]] = {}
     others: dict[str, str] = {}
     for record in records[:SAMPLE_ROWS]:
@@ -261,6 +261,18 @@ def _sample_jsonl(handle: pa.NativeFile, file: FileStat) -> Sample:
     read = min(len(records), SAMPLE_ROWS)
     others.update({k: "not a string in every line" for k, v in texts.items() if len(v) < read})
     return Sample({k: v for k, v in texts.items() if len(v) == read}, others, read, documents)
+
+
+def _count_lines(stream: pa.NativeFile, handle: pa.NativeFile, seen: int, size: int) -> float:
+    """The lines of a file `seen` of which were read: counted to its end within COUNT_BYTES of `handle` (the
+    file's own bytes, compressed or not), else scaled from the bytes read."""
+    last = b"\n"
+    while handle.tell() < COUNT_BYTES:
+        chunk = stream.read(SAMPLE_BYTES)
+        if not chunk:
+            return seen + (last != b"\n")  # a last line without a newline is a line too
+        seen, last = seen + chunk.count(b"\n"), chunk[-1:]
+    return seen * size / handle.tell()
 
 
 def _record(line: bytes, path: str, number: int) -> dict:
@@ -392,14 +404,10 @@ def distinct_dump_folder(job_path: str) -> str:
     return folder
 
 
-def _toml(value) -> str:
-    return (
-        json.dumps(value)
-        if isinstance(value, (str, list))
-        else str(value).lower()
-        if isinstance(value, bool)
-        else str(value)
-    )
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (str, list)) else str(value)  # a JSON string is a TOML string
 
 
 def _line(key: str, value, comment: str = "") -> str:
@@ -437,6 +445,7 @@ class JobChoices:
     seq_len: int
     layout: Layout
     steps: int
+    one_pass: int  # steps to read every source once, by the estimates
     seed: int
     dump_folder: str
     weights: dict[str, float]
@@ -478,11 +487,11 @@ def render(c: JobChoices, command: str) -> str:
             f"rows per step, fixed for the run: {gpus} GPUs all divide it",
         ),
         _line("local_batch_size", c.layout.local_batch_size, "rows per microbatch; lower it if one does not fit a GPU"),
-        _line("steps", c.steps, f"~one pass over the data at {tokens_per_step:,} tokens per step"),
+        _line("steps", c.steps, f"one pass over the data: ~{c.one_pass:,} steps of {tokens_per_step:,} tokens"),
         "",
         "[checkpoint]",
         _line("enable", True),
-        _line("interval", max(1, min(500, c.steps // 10))),
+        _line("interval", max(1, min(500, c.steps // 10)), "steps between checkpoints (a resume may use any count)"),
         _line("last_save_model_only", False, "keep the loader state in the last checkpoint (to resume)"),
         "",
         "[dataloader]",
@@ -551,7 +560,7 @@ def run(args, command: str) -> int:
     tokenizer = load_tokenizer(args.tokenizer, key="--tokenizer", backend="tokenizers")  # ids to count only
     plans = inspect_sources(args.data, tokenizer)
     total = sum(p.tokens for p in plans)
-    steps = args.steps or max(1, math.ceil(total / (layout.global_batch_size * args.seq_len)))
+    one_pass = max(1, math.ceil(total / (layout.global_batch_size * args.seq_len)))
     choices = JobChoices(
         path=args.output,
         tokenizer=args.tokenizer,
@@ -561,7 +570,8 @@ def run(args, command: str) -> int:
         flavor=args.flavor or "",
         seq_len=args.seq_len,
         layout=layout,
-        steps=steps,
+        steps=args.steps or one_pass,
+        one_pass=one_pass,
         seed=args.seed,
         dump_folder=distinct_dump_folder(args.output),
         weights=weights_of(plans, given),
@@ -602,7 +612,8 @@ def report(c: JobChoices) -> None:
     for line in c.layout.why():
         print(line)
     print(
-        f"steps {c.steps}: ~one pass over ~{_count(sum(p.tokens for p in c.sources))} tokens; dump_folder {c.dump_folder}"
+        f"steps {c.steps} (one pass over ~{_count(sum(p.tokens for p in c.sources))} tokens is ~{c.one_pass:,}); "
+        f"dump_folder {c.dump_folder}"
     )
     gpus = ",".join(map(str, c.layout.gpus))
     print(
