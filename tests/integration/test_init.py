@@ -80,6 +80,7 @@ def test_the_estimates_on_the_demo_corpus_are_its_counts(workdir, tmp_path, monk
     assert abs(sum(weights) - 1) < 1e-3 and job["training"]["global_batch_size"] == 32  # 8 rows x lcm(1, 2, 4)
 
 
+@pytest.mark.slow  # Lance: the same path as Parquet past the sample (~1 s)
 def test_a_lance_dataset(user_folder, code_docs, capsys):
     lance = pytest.importorskip("lance")
     lance.write_dataset(pa.table({"title": ["t"] * len(code_docs), "body": code_docs}), "data/books.lance")
