@@ -111,6 +111,12 @@ def test_mistakes_are_one_line(user_folder, capsys):
     assert "--global-batch-size 100: must be a multiple of 128" in err
     err = _error([*init, "data/web", "--recipe", "llama3:no_such_config"], capsys)
     assert "no_such_config" in err
+    with open("my_job.toml", "w") as f:
+        f.write("# mine\n")
+    assert main([*init, "data/web"]) == 2
+    assert "my_job.toml exists; pass --force to replace it" in capsys.readouterr().err
+    with open("my_job.toml") as f:
+        assert f.read() == "# mine\n"  # untouched
 
 
 @pytest.mark.slow  # a 2-rank CPU run of the trainer (~1 min)
