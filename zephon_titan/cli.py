@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from zephon_titan import launch
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError
 
 # Each command imports what it needs when it runs: `verify` and `--help` must not pay for torch and
@@ -585,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
         "first document whose ids differ, naming its file and row",
     )
     validate.set_defaults(run=cmd_validate)
+    launch.add_parser(sub)
     index = sub.add_parser("index", help="list the files of every source with an `index` and write the index")
     index.add_argument("config", help=JOB_HELP)
     index.add_argument("--check", action="store_true", help="compare the indexes with the files; exit 1 if stale")

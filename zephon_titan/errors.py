@@ -45,6 +45,8 @@ def report_once(error: BaseException, prefix: str = "zephon_titan: error: ") -> 
 
     message = prefix + " ".join(str(error).split("\n"))
     _write_torchrun_error_file(message)
+    if os.environ.get("ZEPHON_TITAN_LAUNCHED") and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return  # `zephon-titan run` (launch.py) prints the failing rank's line, once
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
         folder = os.path.join(tempfile.gettempdir(), f"zephon_titan-errors-{os.getuid()}-{run_id}"[:200])

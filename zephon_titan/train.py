@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from zephon_titan.errors import EXIT_USER_ERROR, ZephonError, report_once
+from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
 from zephon_titan.titan.job import Job, load_job
 
 CONFIG_FLAG = "--job.config_file"
@@ -40,9 +40,27 @@ def parse_args(args: list[str], prepare: Callable | None = None) -> Job:
     return load_job(path, rest, prepare)
 
 
+def check_resume(job: Job) -> None:
+    """The checkpoint a resume will load, checked against the job before the model is built (a changed seed,
+    other data, a split change: one line in seconds, not after the model and optimizer are built). The
+    loader checks it again when TorchTitan loads it; both use the one resume sequence (loader_state.restore)."""
+    checkpoint = job.checkpoint_to_resume()
+    if checkpoint is None:
+        return
+    if not os.path.isdir(checkpoint):
+        raise ConfigError(
+            f"{job.path}: checkpoint {checkpoint} does not exist ([checkpoint] load_step or initial_load_path); "
+            "name a step folder that exists, or leave load_step at -1 for the latest"
+        )
+    from zephon_titan.plan import read_checkpoint
+
+    read_checkpoint(checkpoint, job)
+
+
 def run(job: Job) -> None:
     """TorchTitan's training lifecycle (torchtitan.train.main) for a resolved job."""
     job.preflight(int(os.environ.get("WORLD_SIZE", "1")))
+    check_resume(job)
     trainer = None
     try:
         trainer = job.config.build()

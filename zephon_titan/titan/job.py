@@ -28,15 +28,19 @@ other table overrides the field of the same name (`[training] steps = 10` is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import importlib
+import logging
 import os
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from torchtitan.components.checkpoint import DATALOADER
 from torchtitan.trainer import Trainer
 
 from zephon_titan.config import INHERITED, DataConfig, config_from_dict, eval_rules, short_repr
@@ -169,6 +173,29 @@ class Job:
                 f"{key} = {path!r}); set [model] vocab_size = {_round_up(ids, 64)} or use the model's own tokenizer"
             )
 
+    def checkpoint_to_resume(self) -> str | None:
+        """The local DCP folder whose loader state TorchTitan's CheckpointManager.load will restore, found by its
+        rule: the step-N folder of `checkpoint.load_step` (-1: the latest with a `.metadata`) under
+        dump_folder/checkpoint.folder, else `initial_load_path` unless it loads the model only; None when the
+        run starts fresh, the loader is not restored, or the checkpoint is remote (checked when loaded)."""
+        ck = self.config.checkpoint
+        if not ck.enable or DATALOADER in ck.exclude_from_loading:
+            return None
+        folder = os.path.join(self.config.dump_folder, ck.folder)
+        if "://" in folder:
+            return None
+        steps = [int(m.group(1)) for m in map(_STEP_FOLDER.search, _listdir(folder)) if m]  # TorchTitan's match
+        step = (
+            ck.load_step
+            if ck.load_step != -1
+            else max((n for n in steps if os.path.isfile(os.path.join(folder, f"step-{n}", ".metadata"))), default=-1)
+        )
+        if step > 0:  # TorchTitan loads the model only from step 0
+            return os.path.join(folder, f"step-{step}")
+        if step == -1 and ck.initial_load_path and not ck.initial_load_model_only and not ck.initial_load_in_hf:
+            return None if "://" in ck.initial_load_path else ck.initial_load_path
+        return None
+
     def preflight(self, world_size: int) -> None:
         """Every check that can fail before training, in the order a user would fix them."""
         self.check_layout(self.dp_world_size(world_size))
@@ -176,6 +203,13 @@ class Job:
         if self.data.tokenizer_path:
             self.trainer_tokenizer()  # TorchTitan builds it from hf_assets_path in any case
         self.check_model_vocab()  # loads the loader's tokenizer: a wrong path is named here
+
+
+_STEP_FOLDER = re.compile(r"step-(\d+)")
+
+
+def _listdir(folder: str) -> list[str]:
+    return os.listdir(folder) if os.path.isdir(folder) else []
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -347,17 +381,39 @@ def _apply(target: Any, table: dict, where: str, path: str) -> None:
 def load_job(path: str, overrides: Sequence[str] = (), prepare: Callable | None = None) -> Job:
     """Read the job TOML (+ `extends`), then `prepare` (the CPU shims), then command-line overrides
     (`--section.key value`, as TorchTitan takes them)."""
-    config = read_job_config(path)
-    if prepare is not None:
-        config = prepare(config)
-    if overrides:
-        import tyro
-        from torchtitan.config import ConfigManager
-        from torchtitan.config.manager import custom_registry
+    with _without_log_line(_NO_INITIAL_LOAD_PATH):
+        config = read_job_config(path)
+        if prepare is not None:
+            config = prepare(config)
+        if overrides:
+            import tyro
+            from torchtitan.config import ConfigManager
+            from torchtitan.config.manager import custom_registry
 
-        ConfigManager.register_tyro_rules(custom_registry)
-        config = tyro.cli(type(config), args=list(overrides), default=config, registry=custom_registry)
+            ConfigManager.register_tyro_rules(custom_registry)
+            config = tyro.cli(type(config), args=list(overrides), default=config, registry=custom_registry)
     return Job(os.path.abspath(path), config)
+
+
+# TorchTitan warns with this each time a checkpoint config is built with its own default
+# (initial_load_model_only = True) and no initial_load_path: on every job, every rank, several times, as
+# the first line of every run and every failing one. It says that a default does nothing; we drop it.
+_NO_INITIAL_LOAD_PATH = "initial_load_model_only=True has no effect without an initial_load_path"
+
+
+@contextlib.contextmanager
+def _without_log_line(start: str) -> Iterator[None]:
+    """Drop records starting with `start` from the root logger (TorchTitan's) while building a config."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(start)
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 def read_job_config(path: str) -> ZephonTrainer.Config:
