@@ -66,12 +66,14 @@ def cmd_plan(args) -> int:
 
 def _with_mixture_report(config: str, entries: list[LedgerEntry], to_stderr: bool) -> list[LedgerEntry]:
     """Print each source's planned share per step against its weight (normalized, and said so)."""
-    from zephon_titan.plan import mixture_report
+    from zephon_titan.plan import mixture_report, packing_note
     from zephon_titan.titan.job import load_job
 
     job = load_job(config)
     data = job.data
     out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
+    if note := packing_note(job.spec):
+        print(note, file=out)
     if data.phases:
         _phase_reports(job, entries, out)
         return entries

@@ -380,6 +380,21 @@ class DataConfig:
     )
     """best_fit only: documents considered together when filling rows."""
 
+    best_fit_mixing: str = setting(
+        "per_step",
+        rows=True,
+        rows_note='under packing = "best_fit" only; absent from the fingerprint at "per_window" (runs before it)',
+        choices={
+            "per_step": "a window's rows in the mixer's order, and no window drawn across a phase start",
+            "per_window": "rows as placed, longest first; a phase starts with the next window (earlier runs)",
+        },
+        eval=Eval(
+            "own", "an eval set has no phases, and keeps the rows (and SHA-256) earlier releases gave it", "per_window"
+        ),
+    )
+    """best_fit only: how a window's rows follow the mixture (docs/mixture.md). A resume continues with its
+    checkpoint's way; `per_window` re-plans a run started before `per_step` existed from step 1."""
+
     tokenizer_path: str = setting(
         "", rows=True, rows_note=f"{_THE_TOKENIZER}: the same tokenizer read from elsewhere is the same rows"
     )

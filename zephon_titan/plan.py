@@ -22,16 +22,18 @@ from zephon_titan.engine import (
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.lane_digests import PlanProcesses, step_digests
 from zephon_titan.engine.ledger import LedgerEntry, step_weights
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import Job, load_job
 from zephon_titan.titan.tokenizer import loader_tokenizer
 from zephon_titan.titan.validator import check_eval_data, eval_message
 
 
-def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState]]:
-    """(step, lane states) from a TorchTitan DCP checkpoint folder (e.g. outputs/checkpoint/step-500), by the
-    resume sequence every entry point uses (titan/loader_state.restore): no checkpoint byte runs, the state is
-    checked against the job, and its step must be the checkpoint's (the train_state's and the folder's)."""
+def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState], EngineSpec]:
+    """(step, lane states, the job's spec as the run continues: mixing as its checkpoint did) from a TorchTitan
+    DCP checkpoint folder (e.g. outputs/checkpoint/step-500), by the resume sequence every entry point uses
+    (titan/loader_state.restore): no checkpoint byte runs, the state is checked against the job, and its step
+    must be the checkpoint's (the train_state's and the folder's)."""
     from zephon_titan.engine import fingerprint
     from zephon_titan.titan.checkpoint import read_checkpoint_metadata
     from zephon_titan.titan.loader_state import DATALOADER, PlannedLanes, restore, train_state_template
@@ -40,7 +42,8 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     lanes = PlannedLanes(range(job.data.num_lanes), fingerprint(job.spec), job.data.resume_allow)
     restore({DATALOADER: lanes, **train_state_template(metadata)}, checkpoint, lanes, metadata)
     assert lanes.restored is not None
-    return lanes.restored.step, {lane: entry.state for lane, entry in lanes.restored.lanes.items()}
+    restored = lanes.restored
+    return restored.step, {lane: entry.state for lane, entry in restored.lanes.items()}, restored.spec(job.spec)
 
 
 def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs: int = 1) -> Iterator[LedgerEntry]:
@@ -51,9 +54,11 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
     job = load_job(job_path)
     rows_per_lane = job.check_layout(1)
     job.check_model_vocab()
-    start, states = read_checkpoint(checkpoint, job) if checkpoint else (0, None)
-    names = job.spec.source_names
     spec = job.spec
+    start, states = 0, None
+    if checkpoint:  # the run continues mixing as its checkpoint did, as the loader does
+        start, states, spec = read_checkpoint(checkpoint, job)
+    names = spec.source_names
     with contextlib.ExitStack() as stack:
         if min(procs, spec.num_lanes) > 1:
             digests = stack.enter_context(PlanProcesses(spec, rows_per_lane, states or {}, start, steps, procs)).steps()
@@ -93,6 +98,22 @@ def plan_eval_set(job_path: str) -> dict:
         "rows": len(digests) * batch,
         "tokens": dict(zip(spec.source_names, counts)),
     }
+
+
+def packing_note(spec: EngineSpec) -> str:
+    """What `plan --mixture` says of best_fit's bound (docs/mixture.md; "" under wrap)."""
+    config = spec.config
+    if config.packing != "best_fit":
+        return ""
+    if config.best_fit_mixing == "per_step":
+        return (
+            "best_fit, best_fit_mixing = \"per_step\": each window's rows in the mixer's order, no window drawn "
+            "across a phase start (a phase starts within about a row per lane); docs/mixture.md"
+        )
+    return (
+        f'best_fit, best_fit_mixing = "per_window": rows longest first within windows of {config.best_fit_window_docs} '
+        "documents, a phase starts with each lane's next window: steps may be far from the weights; docs/mixture.md"
+    )
 
 
 @dataclass(frozen=True)

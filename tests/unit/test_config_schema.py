@@ -133,6 +133,10 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
         job.table(packing="best_fit"),
         job.table(packing="best_fit", best_fit_window_docs=16),
     ),
+    "DataConfig.best_fit_mixing": lambda job: (
+        job.table(packing="best_fit"),
+        job.table(packing="best_fit", best_fit_mixing="per_window"),
+    ),
     "DataConfig.tokenizer_path": lambda job: _same(job, "tokenizer_path", job.extra["tokenizer"]),
     "DataConfig.add_bos": _bos_or_eos("add_bos"),
     "DataConfig.add_eos": _bos_or_eos("add_eos"),
@@ -239,7 +243,7 @@ def _toml(table: dict) -> str:
 def test_the_eval_set_inherits_as_the_schema_says(tmp_path):
     from zephon_titan.titan.job import read_job_config
 
-    assert set(_TRAINING) | {"sources", "phases", "split", "exhaustion"} == set(settings(DataConfig))
+    assert set(_TRAINING) | {"sources", "phases", "split", "exhaustion", "best_fit_mixing"} == set(settings(DataConfig))
     path = tmp_path / "job.toml"
     path.write_text(
         _JOB + "[dataloader]\n" + _toml(_TRAINING) + '[dataloader.sources.a]\npaths = ["a.jsonl"]\n'

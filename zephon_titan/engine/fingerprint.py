@@ -7,6 +7,10 @@ workers and the batch split are deliberately absent: changing them is allowed.
 
 from __future__ import annotations
 
+import json
+from fractions import Fraction
+
+from zephon_titan.engine.mixing import initial_offsets
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.spec import EngineSpec
@@ -52,7 +56,56 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         "exhaustion": c.exhaustion,
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
         **_split_component(spec),
+        **_mixing_components(spec),
     }
+
+
+# How a run mixes, beyond its weights: each component present only when it differs from what runs before
+# issue 29 did, so their fingerprints (and checkpoints) stay as they were, and a resume reads its absence so.
+PHASES_KEY = "mix_phases"  # mixing offsets kept across added sources (mixing.py), when not s / S
+BEST_FIT_KEY = "best_fit_mixing"  # packing.py's BestFitPacker, when "per_step"
+
+
+def _mixing_components(spec: EngineSpec) -> dict[str, str]:
+    return mixing_components(
+        spec.source_names, spec.phase_offsets, spec.config.packing == "best_fit", spec.config.best_fit_mixing
+    )
+
+
+def mixing_components(
+    names: list[str], offsets: tuple[Fraction, ...] | None, best_fit: bool, best_fit_mixing: str
+) -> dict[str, str]:
+    out = {}
+    if offsets is not None and tuple(offsets) != initial_offsets(len(names)):
+        out[PHASES_KEY] = json.dumps({n: str(u) for n, u in zip(names, offsets)}, separators=(",", ":"))
+    if best_fit and best_fit_mixing != "per_window":
+        out[BEST_FIT_KEY] = best_fit_mixing
+    return out
+
+
+def saved_mixing(fp: Fingerprint) -> tuple[dict[str, Fraction], str]:
+    """How a checkpoint's run mixed: each source's mixing offset (s / S without a record) and its best_fit_mixing
+    ("per_window" without one: written before it existed). ResumeError if the record is damaged."""
+    names = source_names(fp)
+    record = fp.get(PHASES_KEY)
+    mixing = fp.get(BEST_FIT_KEY, "per_window")
+    if record is None:
+        return dict(zip(names, initial_offsets(len(names)))), str(mixing)
+    try:
+        offsets = {name: Fraction(text) for name, text in json.loads(str(record)).items()}
+        if sorted(offsets) != sorted(names) or not all(0 <= u < 1 for u in offsets.values()):
+            raise ValueError("not one offset in [0, 1) per source")
+    except (ValueError, TypeError, ZeroDivisionError, AttributeError) as e:
+        raise ResumeError(f"the checkpoint's fingerprint field {PHASES_KEY!r} is damaged ({e})") from None
+    return offsets, str(mixing)
+
+
+def as_resumed(current: Fingerprint, offsets: dict[str, Fraction], best_fit_mixing: str) -> Fingerprint:
+    """This run's fingerprint once it adopts the checkpoint's mixing (EngineSpec.resumed)."""
+    names = source_names(current)
+    best_fit = str(current.get("packing", "")).startswith("best_fit(")
+    out = {k: v for k, v in current.items() if k not in (PHASES_KEY, BEST_FIT_KEY)}
+    return out | mixing_components(names, tuple(offsets[n] for n in names), best_fit, best_fit_mixing)
 
 
 # The mixture: `weights` for a run without phases (as before schedules existed), else `schedule`.
@@ -128,7 +181,8 @@ def check_fingerprint(
 ) -> None:
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`
     (and the mixture when `mixture_checked_apart`: check_mixture() knows the checkpoint's step)."""
-    skip = set(allow) | (set(MIXTURE_KEYS) if mixture_checked_apart else set())
+    # At a resume the mixing offsets are the checkpoint's and the added sources' (loader_state.read_state).
+    skip = set(allow) | ({*MIXTURE_KEYS, PHASES_KEY} if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
         refuse_removed_sources(source_names(saved), source_names(current))
     skip_keys = _added_sources(saved, current) if mixture_checked_apart else set()

@@ -20,7 +20,7 @@ positions 0, 1, ... as one block, and label -100.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -126,6 +126,13 @@ class Packer(Protocol):
 
     name: ClassVar[str]
 
+    boundary: Callable[[], int | None] | None
+    """Set by the lane under a mixture schedule: rows from the next one to the next segment's
+    first row (None: no later segment). A packer that draws ahead stops drawing there."""
+    window_rows: int | None
+    """The open unit's row budget from `boundary` when it was drawn (saved with it, so a restore draws the
+    same unit whatever the clock is then); None: none."""
+
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> Packer: ...
 
@@ -166,6 +173,8 @@ class WrapPacker:
     """
 
     name: ClassVar[str] = "wrap"
+    boundary: Callable[[], int | None] | None = None  # one document at a time: nothing drawn ahead
+    window_rows: int | None = None
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> WrapPacker:
@@ -236,22 +245,31 @@ class BestFitPacker:
 
     A document longer than a row is first cut into row-sized chunks. Unit = the
     window of documents; unit_offset = its rows already emitted.
+
+    best_fit_mixing = "per_step" (docs/mixture.md): a window's rows are emitted in the mixer's order (_in_mixer_order),
+    and under a schedule a window stops drawing at the slots of the rows left before the next segment
+    (`boundary`), so a phase starts at its weights within a row or two per lane instead of a window later.
     """
 
     name: ClassVar[str] = "best_fit"
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> BestFitPacker:
-        return cls(feed, RowShape.of(spec), spec.config.best_fit_window_docs)
+        return cls(feed, RowShape.of(spec), spec.config.best_fit_window_docs, spec.config.best_fit_mixing)
 
     @staticmethod
     def fingerprint(config: DataConfig) -> str:
         return f"best_fit(window_docs={config.best_fit_window_docs})"
 
-    def __init__(self, feed: DocumentFeed, shape: RowShape, window_docs: int):
+    def __init__(self, feed: DocumentFeed, shape: RowShape, window_docs: int, mixing: str = "per_step"):
         self.feed = feed
         self.shape = shape
         self.window_docs = window_docs
+        self.per_step = mixing == "per_step"
+        """best_fit_mixing: a window's rows in the mixer's order, no window across a segment start; else (runs
+        before it) rows as placed, longest first, and a segment starts with the next window."""
+        self.boundary: Callable[[], int | None] | None = None
+        self.window_rows: int | None = None
         self._rows: list[Row] = []
         self._emitted = 0
         self._window_start = feed.state()
@@ -273,6 +291,7 @@ class BestFitPacker:
     def next_row(self) -> Row:
         while self._emitted == len(self._rows):
             self._window_start = self.feed.state()
+            self.window_rows = self.boundary() if self.boundary is not None and self.per_step else None
             self._rows, documents = self._pack_window()
             self._emitted = 0
             if not documents:
@@ -285,8 +304,12 @@ class BestFitPacker:
     def _pack_window(self) -> tuple[list[Row], int]:
         """The rows of the next window of documents, and how many documents it read."""
         pieces: list[tuple[np.ndarray, Piece]] = []
-        documents = 0
+        arrivals: list[int] = []  # slots of the window drawn before each piece: where the mixer put it
+        documents = drawn = 0
+        budget = None if self.window_rows is None else self.window_rows * self.shape.slots
         for _ in range(self.window_docs):
+            if budget is not None and drawn >= budget:
+                break  # the next segment's rows are drawn with its weights
             doc = self.feed.next_document()
             if doc is None:
                 break
@@ -295,9 +318,11 @@ class BestFitPacker:
             for start in range(0, size, self.shape.slots):
                 n = min(self.shape.slots, size - start)
                 pieces.append((doc.tokens, Piece(doc.source, doc.file, doc.row, doc.start + start, n)))
+                arrivals.append(drawn)
+                drawn += n
         # Longest first; equal lengths keep arrival order (sorted() is stable).
         order = sorted(range(len(pieces)), key=lambda i: -pieces[i][1].length)
-        bins: list[list[tuple[np.ndarray, Piece]]] = []
+        bins: list[list[int]] = []  # each row's pieces, as indices into `pieces`
         free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
         for i in order:
             n = pieces[i][1].length
@@ -307,10 +332,28 @@ class BestFitPacker:
             else:
                 space, b = self.shape.slots, len(bins)
                 bins.append([])
-            bins[b].append(pieces[i])
+            bins[b].append(i)
             if space - n > 0:
                 bisect.insort(free, (space - n, b))
-        return [self.shape.make_row(parts) for parts in bins], documents
+        if self.per_step:
+            bins = _in_mixer_order(bins, [p.length for _, p in pieces], arrivals)
+        return [self.shape.make_row([pieces[i] for i in parts]) for parts in bins], documents
+
+
+def _in_mixer_order(bins: list[list[int]], lengths: list[int], arrivals: list[int]) -> list[list[int]]:
+    """The rows (pieces by index) ordered by where the mixer drew their slots: the mean draw position.
+
+    Best-fit decreasing fills the first rows with the longest pieces (one source's, when sources differ in
+    document length) and the last ones with the short pieces, so a window's rows emitted as placed hold one
+    source for many steps. The mixer drew the window's slots in the weights' proportions all along; a row
+    emitted at the mean position of its slots in that draw keeps each step close to the weights. The key is
+    a quotient of exact integers (correctly rounded: the same order on every platform), ties by placement."""
+
+    def centre(b: int) -> tuple[float, int]:
+        twice_sum = sum((2 * arrivals[i] + lengths[i]) * lengths[i] for i in bins[b])
+        return twice_sum / (2 * sum(lengths[i] for i in bins[b])), b
+
+    return [bins[b] for b in sorted(range(len(bins)), key=centre)]
 
 
 register_packer(WrapPacker)

@@ -57,6 +57,16 @@ class Schedule:
         f = (into + 1) / (phase.ramp_steps + 1)
         return Segment(step, tuple(a + f * (b - a) for a, b in zip(before, phase.weights)))
 
+    def next_start(self, step: int) -> int | None:
+        """The first step after `step` that begins a segment (None: `step`'s segment lasts the whole run)."""
+        starts = []
+        for p, phase in enumerate(self.phases):
+            if step < phase.start_step:
+                starts.append(phase.start_step)
+            elif p and step < phase.start_step + phase.ramp_steps:  # a ramp: each of its steps is a segment
+                starts.append(step + 1)
+        return min(starts, default=None)
+
     def describe(self) -> str:
         """Canonical text of the schedule (the fingerprint keeps it: a resume compares past steps)."""
         return json.dumps(

@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
+from zephon_titan.engine.mixing import added_offsets, initial_offsets
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
@@ -28,6 +30,9 @@ class EngineSpec:
     """The mixture weights in force at each step (schedule.py)."""
     tokenizer: DocumentTokenizer
     seq_len: int
+    phase_offsets: tuple[Fraction, ...] | None = None
+    """Each source's mixing offset u_s as a checkpoint kept it (mixing.py: sources added at a resume move no
+    other source's phase); None: s / S, a run's own sources."""
 
     @property
     def num_lanes(self) -> int:
@@ -41,6 +46,28 @@ class EngineSpec:
     def mix_chunk_tokens(self) -> int:
         """Largest piece of a document the mixer takes at once (mixing.py); 0 in the config: seq_len."""
         return self.config.mix_chunk_tokens or self.seq_len
+
+    @property
+    def mixing_offsets(self) -> tuple[Fraction, ...]:
+        """Each source's mixing offset u_s (mixing.py)."""
+        return self.phase_offsets if self.phase_offsets is not None else initial_offsets(len(self.sources))
+
+    def continuing(self, previous: EngineSpec) -> EngineSpec:
+        """This spec as a resume of a run of `previous` continues it (what Restored.spec gives from a checkpoint):
+        its sources keep their mixing offsets, added ones take new ones (mixing.added_offsets)."""
+        kept = dict(zip(previous.source_names, previous.mixing_offsets))
+        offsets = added_offsets(kept, self.source_names)
+        return self.resumed(previous.config.best_fit_mixing, tuple(offsets.values()))
+
+    def resumed(self, best_fit_mixing: str, phase_offsets: tuple[Fraction, ...] | None) -> EngineSpec:
+        """This spec as a resume continues it: with its checkpoint's best_fit_mixing and mixing offsets (a run in
+        progress never changes how it mixes: loader_state.read_state)."""
+        if phase_offsets == initial_offsets(len(self.sources)):
+            phase_offsets = None  # a run's own sources, as a new run of this config has them
+        if best_fit_mixing == self.config.best_fit_mixing and phase_offsets == self.phase_offsets:
+            return self
+        config = dataclasses.replace(self.config, best_fit_mixing=best_fit_mixing)
+        return dataclasses.replace(self, config=config, phase_offsets=phase_offsets)
 
     @property
     def repeat(self) -> bool:
@@ -115,6 +142,7 @@ class PortableSpec(TypedDict):
     bos: list[Any]  # [token_id, reason] of a SpecialTokenChoice
     eos: list[Any]
     listings: dict[str, list[FileRecord]]  # source name -> its files' records
+    phase_offsets: list[str] | None  # EngineSpec.phase_offsets as "k/n" texts
 
 
 def portable(spec: EngineSpec) -> PortableSpec:
@@ -127,6 +155,7 @@ def portable(spec: EngineSpec) -> PortableSpec:
         "bos": [spec.tokenizer.bos.token_id, spec.tokenizer.bos.reason],
         "eos": [spec.tokenizer.eos.token_id, spec.tokenizer.eos.reason],
         "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
+        "phase_offsets": None if spec.phase_offsets is None else [str(u) for u in spec.phase_offsets],
     }
 
 
@@ -144,7 +173,9 @@ def spec_from_portable(data: PortableSpec) -> EngineSpec:
         backend,
         loading,
     )
-    return build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
+    spec = build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
+    offsets = data["phase_offsets"]
+    return spec if offsets is None else dataclasses.replace(spec, phase_offsets=tuple(map(Fraction, offsets)))
 
 
 def _open(source: SourceConfig, config: DataConfig, listed: list[FileBlocks] | None) -> Source:

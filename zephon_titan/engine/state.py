@@ -52,9 +52,10 @@ class MixState:
 
 @dataclass(frozen=True, slots=True)
 class Replay:
-    """The sources' places when a lane's open unit was drawn, before a resume added sources: the unit is
-    replayed with the mixing phases it was drawn with (mixing.py's phi depends on each source's index
-    among S sources). Saved while that unit is open, so a checkpoint taken then resumes exactly too."""
+    """The sources' places when a lane's open unit was drawn, before a resume by an earlier release added sources
+    (it re-phased every source: phi by the index among S sources): the unit is replayed with the mixing phases it
+    was drawn with. Read from such checkpoints and kept while that unit is open; this release writes none, as
+    added sources keep the others' phases (mixing.py)."""
 
     num_sources: int
     """S when the unit was drawn."""
@@ -91,6 +92,11 @@ class LaneState:
     replay: Replay | None = None
     """Set when the open unit was drawn among other sources (a resume added some): how to replay it."""
 
+    window_rows: int | None = None
+    """best_fit_mixing = "per_step" under a schedule: the rows the open window could fill before the next segment
+    when it was drawn (packing.py). Saved with it: a restore draws the same window whatever the clock is then
+    (a resume may change the global batch size)."""
+
     version: int = STATE_VERSION
 
     @property
@@ -107,9 +113,10 @@ class LaneState:
         cursors = tuple(self.cursors[at[n]] if n in at else start for n in names)
         mix = self.mix or MixState.initial(len(saved))
         bases = tuple(mix.bases[at[n]] if n in at else 0 for n in names)
-        # The open unit's places: as saved, or as an earlier resume that added sources left them.
-        before = self.replay or Replay(len(saved), tuple(range(len(saved))))
-        replay = Replay(before.num_sources, tuple(before.indices[at[n]] if n in at else -1 for n in names))
+        # Added sources move no other source's mixing phase (mixing.py): the open unit replays as it was drawn.
+        # Only a unit drawn before an earlier release added sources (which re-phased them) keeps its replay.
+        before = self.replay
+        replay = before and Replay(before.num_sources, tuple(before.indices[at[n]] if n in at else -1 for n in names))
         return LaneState(
             lane_id=self.lane_id,
             rows=self.rows,
@@ -118,6 +125,7 @@ class LaneState:
             unit_offset=self.unit_offset,
             mix=MixState(mix.segment, bases),
             replay=replay if self.unit_open else None,
+            window_rows=self.window_rows,
         )
 
     @classmethod
@@ -138,6 +146,8 @@ class LaneState:
             out["mix"] = [self.mix.segment, list(self.mix.bases)]
         if self.replay is not None:  # only while a unit drawn before sources were added is open
             out["replay"] = [self.replay.num_sources, list(self.replay.indices)]
+        if self.window_rows is not None:  # only while a best_fit window with a row budget is open
+            out["window_rows"] = self.window_rows
         return out
 
     @classmethod
@@ -146,7 +156,7 @@ class LaneState:
         fields consistent with each other (check_consistent). Checks against the data (an offset within
         its document or window) are the restore's: packing.py, feed.py."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
-        if not isinstance(data, dict) or set(data) - {"mix", "replay"} != expected:
+        if not isinstance(data, dict) or set(data) - {"mix", "replay", "window_rows"} != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
         if data["version"] != STATE_VERSION:
@@ -154,7 +164,7 @@ class LaneState:
                 f"{where}: version {data['version']!r} is not supported by this zephon_titan "
                 f"(it reads version {STATE_VERSION}); resume with the release that wrote it"
             )
-        for name in ("lane_id", "rows", "unit_offset"):
+        for name in ("lane_id", "rows", "unit_offset", *(["window_rows"] if "window_rows" in data else [])):
             _count(data[name], name, where)
         if not isinstance(data["unit_open"], bool):
             raise ResumeError(f"{where}: field 'unit_open' must be true or false, got {data['unit_open']!r}")
@@ -176,6 +186,7 @@ class LaneState:
             unit_offset=data["unit_offset"],
             mix=_mix_from(data["mix"], len(cursors), where) if "mix" in data else None,
             replay=_replay_from(data["replay"], len(cursors), where) if "replay" in data else None,
+            window_rows=data.get("window_rows"),
         )
         state.check_consistent(where)
         return state
@@ -185,7 +196,7 @@ class LaneState:
 
         - a source's `tokens` count the taken part (`offset`) of its open document;
         - the mix's `bases` are tokens counted when its segment began: at most the source's tokens now;
-        - `replay` is kept only while a unit is open; its indices are the checkpoint's S sources, each
+        - `window_rows` and `replay` are kept only while a unit is open; replay's indices are the checkpoint's S sources, each
           once, and a source added since (-1) has not been read in the open unit (its cursor is at the start).
         """
         for i, c in enumerate(self.cursors):
@@ -201,6 +212,8 @@ class LaneState:
                         f"{where}: field 'mix.bases' of source {i} is {base}, more than the source's {c.tokens} "
                         "tokens; the checkpoint is damaged"
                     )
+        if self.window_rows is not None and not self.unit_open:
+            raise ResumeError(f"{where}: field 'window_rows' is set with no open unit; the checkpoint is damaged")
         if self.replay is None:
             return
         if not self.unit_open:

@@ -56,15 +56,20 @@ class LaneStream:
             feed_state = state.feed
             self.rows = state.rows
         self.feed = DocumentFeed(spec, lane_id, feed_state)
+        self.feed.phases = spec_phases(spec, lane_id)  # the spec's mixing rules (the feed's own are the newest)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
+        if self.clock is not None:
+            self.packer.boundary = self._rows_to_next_segment
         self._replay: tuple[Replay, object] | None = None
         if state is not None:
-            if state.replay is not None:  # the open unit was drawn before sources were added
-                self.feed.phases = _replay_phases(state.replay, lane_id, spec.num_lanes)
+            replay = state.replay
+            if replay is not None:  # the open unit was drawn before sources were added
+                self.feed.phases = _replay_phases(replay, lane_id, spec.num_lanes)
+            self.packer.window_rows = state.window_rows
             self.packer.restore(state.unit_open, state.unit_offset)  # the open unit, drawn as it was
-            self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes)
-            if state.replay is not None:  # kept in this lane's states while that unit stays open
-                self._replay = (state.replay, self.packer.unit()[0])
+            self.feed.phases = spec_phases(spec, lane_id)
+            if replay is not None:  # kept in this lane's states while that unit stays open
+                self._replay = (replay, self.packer.unit()[0])
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
@@ -73,6 +78,14 @@ class LaneStream:
         row = self.packer.next_row()
         self.rows += 1
         return row
+
+    def _rows_to_next_segment(self) -> int | None:
+        """Rows from the next one (row `self.rows`) to the first row of the next segment, by the clock."""
+        assert self.clock is not None, "set as the packer's boundary only under a schedule"
+        start = self.spec.schedule.next_start(self.clock.step(self.rows))
+        if start is None:
+            return None
+        return self.clock.first_row + (start - 1 - self.clock.first_step) * self.clock.rows_per_step - self.rows
 
     def take(self, n: int) -> list[Row]:
         return [self.next_row() for _ in range(n)]
@@ -95,7 +108,13 @@ class LaneStream:
             unit_offset=unit_offset,
             mix=feed.mix if self.spec.schedule.scheduled else None,
             replay=self._replay[0] if self._replay is not None and self._replay[1] is feed else None,
+            window_rows=self.packer.window_rows if unit_open else None,
         )
+
+
+def spec_phases(spec: EngineSpec, lane_id: int) -> tuple[float, ...]:
+    """The lane's mixing phases under the spec's mixing rules (mixing.py)."""
+    return lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
 
 
 def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:

@@ -268,11 +268,29 @@ class ZephonDataLoader(BaseDataLoader):
                     "next step on; every lane continues where it stopped (lane streams do not depend on it)"
                 )
         self._close_started()  # a group started before the load would continue from the old position
+        self._continue_mixing(restored)
         self._consumed = {lane: entry.state for lane, entry in restored.lanes.items()}
         self._tokens = {lane: entry.tokens for lane, entry in restored.lanes.items()}
         self._padding = {lane: entry.padding for lane, entry in restored.lanes.items()}
         self._steps_done = restored.step
         self.restored = restored
+
+    def _continue_mixing(self, restored: Restored) -> None:
+        """Mix as the checkpoint's run did (a run in progress never changes how it mixes: engine/mixing.py). Worker
+        processes started with the config's spec are let go; the first batch starts them anew."""
+        spec = restored.spec(self.spec)
+        if spec is self.spec:
+            return
+        if dp_rank_zero() and spec.config.best_fit_mixing != self.spec.config.best_fit_mixing:
+            logger.info(
+                f'zephon_titan: best_fit_mixing = "{spec.config.best_fit_mixing}", as the checkpoint\'s run (a new '
+                f'run of this config would use "{self.spec.config.best_fit_mixing}"; docs/mixture.md)'
+            )
+        self.spec = spec
+        self.fingerprint = fingerprint(self.spec)
+        if self._warm is not None:
+            self._warm.close()
+            self._warm = None
 
     def close(self) -> None:
         self._close_started()

@@ -12,7 +12,9 @@ promises integrity (corruption and mismatch are found), not authenticity: whoeve
 also recompute a seal.
 
 Header versions: 3 stores the fingerprint's `sources` as a list of names; 2 stored them joined by commas (no
-source name could hold one) and is read by converting it.
+source name could hold one) and is read by converting it. A checkpoint of any version resumes mixing as it was
+written (read_state): its fingerprint's `mix_phases` and `best_fit_mixing`, absent in checkpoints written before
+they existed (and in any whose run mixes as those did), which a reader that knows neither refuses by name.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Protocol
 
 import torch
@@ -32,7 +35,16 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from zephon_titan.config import MAX_SOURCES
-from zephon_titan.engine.fingerprint import Fingerprint, check_fingerprint, check_mixture, source_names
+from zephon_titan.engine.fingerprint import (
+    Fingerprint,
+    as_resumed,
+    check_fingerprint,
+    check_mixture,
+    saved_mixing,
+    source_names,
+)
+from zephon_titan.engine.mixing import added_offsets
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 from zephon_titan.titan.checkpoint import read_checkpoint_metadata, refuse_objects, safe_load
@@ -293,6 +305,15 @@ class Restored:
     """Sources this run has and the checkpoint had not (each starts from its beginning)."""
     mixture_change: str = ""
     """A line saying how the mixture changes after the checkpoint's step ("" if it does not)."""
+    phase_offsets: dict[str, Fraction] = field(default_factory=dict)
+    """Each source's mixing offset (engine/mixing.py): the checkpoint's, and for an added source a new one."""
+    best_fit_mixing: str = "per_window"
+    """The checkpoint's best_fit_mixing. The resumed run continues mixing as the checkpoint did
+    (EngineSpec.resumed), whatever its config asks of a new run."""
+
+    def spec(self, spec: EngineSpec) -> EngineSpec:
+        """`spec` (this run's) as it continues the checkpoint's run."""
+        return spec.resumed(self.best_fit_mixing, tuple(self.phase_offsets[n] for n in spec.source_names))
 
 
 def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow: Any = ()) -> Restored:
@@ -300,8 +321,14 @@ def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow
     this run's fingerprint `current`: header, fingerprint (naming each change but `allow`ed kinds), every lane
     (all at the end of one step), the step, the mixture (only its future may change)."""
     header = Header.from_entry(state)
-    check_fingerprint(header.fingerprint, current, allow, mixture_checked_apart=True)
+    # A run in progress never changes how it mixes: compare with this run mixing as the checkpoint's did (the
+    # caller adopts it: Restored.spec). Added sources take offsets that move no other source's phase.
     names = source_names(current)
+    kept, best_fit_mixing = saved_mixing(header.fingerprint)
+    offsets = added_offsets(kept, names)
+    check_fingerprint(
+        header.fingerprint, as_resumed(current, offsets, best_fit_mixing), allow, mixture_checked_apart=True
+    )
     lanes = {lane: read_lane(state, lane, header, names) for lane in lane_ids}
     rows = {entry.state.rows for entry in lanes.values()}
     if len(rows) != 1:
@@ -312,7 +339,7 @@ def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow
     step = _saved_step(header, rows.pop())
     change = check_mixture(header.fingerprint, current, step)
     added = [name for name in names if name not in header.sources]
-    return Restored(header, step, lanes, added, change)
+    return Restored(header, step, lanes, added, change, offsets, best_fit_mixing)
 
 
 def _saved_step(header: Header, rows: int) -> int:
