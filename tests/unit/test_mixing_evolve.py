@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneGroup, LaneState, LaneStream, fingerprint, tally
+from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
 from zephon_titan.plan import packing_note
@@ -103,7 +104,9 @@ def test_the_rule_before_issue_29_re_phased_the_steps_before_the_added_source(co
     states = {lane: s.with_sources(spec_a.source_names, spec_b.source_names) for lane, s in group.state().items()}
     resumed, _ = _run(spec_b, 4, 2, states)
     assert resumed != original[2:]
-    assert spec_b.continuing(spec_a).phase_offsets is not None  # the kept offsets: not s / S
+    grown = spec_b.continuing(spec_a)
+    assert grown.phase_offsets is not None  # the kept offsets: not s / S
+    assert spec_from_portable(portable(grown)).phase_offsets == grown.phase_offsets  # worker processes have them
     assert spec_a.continuing(spec_a) is spec_a  # nothing added: nothing changes
 
 
@@ -159,6 +162,8 @@ def test_offsets_kept_across_added_sources_survive_the_next_checkpoint(corpus_di
     _loader_steps(a, 2)
     saved_a = a.state_dict()
     a.close()
+    spec_a = _spec(corpus_dir, tokenizer_dir, "wrap", PHASES)  # the same config: the spec stays as it is
+    assert read_state(saved_a, range(4), fingerprint(spec_a)).spec(spec_a) is spec_a
     table_b = _table(corpus_dir, "wrap", [*PHASES, {"start_step": 7, "weights": {"anneal": 1.0}}], anneal=True)
     b = _loader(corpus_dir, tokenizer_dir, table_b)
     b.load_state_dict(saved_a)
@@ -212,8 +217,10 @@ def test_a_best_fit_window_replays_with_its_row_budget_after_a_batch_size_change
     del data["window_rows"]
     assert resumed(data, R, left + 3 * R) != expected
     # The field is checked like the others: never without an open unit.
-    with pytest.raises(ResumeError, match="'window_rows' is set with no open unit"):
+    with pytest.raises(ResumeError, match="'window_rows' is 6 with no open unit"):
         LaneState.from_dict({**state.to_dict(), "unit_open": False, "unit_offset": 0})
+    with pytest.raises(ResumeError, match="'window_rows' is 0 with an open unit"):
+        LaneState.from_dict({**state.to_dict(), "window_rows": 0})
 
 
 def _books(tmp_path, prose_docs) -> str:

@@ -64,6 +64,8 @@ class EngineSpec:
         progress never changes how it mixes: loader_state.read_state)."""
         if phase_offsets == initial_offsets(len(self.sources)):
             phase_offsets = None  # a run's own sources, as a new run of this config has them
+        if self.config.packing != "best_fit":
+            best_fit_mixing = self.config.best_fit_mixing  # no rows depend on it: keep the spec (and warm workers)
         if best_fit_mixing == self.config.best_fit_mixing and phase_offsets == self.phase_offsets:
             return self
         config = dataclasses.replace(self.config, best_fit_mixing=best_fit_mixing)

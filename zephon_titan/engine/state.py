@@ -212,8 +212,11 @@ class LaneState:
                         f"{where}: field 'mix.bases' of source {i} is {base}, more than the source's {c.tokens} "
                         "tokens; the checkpoint is damaged"
                     )
-        if self.window_rows is not None and not self.unit_open:
-            raise ResumeError(f"{where}: field 'window_rows' is set with no open unit; the checkpoint is damaged")
+        if self.window_rows is not None and not (self.unit_open and self.window_rows >= 1):
+            raise ResumeError(
+                f"{where}: field 'window_rows' is {self.window_rows} with {'an' if self.unit_open else 'no'} open unit "
+                "(a best_fit window's rows before the next phase, >= 1); the checkpoint is damaged"
+            )
         if self.replay is None:
             return
         if not self.unit_open:
