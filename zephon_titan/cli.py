@@ -44,7 +44,7 @@ def cmd_plan(args) -> int:
         raise ZephonError("plan needs --steps N (the last step to plan), or --validation")
     entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint, args.procs)
     if args.mixture:
-        entries = _with_mixture_report(args.config, list(entries), to_stderr=not args.output)
+        entries = _with_mixture_report(args.config, list(entries), not args.output, args.from_checkpoint)
     if not args.output:
         for entry in entries:
             print(entry.to_json())
@@ -64,15 +64,17 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _with_mixture_report(config: str, entries: list[LedgerEntry], to_stderr: bool) -> list[LedgerEntry]:
+def _with_mixture_report(
+    config: str, entries: list[LedgerEntry], to_stderr: bool, checkpoint: str | None = None
+) -> list[LedgerEntry]:
     """Print each source's planned share per step against its weight (normalized, and said so)."""
-    from zephon_titan.plan import mixture_report, packing_note
+    from zephon_titan.plan import mixture_report, packing_note, read_checkpoint
     from zephon_titan.titan.job import load_job
 
     job = load_job(config)
     data = job.data
     out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
-    if note := packing_note(job.spec):
+    if note := packing_note(read_checkpoint(checkpoint, job)[2] if checkpoint else job.spec):  # as the run mixes
         print(note, file=out)
     if data.phases:
         _phase_reports(job, entries, out)

@@ -265,3 +265,46 @@ def test_best_fit_per_step_holds_a_phased_mixture(tmp_path, corpus_dir, tokenize
     # Negative control: the windows as placed (before issue 29) break the same bounds.
     errors, resting = _errors(spec("per_window"), 8)
     assert max(errors) > 0.25 or max(resting[4:]) > 8 * 128 // 2, (errors, resting)
+
+
+def test_plan_from_a_per_window_checkpoint_continues_it_and_says_so(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from helpers import write_job
+
+    from zephon_titan.cli import main
+    from zephon_titan.plan import plan_ledger
+    from zephon_titan.titan.job import load_job
+
+    best_fit = 'packing = "best_fit"\nbest_fit_window_docs = 8\n'
+    old_job = write_job(
+        tmp_path / "old.toml",
+        corpus_dir,
+        tokenizer_dir,
+        seq_len=128,
+        dataloader=best_fit + 'best_fit_mixing = "per_window"',
+    )
+    new_job = write_job(tmp_path / "new.toml", corpus_dir, tokenizer_dir, seq_len=128, dataloader=best_fit)
+    job = load_job(old_job)  # a run saved before best_fit_mixing existed (its fingerprint has none)
+    loader = job.config.dataloader.build(
+        dp_world_size=1, dp_rank=0, tokenizer=job.trainer_tokenizer(), seq_len=128, local_batch_size=2
+    )
+    batches = iter(loader)
+    for _ in range(2 * 8):  # two steps of 8 microbatches
+        next(batches)
+    checkpoint = str(tmp_path / "step-2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"dataloader": loader}, checkpoint_id=checkpoint)
+    loader.close()
+    first_plan = {e.step: e for e in plan_ledger(old_job, 4)}
+    assert list(plan_ledger(new_job, 4, checkpoint)) == [first_plan[3], first_plan[4]]  # the run goes on as it was
+    assert (
+        main(["plan", new_job, "--steps", "4", "--from-checkpoint", checkpoint, "--mixture", "-o", str(tmp_path / "p")])
+        == 0
+    )
+    assert 'best_fit_mixing = "per_window"' in capsys.readouterr().out  # plan --mixture says how it mixes
+    # Negative control: a new run of the new config (per_step) is another plan for those steps.
+    new_plan = {e.step: e.sha256 for e in plan_ledger(new_job, 4)}
+    assert [new_plan[3], new_plan[4]] != [first_plan[3].sha256, first_plan[4].sha256]
