@@ -23,6 +23,7 @@ import sys
 import time
 
 import corpus  # examples/: the offline corpora, run folders and the share plot
+from logs import STEP_LINE
 from runs import copy_checkpoint
 from shares_plot import shares_svg
 
@@ -53,6 +54,34 @@ def build_corpus(out: str = DEMO_DIR) -> DataConfig:
     )
 
 
+class StepProgress:
+    """One line per step as a run logs it (every rank logs each step: said once), with the time left."""
+
+    def __init__(self, nproc: int, last_step: int):
+        self.nproc, self.last_step = nproc, last_step
+        self.first: tuple[int, float] | None = None  # the first step seen, and when
+        self.step = 0
+
+    def feed(self, line: str, now: float | None = None) -> str | None:
+        """The line to print for one line of the run's log, or None."""
+        found = STEP_LINE.search(line)
+        if not found or int(found.group(1)) <= self.step:
+            return None
+        now = time.time() if now is None else now
+        self.step, loss = int(found.group(1)), found.group(2)
+        if self.first is None:
+            self.first = (self.step, now)
+        done = self.step - self.first[0]
+        left = self.last_step - self.step
+        if done == 0:
+            eta = ""
+        elif left == 0:
+            eta = ", then the last checkpoint"
+        else:
+            eta = f", ~{(now - self.first[1]) / done * left:.0f} s left"
+        return f"      step {self.step}/{self.last_step} on {self.nproc} rank{'s' if self.nproc > 1 else ''}: loss {loss}{eta}"
+
+
 def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | None) -> dict:
     """One torchrun of the CPU trainer; returns {"ledger": {step: sha}, "losses": {step: loss}}."""
     from logs import parse_losses
@@ -81,11 +110,18 @@ def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | Non
     ]
     log = os.path.join(run, "train.log")
     started = time.time()
-    with open(log, "w") as f:
-        result = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    progress = StepProgress(nproc, steps)
+    print(f"      starting {nproc} rank{'s' if nproc > 1 else ''} (imports, model, loader{', checkpoint' if resume_from else ''})...", flush=True)  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as f, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True) as child:  # fmt: skip
+        assert child.stdout is not None
+        for line in child.stdout:  # the run's log as it comes: kept whole in the file, one line per step here
+            f.write(line)
+            if said := progress.feed(line):
+                print(said, flush=True)
     with open(log) as f:
         output = f.read()
-    if result.returncode != 0:
+    if child.returncode != 0:
         raise SystemExit(f"training run {name!r} failed; see {log}:\n{output[-3000:]}")
     losses = parse_losses(output)
     print(f"      done in {time.time() - started:.0f} s: steps {min(losses)}-{max(losses)}, log {log}", flush=True)
@@ -100,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build-only", action="store_true", help="only write the corpus and tokenizer")
     args = p.parse_args(argv)
 
-    print(f"[1/5] corpus and tokenizer in {DEMO_DIR}/ (Python stdlib as 'code', pydoc topics as 'prose')", flush=True)
+    print(f"[1/5] corpus and tokenizer in {DEMO_DIR}/ (Python stdlib as 'code', pydoc topics as 'prose'; the first time ~10 s: a BPE tokenizer is trained)", flush=True)  # fmt: skip
     build_corpus()
     if args.build_only:
         return 0
@@ -141,5 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def finish(code: int) -> None:
+    """Exit now. Nothing is left to write or join (the runs are over, every file is closed): the interpreter's
+    teardown of torch and TorchTitan would only keep a finished demo silent for seconds after its verdict."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-_LOSS = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")
+STEP_LINE = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.]+)")  # TorchTitan's metrics line (no colours)
 
 
 def parse_losses(output: str) -> dict[int, float]:
     """{step: loss} from TorchTitan's metric lines (run with --metrics.disable_color_printing)."""
-    return {int(step): float(loss) for step, loss in _LOSS.findall(output)}
+    return {int(step): float(loss) for step, loss in STEP_LINE.findall(output)}

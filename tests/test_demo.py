@@ -74,8 +74,26 @@ def test_the_gpu_blocks_name_real_configs():
 
     gpu = sorted({path for block in readme_blocks() for path in re.findall(r"configs/llama3_1b/\w+\.toml", block)})
     assert gpu, "the README shows GPU jobs"
-    for path in gpu:
-        assert load_job(os.path.join(REPO, path)).data.num_lanes == 64
+    jobs = {path: load_job(os.path.join(REPO, path)) for path in gpu}
+    assert all(job.data.num_lanes == 64 for job in jobs.values())
+    # Each launch starts as many processes as its job's parallelism takes (nodes x processes per node).
+    launches = [argv for block in readme_blocks() for argv in commands(block) if argv[:2] == ["zephon-titan", "run"]]
+    gpu_launches = [argv for argv in launches if argv[-1] in jobs]
+    assert len(gpu_launches) == 3
+    for argv in gpu_launches:
+        options = dict(zip(argv[2::2], argv[3::2]))
+        parallelism = jobs[argv[-1]].config.parallelism
+        degrees = parallelism.data_parallel_replicate_degree * parallelism.data_parallel_shard_degree
+        assert int(options.get("--nnodes", 1)) * int(options["--nproc"]) == degrees, argv
+
+
+def test_each_shipped_job_has_its_own_dump_folder():
+    # Two jobs writing one folder resume each other's checkpoints; the GPU family shares one on purpose.
+    from zephon_titan.titan.job import load_job
+
+    cpu = sorted(name for name in os.listdir(os.path.join(REPO, "configs")) if name.endswith(".toml"))
+    folders = [load_job(os.path.join(REPO, "configs", name)).config.dump_folder for name in cpu]
+    assert len(cpu) >= 2 and len(set(folders)) == len(folders), dict(zip(cpu, folders))
 
 
 @pytest.mark.slow  # after the demo (its corpus); two CPU trainer runs

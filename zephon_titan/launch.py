@@ -24,6 +24,7 @@ import os
 import sys
 from typing import Any
 
+from zephon_titan import log_ranks
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
 
 LAUNCHED = "ZEPHON_TITAN_LAUNCHED"
@@ -44,7 +45,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun --nnodes); more than 1 needs --rdzv")
     p.add_argument("--rdzv", default="", help="HOST:PORT of the rendezvous (torchrun --rdzv-endpoint, c10d)")
     p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (zephon_titan.train_cpu)")
-    p.add_argument("--log-ranks", default="0", help="local ranks shown on the console: 0 (default), 0,3 or all")
+    p.add_argument(
+        "--log-ranks",
+        default="0",
+        help="local ranks shown on the console: 0 (default), 0,3 or all; other than 0: our log lines on every rank",
+    )
     p.set_defaults(run=run)
 
 
@@ -91,6 +96,8 @@ def launch(args: argparse.Namespace, module: str, job_args: list[str], log_dir: 
         launcher += ["--standalone"]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its banner
     os.environ[LAUNCHED] = "1"
+    if args.log_ranks != "0":  # other ranks shown: with our lines too (zephon_titan/log_ranks.py)
+        os.environ.setdefault(log_ranks.ENV, "all")
     try:
         torchrun(get_args_parser().parse_args([*launcher, "-m", module, *job_args]))
     except ChildFailedError as e:

@@ -77,7 +77,10 @@ def run(job: Job) -> None:
 def main(argv: list[str] | None = None, prepare: Callable | None = None) -> None:
     from torchtitan.tools.logging import init_logger
 
+    from zephon_titan.log_ranks import quiet_other_ranks
+
     init_logger()
+    quiet_other_ranks()  # our lines once per job (rank 0); other ranks only our warnings and errors
     try:
         run(parse_args(sys.argv[1:] if argv is None else argv, prepare))
     except ZephonError as e:

@@ -9,12 +9,13 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import corpus
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import check, torchrun
 from test_demo import commands, readme_blocks
 
 from zephon_titan.cli import main
@@ -125,10 +126,15 @@ def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, caps
             "--seq-len", "128", "--steps", "4", "-o", "my_job.toml"]  # fmt: skip
     assert main(argv) == 0  # the README's CPU variant
     assert main(["validate", "my_job.toml", "--world-sizes", "1,2"]) == 0
-    check(torchrun(user_folder, "zephon_titan.train_cpu", 2, ["--job.config_file", "my_job.toml"]))
-    assert main(["plan", "my_job.toml", "--steps", "4", "-o", "planned.jsonl"]) == 0
+    # The README's launch: `zephon-titan run --cpu --nproc 2 my_job.toml` (the real CLI, real torchrun ranks).
+    done = subprocess.run([sys.executable, "-m", "zephon_titan.cli", "run", "--cpu", "--nproc", "2", "my_job.toml"],
+                          cwd=user_folder, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    console = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
+    assert re.search(r"step:\s+4\s", console) and os.listdir("outputs/my_job/logs")  # rank 0 shown; all in logs
+    assert main(["plan", "my_job.toml", "--steps", "4", "-o", "outputs/my_job/planned.jsonl"]) == 0
     capsys.readouterr()
-    assert main(["verify", "planned.jsonl", "outputs/my_job/checkpoint/ledger.jsonl"]) == 0
+    assert main(["verify", "outputs/my_job/planned.jsonl", "outputs/my_job/checkpoint/ledger.jsonl"]) == 0
     assert "identical: all 4 steps" in capsys.readouterr().out
 
 

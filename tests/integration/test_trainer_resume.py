@@ -36,6 +36,7 @@ def train(workdir, run, nproc, *extra):
     args = cpu_job_args(run, STEPS, *extra)
     result = check(torchrun(workdir, "zephon_titan.train_cpu", nproc, args))
     output = result.stdout + result.stderr
+    train.output[run] = output
     token_lines = _TOKENS.findall(output)
     train.tokens[run] = tuple(int(x) for x in token_lines[-1])  # after the last step, over all ranks
     train.shares[run] = [tuple(float(x) for x in line) for line in _SHARES.findall(output)]  # one per step
@@ -44,6 +45,7 @@ def train(workdir, run, nproc, *extra):
 
 train.tokens = {}
 train.shares = {}
+train.output = {}
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +122,12 @@ def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):
     assert train.tokens["runs/w2"] == (code, prose, code + prose)
     for run in ("runs/w2_to_w4", "runs/w2_to_w1", "runs/w4_to_w2"):
         assert train.tokens[run] == train.tokens["runs/w2"], run
+
+
+def test_our_lines_come_once_per_job_and_a_resume_says_what_it_cuts_from_the_ledger(resumed):
+    out = train.output["runs/w2_to_w4"]  # 4 ranks, resumed after step 2 with the ledger of steps 1-6
+    assert out.count("zephon_titan: tokenizer backend") == 1, out[-3000:]  # rank 0's; ranks 1-3 keep warnings only
+    assert out.count("steps 3-6 cut from the ledger (this run resumes after step 2)") == 1, out[-3000:]
 
 
 def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted):

@@ -41,10 +41,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from zephon_titan.engine import validate_batch_layout
-from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
+from zephon_titan.log_ranks import quiet_other_ranks
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.ledger import gather_ledger_entry
+from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
 from zephon_titan.titan.tokenizer import load_hf_tokenizer
 
@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     from torchtitan.tools.logging import init_logger
 
     init_logger()  # the loader's notes (tokenizer backend, a resume's changes) as the trainer prints them
+    quiet_other_ranks()  # once per job: rank 0's
 
     dist.init_process_group("gloo", timeout=timedelta(minutes=10))
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             # own loader (--builtin) stores its state as pickles, which it unpickles itself.
             states = {"dataloader": loader, "train_state": counter}
             restore(states, args.resume, None if args.builtin else loader)
-        ledger = LedgerWriter(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
+        ledger = open_ledger(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
         ledger_seconds = data_seconds = 0.0
         first_step = counter.step

@@ -3,11 +3,15 @@ gives the digests and tokens of the lanes it owns, so every lane counts once for
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
+from torchtitan.tools.logging import logger
 
 from zephon_titan.engine import batch_digest
-from zephon_titan.engine.ledger import LedgerEntry, step_weights
+from zephon_titan.engine.jsonl_log import read_entries
+from zephon_titan.engine.ledger import LEDGER, LedgerEntry, LedgerWriter, step_weights
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.rank_lanes import digest_table, lane_table
 
@@ -30,3 +34,21 @@ def gather_ledger_entry(
     spec = loader.spec
     weights = step_weights(spec, step)
     return LedgerEntry.of(step, sha256, loader.config.global_batch_size, spec.source_names, tokens.tolist(), weights)
+
+
+def open_ledger(path: str, resume_step: int) -> LedgerWriter:
+    """The run's ledger (rank 0). A run that resumes after step s keeps the file's steps up to s and writes
+    the later ones again: if the file has later steps (the run went on past that checkpoint, or
+    `--checkpoint.load_step` rolls back), one line says which steps are cut."""
+    later: list[int] = []
+    if resume_step > 0 and os.path.exists(path):
+        entries, _ = read_entries(path, LEDGER, drop_torn_tail=True)  # a torn last line: LedgerWriter says it
+        later = [e.step for e in entries if e.step > resume_step]
+    writer = LedgerWriter(path, resume_step)
+    if later:
+        cut = f"step {later[0]}" if len(later) == 1 else f"steps {later[0]}-{later[-1]}"
+        logger.info(
+            f"zephon_titan: {path}: {cut} cut from the ledger (this run resumes after step {resume_step}); "
+            "they are written again as this run makes them"
+        )
+    return writer

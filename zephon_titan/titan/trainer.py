@@ -27,7 +27,7 @@ from torchtitan.trainer import Trainer
 
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.ledger import gather_ledger_entry
+from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
 from zephon_titan.titan.validator import ZephonValidator
 
@@ -144,7 +144,7 @@ class ZephonTrainer(Trainer):
         if entry is None:
             return
         if self._ledger is None:
-            self._ledger = LedgerWriter(self.ledger_path, resume_step=self.step - 1)
+            self._ledger = open_ledger(self.ledger_path, resume_step=self.step - 1)
         self._ledger.write(entry)
 
     def _global_counts(self) -> list[int]:
