@@ -284,7 +284,7 @@ class DocumentFeed:
         self.cursors = list(state.cursors)
         self.mix = state.mix
         self.weights = spec.schedule.segment(self.mix.segment).weights
-        self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes)
+        self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
         self.chunk = spec.mix_chunk_tokens
         for reader, cursor in zip(self.readers, self.cursors):
             reader.prefetch(cursor.window)  # lanes created together fetch their first windows together

@@ -56,20 +56,18 @@ class LaneStream:
             feed_state = state.feed
             self.rows = state.rows
         self.feed = DocumentFeed(spec, lane_id, feed_state)
-        self.feed.phases = spec_phases(spec, lane_id)  # the spec's mixing rules (the feed's own are the newest)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
         if self.clock is not None:
             self.packer.boundary = self._rows_to_next_segment
         self._replay: tuple[Replay, object] | None = None
         if state is not None:
-            replay = state.replay
-            if replay is not None:  # the open unit was drawn before sources were added
-                self.feed.phases = _replay_phases(replay, lane_id, spec.num_lanes)
+            if state.replay is not None:  # the open unit was drawn before sources were added (an earlier release)
+                self.feed.phases = _replay_phases(state.replay, lane_id, spec.num_lanes)
             self.packer.window_rows = state.window_rows
             self.packer.restore(state.unit_open, state.unit_offset)  # the open unit, drawn as it was
-            self.feed.phases = spec_phases(spec, lane_id)
-            if replay is not None:  # kept in this lane's states while that unit stays open
-                self._replay = (replay, self.packer.unit()[0])
+            self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
+            if state.replay is not None:  # kept in this lane's states while that unit stays open
+                self._replay = (state.replay, self.packer.unit()[0])
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
@@ -110,11 +108,6 @@ class LaneStream:
             replay=self._replay[0] if self._replay is not None and self._replay[1] is feed else None,
             window_rows=self.packer.window_rows if unit_open else None,
         )
-
-
-def spec_phases(spec: EngineSpec, lane_id: int) -> tuple[float, ...]:
-    """The lane's mixing phases under the spec's mixing rules (mixing.py)."""
-    return lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
 
 
 def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:
