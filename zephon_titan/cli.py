@@ -32,9 +32,8 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args) -> int:
-    from tqdm import tqdm
-
     from zephon_titan.plan import plan_eval_set, plan_ledger
+    from zephon_titan.progress import tqdm
 
     if args.validation:
         print(json.dumps(plan_eval_set(args.config), sort_keys=True))
@@ -192,10 +191,9 @@ def _pieces(job: Job, row) -> list[dict]:
 
 
 def cmd_inspect(args) -> int:
-    from tqdm import tqdm
-
     from zephon_titan.engine import LaneStream
     from zephon_titan.engine.stream import StepClock
+    from zephon_titan.progress import tqdm
     from zephon_titan.titan.job import load_job
 
     job = load_job(args.config)
@@ -316,11 +314,11 @@ def _print_validation(job: Job, count: bool) -> None:
 
 
 def cmd_validate(args) -> int:
-    from tqdm import tqdm
-
     from zephon_titan.engine import fingerprint, valid_world_sizes
     from zephon_titan.engine.fingerprint import component_text
+    from zephon_titan.engine.spec import weight_notes
     from zephon_titan.engine.split import held_out
+    from zephon_titan.progress import tqdm
     from zephon_titan.titan.job import load_job
 
     # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
@@ -354,6 +352,8 @@ def cmd_validate(args) -> int:
     for name, value in fingerprint(spec).items():
         print(f"  {name:<22} {component_text(value)}")
     print("sources:")
+    for note in weight_notes(job.data):
+        print(f"  {note}")
     for source, weight, config in zip(spec.sources, spec.weights, job.data.sources):
         size = sum(f.size for f in source.files)
         line = f"  {source.name:<12} weight {weight:.3f}  {len(source.files)} files, {size:,} bytes, {source.num_blocks} blocks"
@@ -412,9 +412,8 @@ def cmd_validate(args) -> int:
 def _check_tokenizer(spec, fast_json: str | None = None) -> int:
     """fastokens against tokenizers, document by document over every source; 1 at the first difference.
     `fast_json` (tests) loads fastokens from another tokenizer.json."""
-    from tqdm import tqdm
-
     from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend, fast_eligibility, first_difference
+    from zephon_titan.progress import tqdm
 
     reference = ReferenceBackend(spec.tokenizer.tokenizer)
     try:

@@ -130,6 +130,26 @@ def schedule_of(config: DataConfig) -> Schedule:
     return Schedule(names, phases)
 
 
+def weight_notes(config: DataConfig) -> list[str]:
+    """One line per set of weights (the sources', or a phase's) that does not sum to 1: it is normalized,
+    and a user who meant shares that add up should hear it (weights 0.7 and 0.5 are 58 % and 42 %)."""
+    names = config.source_names()
+    sets = (
+        [("[dataloader.sources] weights", [s.weight for s in config.sources])]
+        if not config.phases
+        else [
+            (f"[[dataloader.phases]] start_step {p.start_step} weights", [float(p.weights.get(n, 0.0)) for n in names])
+            for p in config.phases
+        ]
+    )
+    notes = []
+    for where, weights in sets:
+        if abs(sum(weights) - 1.0) > 1e-9:
+            shares = ", ".join(f"{n} {w:.4g}" for n, w in zip(names, _normalized(weights)) if w)
+            notes.append(f"{where} sum to {sum(weights):g}; normalized to {shares}")
+    return notes
+
+
 def _normalized(weights: list[float]) -> tuple[float, ...]:
     total = sum(weights)
     return tuple(w / total for w in weights)

@@ -21,6 +21,7 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import LaneState, Row, fingerprint, lane_digest, open_lane_group, tally
+from zephon_titan.engine.spec import weight_notes
 from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.titan.loader_state import (
@@ -96,6 +97,8 @@ class ZephonDataLoader(BaseDataLoader):
         if not data.num_workers:
             self.spec.tokenizer.start_backend()
         self.fingerprint = fingerprint(self.spec)
+        for note in weight_notes(data):
+            logger.info(f"zephon_titan: {note}")
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self.restored: Restored | None = None  # what the last load_state_dict restored
         self.load_sizes: tuple[int, int] | None = None  # set by loader_state.restore() during one DCP load
