@@ -8,9 +8,11 @@ uses SDPA (FlexAttention has no CPU backward); data parallelism is replicate-onl
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import types
+import warnings
 
 
 def install_cpu_device() -> None:
@@ -40,6 +42,17 @@ def install_cpu_device() -> None:
     # torch.cpu.current_device() answers "cpu"; TorchTitan passes it as a barrier device id.
     # TorchTitan needs an int here, where torch's stub says str.
     cpu.current_device = lambda: 0  # type: ignore[assignment,return-value]
+    quiet_gpu_notes()
+
+
+# Lines a CPU run prints on every start about GPUs it does not have: DTensor's CPU-mesh notes, TorchTitan's
+# lspci probe and A100 peak-flops fallback, its NCCL setting. Nothing a CPU user can act on; our lines drown.
+_GPU_NOTES = ("Error running lspci", "Peak flops undefined for: cpu", "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING]")
+
+
+def quiet_gpu_notes() -> None:
+    warnings.filterwarnings("ignore", message=r"DTensor .* may not have complete support on cpu device mesh")
+    logging.getLogger().addFilter(lambda record: not record.getMessage().startswith(_GPU_NOTES))
 
 
 def use_sdpa_attention(config):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
-from zephon_titan.titan.job import Job, load_job
+from zephon_titan.titan.job import Job, load_job, without_default_load_warning
 
 CONFIG_FLAG = "--job.config_file"
 
@@ -63,7 +63,8 @@ def run(job: Job) -> None:
     check_resume(job)
     trainer = None
     try:
-        trainer = job.config.build()
+        with without_default_load_warning():  # the trainer builds its checkpoint config again
+            trainer = job.config.build()
         trainer.train()
     except BaseException:
         if trainer is not None:

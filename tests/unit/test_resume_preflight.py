@@ -49,6 +49,10 @@ def test_a_matching_resume_passes_and_a_changed_seed_is_refused_before_the_model
         train.run(job)
 
 
+def test_metric_lines_have_no_colour_codes_off_a_terminal(run_folder):
+    assert _job().config.metrics.disable_color_printing  # pytest captures standard error: not a terminal
+
+
 def test_a_missing_load_step_is_named(run_folder):
     with pytest.raises(ConfigError, match=r"step-5 does not exist"):
         train.check_resume(_job("--checkpoint.load_step", "5"))

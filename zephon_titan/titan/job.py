@@ -381,7 +381,7 @@ def _apply(target: Any, table: dict, where: str, path: str) -> None:
 def load_job(path: str, overrides: Sequence[str] = (), prepare: Callable | None = None) -> Job:
     """Read the job TOML (+ `extends`), then `prepare` (the CPU shims), then command-line overrides
     (`--section.key value`, as TorchTitan takes them)."""
-    with _without_log_line(_NO_INITIAL_LOAD_PATH):
+    with without_default_load_warning():
         config = read_job_config(path)
         if prepare is not None:
             config = prepare(config)
@@ -402,11 +402,11 @@ _NO_INITIAL_LOAD_PATH = "initial_load_model_only=True has no effect without an i
 
 
 @contextlib.contextmanager
-def _without_log_line(start: str) -> Iterator[None]:
-    """Drop records starting with `start` from the root logger (TorchTitan's) while building a config."""
+def without_default_load_warning() -> Iterator[None]:
+    """Drop that warning from the root logger (TorchTitan's) while a config or the trainer is built."""
 
     def keep(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(start)
+        return not record.getMessage().startswith(_NO_INITIAL_LOAD_PATH)
 
     root = logging.getLogger()
     root.addFilter(keep)

@@ -26,6 +26,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from zephon_titan.engine.ledger import LedgerWriter
+from zephon_titan.progress import on_terminal
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
@@ -104,6 +105,8 @@ class ZephonTrainer(Trainer):
                 self.checkpoint = ZephonCheckpointManager.Config.of(self.checkpoint)
             if type(self.metrics) is MetricsProcessor.Config:
                 self.metrics = ZephonMetricsProcessor.Config.of(self.metrics)
+            if not on_terminal(None):  # TorchTitan's metric lines in colour codes only where a terminal draws them
+                self.metrics.disable_color_printing = True
             # training.global_batch_size is the single source of truth; the loader
             # refuses to start if it is left at TorchTitan's W-dependent default.
             if isinstance(self.dataloader, ZephonDataLoader.Config):
