@@ -231,3 +231,15 @@ def test_error_messages_for_huge_batches_are_computed_in_bounded_time():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "is above the bound of 1048576" in out.splitlines()[0], out
     assert "use a local_batch_size in [1, 2, 4, 8, 16" in out
+
+
+def test_a_seq_len_above_the_models_maximum_is_refused(tmp_path, corpus_dir, tokenizer_dir):
+    # TorchTitan's llama3 debug model caches RoPE for 131072 positions; a longer seq_len fails only when the model is
+    # built (after the resume). A resume may change seq_len, up to this bound (docs/changing-a-run.md).
+    job = load_job(_job(tmp_path, corpus_dir, tokenizer_dir))
+    assert job.model_max_seq_len == 131072
+    job.config.training.seq_len = 262144
+    with pytest.raises(ConfigError, match=r"seq_len = 262144 is above the model's maximum sequence length 131072"):
+        job.preflight(1)
+    job.config.training.seq_len = 131072  # negative control: the maximum itself passes
+    job.preflight(1)

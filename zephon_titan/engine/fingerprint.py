@@ -13,7 +13,7 @@ from fractions import Fraction
 from zephon_titan.engine.mixing import initial_offsets
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.schedule import Phase, Schedule
-from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.spec import EngineSpec, Era
 from zephon_titan.engine.state import STATE_VERSION, refuse_removed_sources
 from zephon_titan.errors import ResumeError
 
@@ -57,7 +57,52 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
         **_split_component(spec),
         **_mixing_components(spec),
+        **({SEQ_LENS_KEY: eras_text(spec.eras)} if spec.eras else {}),
     }
+
+
+# The run's sequence lengths by step, present only once a resume changed seq_len (EngineSpec.eras): a reader
+# that knows it not refuses such a checkpoint by naming it.
+SEQ_LENS_KEY = "seq_lens"
+
+
+def eras_text(eras: tuple[Era, ...]) -> str:
+    return json.dumps([[e.start, e.seq_len, e.chunk] for e in eras], separators=(",", ":"))
+
+
+def saved_eras(fp: Fingerprint, step: int) -> tuple[Era, ...]:
+    """A checkpoint's sequence-length eras (one without a record: seq_len and mix_chunk_tokens from step 1),
+    saved after `step` steps. ResumeError if the record is damaged."""
+    record = fp.get(SEQ_LENS_KEY)
+    try:
+        seq_len, chunk = int(str(fp.get("seq_len"))), int(str(fp.get("mix_chunk_tokens")))
+        if record is None:
+            return (Era(1, seq_len, chunk),)
+        eras = tuple(Era(*(int(v) for v in e)) for e in json.loads(str(record)))
+        starts = [e.start for e in eras]
+        if not eras or starts[0] != 1 or starts != sorted(set(starts)) or starts[-1] > step + 1:
+            raise ValueError(f"eras must start at step 1 and at ascending steps up to {step + 1}")
+        if (eras[-1].seq_len, eras[-1].chunk) != (seq_len, chunk) or min(min(e.seq_len, e.chunk) for e in eras) < 1:
+            raise ValueError("the last era is not the fingerprint's seq_len and mix_chunk_tokens")
+    except (ValueError, TypeError) as e:
+        raise ResumeError(f"the checkpoint's fingerprint field {SEQ_LENS_KEY!r} is damaged ({e})") from None
+    return eras
+
+
+def seq_len_checked_apart(saved: Fingerprint, current: Fingerprint) -> Fingerprint:
+    """`current` as check_fingerprint compares it at a resume: a new seq_len is a change of the future only (the
+    lanes go on where they stopped: EngineSpec.eras), and mix_chunk_tokens may change with it (it follows seq_len
+    unless set); the checkpoint's record of earlier seq_lens is kept."""
+    out = dict(current)
+    for key in (
+        SEQ_LENS_KEY,
+        *(["seq_len", "mix_chunk_tokens"] if saved.get("seq_len") != current.get("seq_len") else []),
+    ):
+        if key in saved:
+            out[key] = saved[key]
+        else:
+            out.pop(key, None)
+    return out
 
 
 # How a run mixes, beyond its weights: each component present only when it differs from what runs before
@@ -113,7 +158,7 @@ MIXTURE_KEYS = ("weights", "schedule")
 
 
 def _mixture_component(spec: EngineSpec) -> dict[str, str]:
-    if spec.schedule.scheduled:
+    if spec.schedule.phased:
         return {"schedule": spec.schedule.describe()}
     return {"weights": ",".join(f"{w:.12g}" for w in spec.weights)}
 

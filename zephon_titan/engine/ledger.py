@@ -62,7 +62,7 @@ class LedgerEntry:
 
 def step_weights(spec: EngineSpec, step: int) -> dict[str, float] | None:
     """What the ledger records of the mixture at `step`: its weights under a schedule, else nothing."""
-    return spec.schedule.weights_by_name(step) if spec.schedule.scheduled else None
+    return spec.schedule.weights_by_name(step) if spec.schedule.phased else None
 
 
 def _entry(raw: bytes) -> LedgerEntry:

@@ -83,9 +83,11 @@ class RowShape:
     pad_id: int
 
     @classmethod
-    def of(cls, spec: EngineSpec) -> RowShape:
+    def of(cls, spec: EngineSpec, seq_len: int | None = None) -> RowShape:
+        """Rows of the spec's seq_len, or of `seq_len` (an earlier era's: spec.eras)."""
         within = spec.config.labels == "document"
-        return cls(spec.seq_len if within else spec.seq_len + 1, within, spec.pad_id)
+        n = spec.seq_len if seq_len is None else seq_len
+        return cls(n if within else n + 1, within, spec.pad_id)
 
     def piece_slots(self, doc: Document) -> int:
         """Slots of a piece tokens[start:end] of a document: the pairs whose input is in the piece
@@ -132,6 +134,9 @@ class Packer(Protocol):
     window_rows: int | None
     """The open unit's row budget from `boundary` when it was drawn (saved with it, so a restore draws the
     same unit whatever the clock is then); None: none."""
+    resized: tuple[int, ...]
+    """The open unit's rows emitted at each earlier seq_len, when it was drawn before a resume changed seq_len
+    (saved with it: LaneState.resized); empty otherwise."""
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> Packer: ...
@@ -145,7 +150,12 @@ class Packer(Protocol):
 
     def unit(self) -> tuple[FeedState, bool, int]: ...
 
-    def restore(self, unit_open: bool, unit_offset: int) -> None: ...
+    def restore(
+        self, unit_open: bool, unit_offset: int, shapes: list[RowShape] | None = None, resized: tuple[int, ...] = ()
+    ) -> None:
+        """Replay the open unit from the feed (at its start). `shapes`: the row shapes from the one it was drawn
+        with to this run's (a resume changed seq_len since), `resized` its rows emitted at each but the last."""
+        ...
 
 
 # The packing registry: `[dataloader] packing = "<name>"` picks a class here. Adding a mode is one
@@ -175,6 +185,7 @@ class WrapPacker:
     name: ClassVar[str] = "wrap"
     boundary: Callable[[], int | None] | None = None  # one document at a time: nothing drawn ahead
     window_rows: int | None = None
+    resized: tuple[int, ...] = ()  # the open piece's offset counts slots, whatever the row length
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> WrapPacker:
@@ -191,8 +202,15 @@ class WrapPacker:
         self._doc_start: FeedState = feed.state()
         self._offset = 0
 
-    def restore(self, unit_open: bool, unit_offset: int) -> None:
-        """Re-read the open document (the feed is at its start) and skip what was emitted."""
+    def restore(
+        self, unit_open: bool, unit_offset: int, shapes: list[RowShape] | None = None, resized: tuple[int, ...] = ()
+    ) -> None:
+        """Re-read the open document (the feed is at its start) and skip what was emitted. Across a seq_len change
+        the piece goes on into rows of the new length from its offset (in slots, which do not depend on it)."""
+        if resized:
+            raise ResumeError(
+                f"lane {self.feed.lane_id}: field 'resized' is set in a wrap state; the checkpoint is damaged"
+            )
         self._doc_start = self.feed.state()
         self._doc = self.feed.next_document() if unit_open else None
         self._offset = unit_offset
@@ -270,18 +288,41 @@ class BestFitPacker:
         before it) rows as placed, longest first, and a segment starts with the next window."""
         self.boundary: Callable[[], int | None] | None = None
         self.window_rows: int | None = None
+        self.resized: tuple[int, ...] = ()
         self._rows: list[Row] = []
+        self._bins: list[list[_Placed]] = []  # the pieces of each of _rows, to re-pack at a seq_len change
         self._emitted = 0
         self._window_start = feed.state()
 
-    def restore(self, unit_open: bool, unit_offset: int) -> None:
-        self._window_start = self.feed.state()
-        self._rows = self._pack_window()[0] if unit_open else []
-        self._emitted = unit_offset
-        if unit_offset > len(self._rows):
+    def restore(
+        self, unit_open: bool, unit_offset: int, shapes: list[RowShape] | None = None, resized: tuple[int, ...] = ()
+    ) -> None:
+        """Replay the open window with the row shape it was drawn with; across each later seq_len change (a
+        resume) the pieces of its rows not yet emitted are packed again, by the same rule, into rows of the new
+        length (a piece longer than the new row is cut first), and those rows follow: every piece once."""
+        shapes = shapes or [self.shape]
+        counts = [*resized, unit_offset]
+        if len(counts) > len(shapes) or not unit_open and resized:
             raise ResumeError(
-                f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?"
+                f"lane {self.feed.lane_id}: field 'resized' has {len(resized)} entries for {len(shapes) - 1} seq_len "
+                "changes since its window was drawn; the checkpoint is damaged"
             )
+        counts += [0] * (len(shapes) - len(counts))
+        current, self.shape = self.shape, shapes[0]
+        self._window_start = self.feed.state()
+        self._bins = self._pack_window()[0] if unit_open else []
+        for i, shape in enumerate(shapes):
+            if i:
+                self.shape = shape
+                self._bins = self._pack(self._cut([p for b in self._bins[counts[i - 1] :] for p in b]))
+            if counts[i] > len(self._bins) or (unit_open and counts[i] == len(self._bins) and i < len(shapes) - 1):
+                raise ResumeError(
+                    f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?"
+                )
+        self.shape = current
+        self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in self._bins]
+        self._emitted = counts[-1]
+        self.resized = tuple(counts[:-1]) if unit_open else ()
 
     def unit(self) -> tuple[FeedState, bool, int]:
         if self._emitted == len(self._rows):
@@ -292,7 +333,9 @@ class BestFitPacker:
         while self._emitted == len(self._rows):
             self._window_start = self.feed.state()
             self.window_rows = self.boundary() if self.boundary is not None and self.per_step else None
-            self._rows, documents = self._pack_window()
+            self.resized = ()
+            self._bins, documents = self._pack_window()
+            self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in self._bins]
             self._emitted = 0
             if not documents:
                 raise LaneExhausted
@@ -301,10 +344,9 @@ class BestFitPacker:
         self._emitted += 1
         return row
 
-    def _pack_window(self) -> tuple[list[Row], int]:
-        """The rows of the next window of documents, and how many documents it read."""
-        pieces: list[tuple[np.ndarray, Piece]] = []
-        arrivals: list[int] = []  # slots of the window drawn before each piece: where the mixer put it
+    def _pack_window(self) -> tuple[list[list[_Placed]], int]:
+        """The rows (each its pieces) of the next window of documents, and how many documents it read."""
+        pieces: list[_Placed] = []
         documents = drawn = 0
         budget = None if self.window_rows is None else self.window_rows * self.shape.slots
         for _ in range(self.window_docs):
@@ -315,17 +357,30 @@ class BestFitPacker:
                 break
             documents += 1
             size = self.shape.piece_slots(doc)
-            for start in range(0, size, self.shape.slots):
-                n = min(self.shape.slots, size - start)
-                pieces.append((doc.tokens, Piece(doc.source, doc.file, doc.row, doc.start + start, n)))
-                arrivals.append(drawn)
-                drawn += n
+            pieces.append(_Placed(doc.tokens, Piece(doc.source, doc.file, doc.row, doc.start, size), drawn))
+            drawn += size
+        return self._pack(self._cut(pieces)), documents
+
+    def _cut(self, pieces: list[_Placed]) -> list[_Placed]:
+        """Pieces longer than a row cut into row-sized chunks (each keeps where the mixer drew its slots)."""
+        out = []
+        for p in pieces:
+            q = p.piece
+            for start in range(0, q.length, self.shape.slots):
+                n = min(self.shape.slots, q.length - start)
+                out.append(
+                    _Placed(p.tokens, Piece(q.source, q.file, q.row, q.doc_offset + start, n), p.arrival + start)
+                )
+        return out
+
+    def _pack(self, pieces: list[_Placed]) -> list[list[_Placed]]:
+        """Best-fit decreasing of pieces (each at most a row) into rows; in the mixer's order under per_step."""
         # Longest first; equal lengths keep arrival order (sorted() is stable).
-        order = sorted(range(len(pieces)), key=lambda i: -pieces[i][1].length)
+        order = sorted(range(len(pieces)), key=lambda i: -pieces[i].piece.length)
         bins: list[list[int]] = []  # each row's pieces, as indices into `pieces`
         free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
         for i in order:
-            n = pieces[i][1].length
+            n = pieces[i].piece.length
             at = bisect.bisect_left(free, (n, -1))
             if at < len(free):
                 space, b = free.pop(at)
@@ -336,8 +391,18 @@ class BestFitPacker:
             if space - n > 0:
                 bisect.insort(free, (space - n, b))
         if self.per_step:
-            bins = _in_mixer_order(bins, [p.length for _, p in pieces], arrivals)
-        return [self.shape.make_row([pieces[i] for i in parts]) for parts in bins], documents
+            bins = _in_mixer_order(bins, [p.piece.length for p in pieces], [p.arrival for p in pieces])
+        return [[pieces[i] for i in parts] for parts in bins]
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A piece of a best_fit window: its document's tokens, the piece, and the window's slots drawn before it
+    (where the mixer put it)."""
+
+    tokens: np.ndarray
+    piece: Piece
+    arrival: int
 
 
 def _in_mixer_order(bins: list[list[int]], lengths: list[int], arrivals: list[int]) -> list[list[int]]:

@@ -35,19 +35,38 @@ class Segment:
 
 
 class Schedule:
-    def __init__(self, source_names: list[str], phases: list[Phase]):
+    def __init__(self, source_names: list[str], phases: list[Phase], cuts: tuple[int, ...] = ()):
         self.source_names = list(source_names)
         self.phases = list(phases)
+        self.cuts = tuple(sorted(cuts))
+        """Steps where a segment starts with unchanged weights: where seq_len changed at a resume (the mixer
+        starts a new segment there, as at a phase). Not part of describe(): the weights are the phases'."""
         self._starts = [p.start_step for p in self.phases]
         self.segment = lru_cache(maxsize=64)(self._segment)  # asked once per row: steps repeat R times
+
+    def with_cuts(self, cuts: tuple[int, ...]) -> Schedule:
+        return Schedule(self.source_names, self.phases, cuts)
+
+    @property
+    def phased(self) -> bool:
+        """The weights change during the run (more than one phase, or a ramp): the fingerprint keeps the schedule
+        and the ledger each step's weights."""
+        return len(self.phases) > 1 or any(p.ramp_steps for p in self.phases)
 
     @property
     def scheduled(self) -> bool:
         """More than one segment: lanes must know the step of each row, and save their segment."""
-        return len(self.phases) > 1 or any(p.ramp_steps for p in self.phases)
+        return self.phased or bool(self.cuts)
 
     def _segment(self, step: int) -> Segment:
         """The segment in force at `step` (>= 1)."""
+        segment = self._phase_segment(step)
+        at = bisect.bisect_right(self.cuts, step) - 1
+        if at >= 0 and self.cuts[at] > segment.start:
+            return Segment(self.cuts[at], segment.weights)
+        return segment
+
+    def _phase_segment(self, step: int) -> Segment:
         p = max(bisect.bisect_right(self._starts, step) - 1, 0)
         phase = self.phases[p]
         into = step - phase.start_step
@@ -59,7 +78,7 @@ class Schedule:
 
     def next_start(self, step: int) -> int | None:
         """The first step after `step` that begins a segment (None: `step`'s segment lasts the whole run)."""
-        starts = []
+        starts = [c for c in self.cuts if c > step][:1]
         for p, phase in enumerate(self.phases):
             if step < phase.start_step:
                 starts.append(phase.start_step)

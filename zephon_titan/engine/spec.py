@@ -22,6 +22,15 @@ from zephon_titan.engine.tokenize import DocumentTokenizer
 from zephon_titan.errors import ConfigError
 
 
+@dataclass(frozen=True, slots=True)
+class Era:
+    """Steps from `start` on have rows of `seq_len` and the mixer takes pieces of at most `chunk` tokens."""
+
+    start: int
+    seq_len: int
+    chunk: int
+
+
 @dataclass(frozen=True, eq=False, kw_only=True)
 class EngineSpec:
     config: DataConfig
@@ -33,6 +42,10 @@ class EngineSpec:
     phase_offsets: tuple[Fraction, ...] | None = None
     """Each source's mixing offset u_s as a checkpoint kept it (mixing.py: sources added at a resume move no
     other source's phase); None: s / S, a run's own sources."""
+    eras: tuple[Era, ...] = ()
+    """The run's sequence lengths by step when a resume changed it (empty: seq_len from step 1): each era's first
+    step, seq_len and mixer piece size; the last is this spec's. Only a lane's open unit, drawn before the
+    change, is replayed with an earlier one (stream.py); every new row has seq_len."""
 
     @property
     def num_lanes(self) -> int:
@@ -47,6 +60,27 @@ class EngineSpec:
         """Largest piece of a document the mixer takes at once (mixing.py); 0 in the config: seq_len."""
         return self.config.mix_chunk_tokens or self.seq_len
 
+    def era_of(self, step: int) -> Era:
+        """The era of `step` (a unit drawn for a row of that step was cut with its seq_len and piece size)."""
+        eras = self.eras or (Era(1, self.seq_len, self.mix_chunk_tokens),)
+        return [e for e in eras if e.start <= step][-1] if step >= eras[0].start else eras[0]
+
+    def eras_from(self, step: int) -> list[Era]:
+        """The era of `step` and every later one, in order."""
+        first = self.era_of(step)
+        return [first, *(e for e in self.eras if e.start > first.start)]
+
+    def with_eras(self, eras: tuple[Era, ...]) -> EngineSpec:
+        """This spec (of the last era's seq_len) continuing a run whose seq_len changed at a resume: the mixer
+        starts a new segment at each change (schedule.py's cuts)."""
+        if len(eras) <= 1:
+            eras = ()
+        if eras == self.eras:
+            return self
+        assert not eras or (eras[-1].seq_len, eras[-1].chunk) == (self.seq_len, self.mix_chunk_tokens)
+        schedule = self.schedule.with_cuts(tuple(e.start for e in eras[1:]))
+        return dataclasses.replace(self, eras=eras, schedule=schedule)
+
     @property
     def mixing_offsets(self) -> tuple[Fraction, ...]:
         """Each source's mixing offset u_s (mixing.py)."""
@@ -58,6 +92,12 @@ class EngineSpec:
         kept = dict(zip(previous.source_names, previous.mixing_offsets))
         offsets = added_offsets(kept, self.source_names)
         return self.resumed(previous.config.best_fit_mixing, tuple(offsets.values()))
+
+    def continuing_at(self, previous: EngineSpec, step: int) -> EngineSpec:
+        """continuing(previous) for a resume from `previous`'s checkpoint after `step` steps, which may also change
+        seq_len (and the mixer's piece size with it): the eras of `previous` up to `step`, then this spec's."""
+        saved = previous.eras or (Era(1, previous.seq_len, previous.mix_chunk_tokens),)
+        return self.continuing(previous).with_eras(eras_after(saved, step, self.seq_len, self.mix_chunk_tokens))
 
     def resumed(self, best_fit_mixing: str, phase_offsets: tuple[Fraction, ...] | None) -> EngineSpec:
         """This spec as a resume continues it: with its checkpoint's best_fit_mixing and mixing offsets (a run in
@@ -89,6 +129,16 @@ class EngineSpec:
     def weights(self) -> tuple[float, ...]:
         """The weights of step 1, normalized to sum to 1, in source order (a run without phases: all steps')."""
         return self.schedule.segment(1).weights
+
+
+def eras_after(saved: tuple[Era, ...], step: int, seq_len: int, chunk: int) -> tuple[Era, ...]:
+    """A run's eras (`saved`: its checkpoint's, one at least) resumed after `step` steps with rows of `seq_len` and
+    pieces of `chunk`: the eras that began by step `step` (one that would begin at step + 1 was never trained),
+    then a new one from step + 1 if they differ. Empty: one era."""
+    kept = [e for e in saved if e.start <= step] or [saved[0]]
+    if (kept[-1].seq_len, kept[-1].chunk) != (seq_len, chunk):
+        kept.append(Era(step + 1, seq_len, chunk))
+    return tuple(kept) if len(kept) > 1 else ()
 
 
 def build_engine(
@@ -165,6 +215,7 @@ class PortableSpec(TypedDict):
     eos: list[Any]
     listings: dict[str, list[FileRecord]]  # source name -> its files' records
     phase_offsets: list[str] | None  # EngineSpec.phase_offsets as "k/n" texts
+    eras: list[list[int]]  # EngineSpec.eras as [start, seq_len, chunk]
 
 
 def portable(spec: EngineSpec) -> PortableSpec:
@@ -178,6 +229,7 @@ def portable(spec: EngineSpec) -> PortableSpec:
         "eos": [spec.tokenizer.eos.token_id, spec.tokenizer.eos.reason],
         "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
         "phase_offsets": None if spec.phase_offsets is None else [str(u) for u in spec.phase_offsets],
+        "eras": [[e.start, e.seq_len, e.chunk] for e in spec.eras],
     }
 
 
@@ -197,7 +249,9 @@ def spec_from_portable(data: PortableSpec) -> EngineSpec:
     )
     spec = build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
     offsets = data["phase_offsets"]
-    return spec if offsets is None else dataclasses.replace(spec, phase_offsets=tuple(map(Fraction, offsets)))
+    if offsets is not None:
+        spec = dataclasses.replace(spec, phase_offsets=tuple(map(Fraction, offsets)))
+    return spec.with_eras(tuple(Era(*e) for e in data["eras"]))
 
 
 def _open(source: SourceConfig, config: DataConfig, listed: list[FileBlocks] | None) -> Source:

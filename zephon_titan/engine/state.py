@@ -92,6 +92,10 @@ class LaneState:
     replay: Replay | None = None
     """Set when the open unit was drawn among other sources (a resume added some): how to replay it."""
 
+    resized: tuple[int, ...] | None = None
+    """best_fit: the open window was drawn before a resume changed seq_len; its rows emitted at each earlier seq_len
+    (packing.py's BestFitPacker.restore re-packs the rest at each change). Saved only while such a window is open."""
+
     window_rows: int | None = None
     """best_fit_mixing = "per_step" under a schedule: the rows the open window could fill before the next segment
     when it was drawn (packing.py). Saved with it: a restore draws the same window whatever the clock is then
@@ -126,6 +130,7 @@ class LaneState:
             mix=MixState(mix.segment, bases),
             replay=replay if self.unit_open else None,
             window_rows=self.window_rows,
+            resized=self.resized,
         )
 
     @classmethod
@@ -148,6 +153,8 @@ class LaneState:
             out["replay"] = [self.replay.num_sources, list(self.replay.indices)]
         if self.window_rows is not None:  # only while a best_fit window with a row budget is open
             out["window_rows"] = self.window_rows
+        if self.resized is not None:  # only while a best_fit window drawn before a seq_len change is open
+            out["resized"] = list(self.resized)
         return out
 
     @classmethod
@@ -156,7 +163,7 @@ class LaneState:
         fields consistent with each other (check_consistent). Checks against the data (an offset within
         its document or window) are the restore's: packing.py, feed.py."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
-        if not isinstance(data, dict) or set(data) - {"mix", "replay", "window_rows"} != expected:
+        if not isinstance(data, dict) or set(data) - {"mix", "replay", "window_rows", "resized"} != expected:
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
         if data["version"] != STATE_VERSION:
@@ -166,6 +173,14 @@ class LaneState:
             )
         for name in ("lane_id", "rows", "unit_offset", *(["window_rows"] if "window_rows" in data else [])):
             _count(data[name], name, where)
+        resized = data.get("resized")
+        if resized is not None:
+            if not isinstance(resized, list) or not 1 <= len(resized) <= 64:
+                raise ResumeError(
+                    f"{where}: field 'resized' must be a list of rows (1-64 entries), got {resized!r:.80}"
+                )
+            for value in resized:
+                _count(value, "resized", where)
         if not isinstance(data["unit_open"], bool):
             raise ResumeError(f"{where}: field 'unit_open' must be true or false, got {data['unit_open']!r}")
         if not data["unit_open"] and data["unit_offset"] != 0:
@@ -187,6 +202,7 @@ class LaneState:
             mix=_mix_from(data["mix"], len(cursors), where) if "mix" in data else None,
             replay=_replay_from(data["replay"], len(cursors), where) if "replay" in data else None,
             window_rows=data.get("window_rows"),
+            resized=None if resized is None else tuple(resized),
         )
         state.check_consistent(where)
         return state
@@ -217,6 +233,8 @@ class LaneState:
                 f"{where}: field 'window_rows' is {self.window_rows} with {'an' if self.unit_open else 'no'} open unit "
                 "(a best_fit window's rows before the next phase, >= 1); the checkpoint is damaged"
             )
+        if self.resized is not None and not self.unit_open:
+            raise ResumeError(f"{where}: field 'resized' is set with no open unit; the checkpoint is damaged")
         if self.replay is None:
             return
         if not self.unit_open:

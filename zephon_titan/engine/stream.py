@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from zephon_titan.engine.feed import DocumentFeed
 from zephon_titan.engine.mixing import lane_phases
-from zephon_titan.engine.packing import Row, packer_class
+from zephon_titan.engine.packing import Row, RowShape, packer_class
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState, Replay
 from zephon_titan.errors import ResumeError
@@ -64,7 +64,13 @@ class LaneStream:
             if state.replay is not None:  # the open unit was drawn before sources were added (an earlier release)
                 self.feed.phases = _replay_phases(state.replay, lane_id, spec.num_lanes)
             self.packer.window_rows = state.window_rows
-            self.packer.restore(state.unit_open, state.unit_offset)  # the open unit, drawn as it was
+            # The open unit, drawn as it was: with the seq_len and piece size of the step it was drawn for
+            # (its segment's first step: a seq_len change starts a segment), then resized (packing.py).
+            eras = spec.eras_from(state.feed.mix.segment) if state.unit_open else []
+            shapes = [RowShape.of(spec, era.seq_len) for era in eras]
+            self.feed.chunk = eras[0].chunk if eras else spec.mix_chunk_tokens
+            self.packer.restore(state.unit_open, state.unit_offset, shapes, state.resized or ())
+            self.feed.chunk = spec.mix_chunk_tokens
             self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
             if state.replay is not None:  # kept in this lane's states while that unit stays open
                 self._replay = (state.replay, self.packer.unit()[0])
@@ -107,6 +113,7 @@ class LaneStream:
             mix=feed.mix if self.spec.schedule.scheduled else None,
             replay=self._replay[0] if self._replay is not None and self._replay[1] is feed else None,
             window_rows=self.packer.window_rows if unit_open else None,
+            resized=self.packer.resized if unit_open and self.packer.resized else None,
         )
 
 

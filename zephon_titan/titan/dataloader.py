@@ -264,6 +264,8 @@ class ZephonDataLoader(BaseDataLoader):
                 )
             if restored.mixture_change:
                 logger.info(f"zephon_titan: {restored.mixture_change}")
+            if restored.seq_len_change:
+                logger.info(f"zephon_titan: {restored.seq_len_change}; every lane continues where it stopped")
             saved_batch = restored.header.global_batch_size
             if saved_batch != self.config.global_batch_size:
                 logger.info(

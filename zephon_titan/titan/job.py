@@ -124,6 +124,26 @@ class Job:
     def model_vocab_size(self) -> int | None:
         return getattr(self.config.model_spec.model, "vocab_size", None) if self.config.model_spec else None
 
+    @property
+    def model_max_seq_len(self) -> int | None:
+        """The model's longest sequence (TorchTitan's Decoder.Config.max_seq_len: its RoPE cache), if it says."""
+        model = self.config.model_spec.model if self.config.model_spec else None
+        try:
+            most = getattr(model, "max_seq_len", None)
+        except ValueError:  # a decoder without RoPE
+            return None
+        return most if isinstance(most, int) and not isinstance(most, bool) else None
+
+    def check_model_seq_len(self) -> None:
+        """A seq_len above the model's maximum fails when TorchTitan builds the model (after the resume checks);
+        say it first, in one line. A resume may change seq_len (docs/changing-a-run.md), up to this bound."""
+        most = self.model_max_seq_len
+        if most is not None and self.seq_len > most:
+            raise ConfigError(
+                f"{self.path}: [training] seq_len = {self.seq_len} is above the model's maximum sequence length "
+                f"{most} (its RoPE max_seq_len); use seq_len <= {most} or a model configured for longer sequences"
+            )
+
     def dp_world_size(self, world_size: int) -> int:
         """Data-parallel size (dp_replicate x dp_shard) of a run on `world_size` processes, as TorchTitan
         computes it; a ConfigError naming the degrees when they do not multiply to world_size."""
@@ -203,6 +223,7 @@ class Job:
         if self.data.tokenizer_path:
             self.trainer_tokenizer()  # TorchTitan builds it from hf_assets_path in any case
         self.check_model_vocab()  # loads the loader's tokenizer: a wrong path is named here
+        self.check_model_seq_len()
 
 
 _STEP_FOLDER = re.compile(r"step-(\d+)")

@@ -40,11 +40,13 @@ from zephon_titan.engine.fingerprint import (
     as_resumed,
     check_fingerprint,
     check_mixture,
+    saved_eras,
     saved_mixing,
+    seq_len_checked_apart,
     source_names,
 )
 from zephon_titan.engine.mixing import added_offsets
-from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.spec import EngineSpec, Era, eras_after
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 from zephon_titan.titan.checkpoint import read_checkpoint_metadata, refuse_objects, safe_load
@@ -311,9 +313,16 @@ class Restored:
     """The checkpoint's best_fit_mixing. The resumed run continues mixing as the checkpoint did
     (EngineSpec.resumed), whatever its config asks of a new run."""
 
+    eras: tuple[Era, ...] = ()
+    """The run's seq_len eras (EngineSpec.eras): the checkpoint's, and a new one from the next step if this run's
+    seq_len (or piece size) differs; empty: one."""
+    seq_len_change: str = ""
+    """The line a seq_len change at this resume logs ("" if none)."""
+
     def spec(self, spec: EngineSpec) -> EngineSpec:
         """`spec` (this run's) as it continues the checkpoint's run."""
-        return spec.resumed(self.best_fit_mixing, tuple(self.phase_offsets[n] for n in spec.source_names))
+        offsets = tuple(self.phase_offsets[n] for n in spec.source_names)
+        return spec.resumed(self.best_fit_mixing, offsets).with_eras(self.eras)
 
 
 def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow: Any = ()) -> Restored:
@@ -326,9 +335,8 @@ def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow
     names = source_names(current)
     kept, best_fit_mixing = saved_mixing(header.fingerprint)
     offsets = added_offsets(kept, names)
-    check_fingerprint(
-        header.fingerprint, as_resumed(current, offsets, best_fit_mixing), allow, mixture_checked_apart=True
-    )
+    expected = seq_len_checked_apart(header.fingerprint, as_resumed(current, offsets, best_fit_mixing))
+    check_fingerprint(header.fingerprint, expected, allow, mixture_checked_apart=True)
     lanes = {lane: read_lane(state, lane, header, names) for lane in lane_ids}
     rows = {entry.state.rows for entry in lanes.values()}
     if len(rows) != 1:
@@ -339,7 +347,15 @@ def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow
     step = _saved_step(header, rows.pop())
     change = check_mixture(header.fingerprint, current, step)
     added = [name for name in names if name not in header.sources]
-    return Restored(header, step, lanes, added, change, offsets, best_fit_mixing)
+    before = saved_eras(header.fingerprint, step)
+    eras = eras_after(before, step, int(str(current["seq_len"])), int(str(current["mix_chunk_tokens"])))
+    seq_len_change = ""
+    if eras and eras[-1].start == step + 1:
+        seq_len_change = f"seq_len {eras[-2].seq_len} -> {eras[-1].seq_len} from step {step + 1}"
+        follows = all(e.chunk == e.seq_len for e in eras[-2:])  # mix_chunk_tokens unset: nothing more to say
+        if eras[-2].chunk != eras[-1].chunk and not follows:
+            seq_len_change += f" (mix_chunk_tokens {eras[-2].chunk} -> {eras[-1].chunk})"
+    return Restored(header, step, lanes, added, change, offsets, best_fit_mixing, eras, seq_len_change)
 
 
 def _saved_step(header: Header, rows: int) -> int:

@@ -1,0 +1,190 @@
+"""A seq_len change at a resume (issue 29): every step up to the checkpoint is what it was, each lane then goes on
+where it stopped with rows of the new length, and every document's tokens are trained exactly once across the
+change (both packers, both label rules, with phases, longer and shorter rows). The continuation is the one
+`plan --from-checkpoint` predicts (the resume sequence's spec: loader_state.read_state)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import assert_each_document_once, data_table, make_spec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_titan.config import config_from_dict
+from zephon_titan.engine import LaneExhausted, LaneGroup, LaneState, LaneStream, fingerprint
+from zephon_titan.engine.fingerprint import check_fingerprint
+from zephon_titan.engine.spec import portable, spec_from_portable
+from zephon_titan.engine.stream import StepClock
+from zephon_titan.errors import ResumeError
+from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, read_state
+
+PHASES = [
+    {"start_step": 1, "weights": {"code": 0.3, "prose": 0.7}},
+    {"start_step": 4, "weights": {"code": 0.7, "prose": 0.3}},
+]
+_SPECS: dict = {}
+
+
+def _table(corpus_dir, packing, labels, small=False):
+    code, prose = ("part-00002", "part-00001") if small else ("*", "*")
+    return dict(
+        sources={
+            "code": {"paths": [f"{corpus_dir}/code/{code}.parquet"]},
+            "prose": {"paths": [f"{corpus_dir}/prose/{prose}.jsonl"], "block_bytes": 16384},
+        },
+        phases=PHASES,
+        packing=packing,
+        labels=labels,
+        best_fit_window_docs=8,
+        num_lanes=2,
+        exhaustion="redistribute" if small else "repeat",
+    )
+
+
+def _spec(corpus_dir, tokenizer_dir, seq_len, packing, labels, small=True):
+    key = (seq_len, packing, labels, small)
+    if key not in _SPECS:
+        table = _table(corpus_dir, packing, labels, small)
+        _SPECS[key] = make_spec(corpus_dir, tokenizer_dir, seq_len=seq_len, **table)
+    return _SPECS[key]
+
+
+def _drain(stream):
+    rows = []
+    try:
+        while True:
+            rows.append(stream.next_row())
+    except LaneExhausted:
+        return rows
+
+
+@settings(max_examples=6, deadline=None)  # ~0.4 s each: a finite corpus drained through the change
+@given(
+    packing=st.sampled_from(["wrap", "best_fit"]),
+    labels=st.sampled_from(["document", "stream"]),
+    longer=st.booleans(),
+    cut=st.integers(1, 6),
+    rows=st.sampled_from([(2, 1), (2, 2), (1, 3)]),
+    again=st.integers(0, 4),
+)
+def test_every_document_is_trained_once_across_a_seq_len_change(
+    corpus_dir, tokenizer_dir, packing, labels, longer, cut, rows, again
+):
+    a, b = (48, 160) if longer else (160, 48)
+    r, r2 = rows  # rows per lane per step before and after (the global batch size may change with seq_len)
+    spec_a = _spec(corpus_dir, tokenizer_dir, a, packing, labels)
+    resumed = _spec(corpus_dir, tokenizer_dir, b, packing, labels).continuing_at(spec_a, cut)
+    assert [e.start for e in resumed.eras] == [1, cut + 1] and resumed.seq_len == b
+    pieces = []
+    for lane in range(spec_a.num_lanes):
+        before = LaneStream(spec_a, lane, clock=StepClock(r))
+        first = before.take(cut * r)  # steps 1..cut: what they were
+        state = LaneState.from_dict(before.state().to_dict())
+        after = LaneStream(resumed, lane, state, StepClock(r2, state.rows, cut))
+        middle = after.take(again * r2)
+        # A checkpoint in the new seq_len (an open best_fit window drawn before the change keeps `resized`).
+        saved = LaneState.from_dict(after.state().to_dict())
+        expected = after.take(2 * r2)
+        restored = LaneStream(resumed, lane, saved, StepClock(r2, saved.rows, cut + again))
+        assert [x.to_bytes() for x in restored.take(2 * r2)] == [x.to_bytes() for x in expected]
+        rest = _drain(after)
+        assert all(len(x.inputs) == a for x in first) and all(len(x.inputs) == b for x in middle + expected + rest)
+        pieces += [(p, x) for x in first + middle + expected + rest for p in x.pieces]
+    assert_each_document_once(spec_a, pieces)  # every document's tokens (or pairs) once, none skipped
+
+
+def test_a_window_open_at_the_change_is_packed_again_and_saved_with_resized(corpus_dir, tokenizer_dir):
+    # best_fit, 8-document windows: a window drawn at seq_len 160 is open at the cut; its rows not yet emitted
+    # are packed again into rows of 48, and a checkpoint taken while they are emitted keeps the count.
+    spec_a = _spec(corpus_dir, tokenizer_dir, 160, "best_fit", "document")
+    resumed = _spec(corpus_dir, tokenizer_dir, 48, "best_fit", "document").continuing_at(spec_a, 1)
+    before = LaneStream(spec_a, 0, clock=StepClock(1))
+    before.take(1)
+    state = before.state()
+    assert state.unit_open
+    after = LaneStream(resumed, 0, state, StepClock(1, 1, 1))
+    assert after.state().resized == (state.unit_offset,)
+    assert "resized" in after.state().to_dict()
+    after.take(1)
+    # A second change while that window is open: packed again at each change, each count kept.
+    third = _spec(corpus_dir, tokenizer_dir, 96, "best_fit", "document").continuing_at(resumed, 2)
+    again = LaneStream(third, 0, after.state(), StepClock(1, 2, 2))
+    assert again.state().resized == (state.unit_offset, 1) and [e.seq_len for e in third.eras] == [160, 48, 96]
+    assert len(again.next_row().inputs) == 96
+    # Negative control: the same state resumed without the run's earlier seq_len (the window replayed at 48) trains
+    # pieces twice or never.
+    plain = _spec(corpus_dir, tokenizer_dir, 48, "best_fit", "document")
+    pieces = [(p, x) for x in before.take(0) for p in x.pieces]
+    for lane in range(2):
+        head = LaneStream(spec_a, lane, clock=StepClock(1))
+        rows = head.take(1)
+        rows += _drain(LaneStream(plain, lane, head.state(), StepClock(1, 1, 1)))
+        pieces += [(p, x) for x in rows for p in x.pieces]
+    with pytest.raises(AssertionError):
+        assert_each_document_once(spec_a, pieces)
+    # A damaged count is refused in one line.
+    bad = LaneState.from_dict({**after.state().to_dict(), "resized": [1, 2, 3]})
+    with pytest.raises(ResumeError, match="'resized' has 3 entries for 1 seq_len changes"):
+        LaneStream(resumed, 0, bad, StepClock(1, 2, 1))
+
+
+def _loader(corpus_dir, tokenizer_dir, table, seq_len, batch):
+    from zephon_titan.titan.dataloader import ZephonDataLoader
+
+    config = ZephonDataLoader.Config(data=config_from_dict(data_table(corpus_dir, tokenizer_dir, **table)))
+    config.global_batch_size = batch
+    return config.build(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=seq_len, local_batch_size=2)
+
+
+def _loader_steps(loader, steps, batch):
+    batches = iter(loader)
+    return [np.concatenate([next(batches)[0]["input"].numpy() for _ in range(batch // 2)]) for _ in range(steps)]
+
+
+def _engine_steps(spec, rows, steps, first_step=0, states=None):
+    group = LaneGroup(spec, range(spec.num_lanes), rows, states, first_step)
+    return [np.stack([row.inputs for lane in group.next_step() for row in lane]) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_a_resume_with_another_seq_len_continues_as_planned(corpus_dir, tokenizer_dir, packing, caplog):
+    table = _table(corpus_dir, packing, "document")
+    old = _loader(corpus_dir, tokenizer_dir, table, 32, 8)  # 2 lanes x 4 rows of 32
+    first = _loader_steps(old, 2, 8)
+    saved = old.state_dict()
+    old.close()
+    new = _loader(corpus_dir, tokenizer_dir, table, 128, 4)  # 4x the length, half the rows
+    with caplog.at_level("INFO"):
+        new.load_state_dict(saved)
+    assert "seq_len 32 -> 128 from step 3" in caplog.text
+    got = _loader_steps(new, 3, 4)
+    saved_new = new.state_dict()
+    later = _loader_steps(new, 2, 4)
+    new.close()
+    assert [s.shape for s in got] == [(4, 128)] * 3
+    # plan --from-checkpoint: the resume sequence's spec, from the checkpoint's state.
+    spec_128 = _spec(corpus_dir, tokenizer_dir, 128, packing, "document", small=False)
+    restored = read_state(saved, range(2), fingerprint(spec_128))
+    assert restored.seq_len_change == "seq_len 32 -> 128 from step 3"
+    states = {lane: entry.state for lane, entry in restored.lanes.items()}
+    planned = _engine_steps(restored.spec(spec_128), 2, 5, 2, states)
+    assert all((x == y).all() for x, y in zip(got + later, planned))
+    spec_32 = _spec(corpus_dir, tokenizer_dir, 32, packing, "document", small=False)
+    assert all((x == y).all() for x, y in zip(first, _engine_steps(spec_32, 4, 2)))  # steps 1-2 as they were
+    # Negative control: the same resume without the change differs from step 3 on.
+    unchanged = _engine_steps(spec_32, 4, 3, 2, states)
+    assert not any(x.shape == y.shape and (x == y).all() for x, y in zip(got, unchanged))
+    # A checkpoint after the change records the run's seq_lens and resumes to the same steps.
+    header = decode_entry(saved_new[HEADER_KEY], HEADER_KEY)
+    assert json.loads(header["fingerprint"]["seq_lens"]) == [[1, 32, 32], [3, 128, 128]]
+    again = _loader(corpus_dir, tokenizer_dir, table, 128, 4)
+    again.load_state_dict(saved_new)
+    assert all((x == y).all() for x, y in zip(_loader_steps(again, 2, 4), later))
+    assert spec_from_portable(portable(again.spec)).eras == again.spec.eras  # worker processes have them
+    again.close()
+    # A reader that knows no seq_lens (an earlier release) refuses that checkpoint, naming it.
+    with pytest.raises(ResumeError, match="seq_lens: "):
+        check_fingerprint(header["fingerprint"], fingerprint(spec_128))
