@@ -136,7 +136,7 @@ def cmd_verify(args) -> int:
         if a[step] != b[step]:
             fields = [
                 f
-                for f in ("sha256", "rows", "tokens", "padding", "weights")
+                for f in ("sha256", "rows", "tokens", "padding", "weights", "seq_len")
                 if getattr(a[step], f) != getattr(b[step], f)
             ]
             print(f"first difference at step {step} ({', '.join(fields)}):")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneExhausted, LaneGroup, LaneState, LaneStream, fingerprint
 from zephon_titan.engine.fingerprint import check_fingerprint
+from zephon_titan.engine.ledger import LedgerEntry, step_seq_len
 from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
@@ -172,6 +173,9 @@ def test_a_resume_with_another_seq_len_continues_as_planned(corpus_dir, tokenize
     states = {lane: entry.state for lane, entry in restored.lanes.items()}
     planned = _engine_steps(restored.spec(spec_128), 2, 5, 2, states)
     assert all((x == y).all() for x, y in zip(got + later, planned))
+    # The ledger records each step's seq_len from the change on (plan and the run alike: step_seq_len).
+    entry = LedgerEntry.of(3, "0" * 64, 4, ["code", "prose"], [1, 2, 0], None, step_seq_len(restored.spec(spec_128), 3))
+    assert json.loads(entry.to_json())["seq_len"] == 128 and step_seq_len(spec_128, 3) is None
     spec_32 = _spec(corpus_dir, tokenizer_dir, 32, packing, "document", small=False)
     assert all((x == y).all() for x, y in zip(first, _engine_steps(spec_32, 4, 2)))  # steps 1-2 as they were
     # Negative control: the same resume without the change differs from step 3 on.

@@ -27,7 +27,9 @@ from zephon_titan.engine.spec import EngineSpec
 log = logging.getLogger("zephon_titan")
 
 _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": int}
-_OPTIONAL = {"weights": dict}  # runs with a mixture schedule: the weights in force at the step
+# weights: runs with a mixture schedule, the weights in force at the step; seq_len: runs whose seq_len changed at
+# a resume (EngineSpec.eras), the step's row length, from the first resume that changed it.
+_OPTIONAL = {"weights": dict, "seq_len": int}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,7 @@ class LedgerEntry:
     tokens: dict[str, int]
     padding: int
     weights: dict[str, float] | None = None
+    seq_len: int | None = None
 
     @classmethod
     def of(
@@ -48,21 +51,31 @@ class LedgerEntry:
         source_names: list[str],
         counts: list[int],
         weights: dict[str, float] | None = None,
+        seq_len: int | None = None,
     ) -> LedgerEntry:
         """From `tally()` counts: per source, then padding (last)."""
         tokens = dict(zip(source_names, counts[:-1]))
-        return cls(step=step, sha256=sha256, rows=rows, tokens=tokens, padding=counts[-1], weights=weights)
+        return cls(
+            step=step, sha256=sha256, rows=rows, tokens=tokens, padding=counts[-1], weights=weights, seq_len=seq_len
+        )
 
     def to_json(self) -> str:
         data = asdict(self)
-        if self.weights is None:
-            del data["weights"]
+        for key in ("weights", "seq_len"):
+            if data[key] is None:
+                del data[key]
         return json.dumps(data, sort_keys=True)
 
 
 def step_weights(spec: EngineSpec, step: int) -> dict[str, float] | None:
     """What the ledger records of the mixture at `step`: its weights under a schedule, else nothing."""
     return spec.schedule.weights_by_name(step) if spec.schedule.phased else None
+
+
+def step_seq_len(spec: EngineSpec, step: int) -> int | None:
+    """What the ledger records of the row length at `step`: in a run whose seq_len changed at a resume, the step's
+    (its era's), else nothing (every step has the job's seq_len, and ledgers keep the form they had)."""
+    return spec.era_of(step).seq_len if spec.eras else None
 
 
 def _entry(raw: bytes) -> LedgerEntry:
