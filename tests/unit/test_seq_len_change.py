@@ -192,3 +192,37 @@ def test_a_resume_with_another_seq_len_continues_as_planned(corpus_dir, tokenize
     # A reader that knows no seq_lens (an earlier release) refuses that checkpoint, naming it.
     with pytest.raises(ResumeError, match="seq_lens: "):
         check_fingerprint(header["fingerprint"], fingerprint(spec_128))
+
+
+def _checkpoint(spec, steps, rows=2, fp=None):
+    """A checkpoint's loader entries after `steps` steps of `spec` (as a loader saves them)."""
+    from zephon_titan.titan.loader_state import HEADER_VERSION, Header, LaneEntry, encode_state
+
+    group = LaneGroup(spec, range(spec.num_lanes), rows, None, 0)
+    for _ in range(steps):
+        group.next_step()
+    lanes = {lane: LaneEntry(state, [0] * len(spec.sources), 0) for lane, state in group.state().items()}
+    header = Header(HEADER_VERSION, rows * spec.num_lanes, steps, fp or fingerprint(spec))
+    return encode_state(header, lanes, len(spec.sources))
+
+
+def test_what_may_change_with_seq_len_and_what_is_refused(corpus_dir, tokenizer_dir):
+    spec_32 = _spec(corpus_dir, tokenizer_dir, 32, "wrap", "document", small=False)
+    saved = _checkpoint(spec_32, 2)
+    # The same seq_len: the spec stays the config's (no eras, no seq_lens: checkpoints keep their form).
+    restored = read_state(saved, range(2), fingerprint(spec_32))
+    assert restored.spec(spec_32) is spec_32 and not restored.seq_len_change
+    # mix_chunk_tokens set: it stays what it is across the change (no note in the line when it follows seq_len).
+    table = _table(corpus_dir, "wrap", "document")
+    set_16 = make_spec(corpus_dir, tokenizer_dir, seq_len=32, mix_chunk_tokens=16, **table)
+    long_16 = make_spec(corpus_dir, tokenizer_dir, seq_len=128, mix_chunk_tokens=16, **table)
+    restored = read_state(_checkpoint(set_16, 2), range(2), fingerprint(long_16))
+    assert restored.seq_len_change == "seq_len 32 -> 128 from step 3"
+    assert [(e.seq_len, e.chunk) for e in restored.eras] == [(32, 16), (128, 16)]
+    # mix_chunk_tokens alone is not a change of the future: refused as before, naming it.
+    with pytest.raises(ResumeError, match="mix_chunk_tokens: 32 -> 16"):
+        read_state(saved, range(2), fingerprint(set_16))
+    # A damaged record of the run's seq_lens is refused in one line (control: the intact one restores above).
+    fp = dict(fingerprint(long_16), seq_lens="[[1,32,16],[9,128,16]]")  # a change after the checkpoint's step
+    with pytest.raises(ResumeError, match="fingerprint field 'seq_lens' is damaged"):
+        read_state(_checkpoint(long_16, 2, fp=fp), range(2), fingerprint(long_16))

@@ -29,7 +29,7 @@ import numpy as np
 from zephon_titan.config import DataConfig
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import FeedState
+from zephon_titan.engine.state import MAX_RESIZED, FeedState
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 
 IGNORE_INDEX = -100
@@ -306,6 +306,11 @@ class BestFitPacker:
             raise ResumeError(
                 f"lane {self.feed.lane_id}: field 'resized' has {len(resized)} entries for {len(shapes) - 1} seq_len "
                 "changes since its window was drawn; the checkpoint is damaged"
+            )
+        if len(shapes) - 1 > MAX_RESIZED:
+            raise ResumeError(
+                f"lane {self.feed.lane_id}: its best_fit window has stayed open across {len(shapes) - 1} seq_len "
+                f"changes, more than the {MAX_RESIZED} a lane's state holds; resume from a later checkpoint"
             )
         counts += [0] * (len(shapes) - len(counts))
         current, self.shape = self.shape, shapes[0]

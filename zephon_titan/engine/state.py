@@ -16,6 +16,9 @@ from zephon_titan.errors import ResumeError
 
 # 2: cursors gained `offset` (documents are mixed in pieces), rows follow TorchTitan's label rule.
 STATE_VERSION = 2
+# The most seq_len changes a best_fit window may stay open across (LaneState.resized: one count each), so a lane
+# entry keeps its fixed size in the checkpoint (titan/loader_state.py's lane_capacity).
+MAX_RESIZED = 8
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -175,9 +178,9 @@ class LaneState:
             _count(data[name], name, where)
         resized = data.get("resized")
         if resized is not None:
-            if not isinstance(resized, list) or not 1 <= len(resized) <= 64:
+            if not isinstance(resized, list) or not 1 <= len(resized) <= MAX_RESIZED:
                 raise ResumeError(
-                    f"{where}: field 'resized' must be a list of rows (1-64 entries), got {resized!r:.80}"
+                    f"{where}: field 'resized' must be a list of rows (1-{MAX_RESIZED} entries), got {resized!r:.80}"
                 )
             for value in resized:
                 _count(value, "resized", where)
