@@ -85,3 +85,13 @@ def test_another_seed_is_refused_and_differs(clone, fresh):
         list(plan_ledger("other.toml", STEPS, CHECKPOINT))
     other = {e.step: e.sha256 for e in plan_ledger("other.toml", STEPS)}
     assert all(other[step] != fresh[step].sha256 for step in fresh)
+
+
+def test_the_version_2_checkpoint_takes_a_seq_len_change(clone, fresh):
+    # A checkpoint written before seq_len could change resumes at another length from its next step (issue 29):
+    # rows of 64, each lane where it stopped; negative control: those steps are not the fresh run's at 32.
+    (clone / "long.toml").write_text('[job]\nextends = "job.toml"\n[training]\nseq_len = 64\n')
+    resumed = list(plan_ledger("long.toml", STEPS, CHECKPOINT))
+    assert [e.step for e in resumed] == list(range(SAVED_AT + 1, STEPS + 1))
+    assert {e.seq_len for e in resumed} == {64}
+    assert all(e.sha256 != fresh[e.step].sha256 for e in resumed)

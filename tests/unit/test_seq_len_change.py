@@ -31,7 +31,9 @@ _SPECS: dict = {}
 
 def _table(corpus_dir, packing, labels, small=False):
     code, prose = ("part-00002", "part-00001") if small else ("*", "*")
+    packing, _, mixing = packing.partition("/")  # "best_fit/per_window": as runs saved before per_step mixed
     return dict(
+        **({"best_fit_mixing": mixing} if mixing else {}),
         sources={
             "code": {"paths": [f"{corpus_dir}/code/{code}.parquet"]},
             "prose": {"paths": [f"{corpus_dir}/prose/{prose}.jsonl"], "block_bytes": 16384},
@@ -64,7 +66,7 @@ def _drain(stream):
 
 @settings(max_examples=6, deadline=None)  # ~0.4 s each: a finite corpus drained through the change
 @given(
-    packing=st.sampled_from(["wrap", "best_fit"]),
+    packing=st.sampled_from(["wrap", "best_fit", "best_fit/per_window"]),
     labels=st.sampled_from(["document", "stream"]),
     longer=st.booleans(),
     cut=st.integers(1, 6),
