@@ -4,6 +4,7 @@ zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl
 zephon-titan plan CONFIG.toml --validation
 zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
+zephon-titan where CONFIG.toml --source S (--file F --row N | --match TEXT) [--steps A-B] [--json]
 zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
 zephon-titan index CONFIG.toml [--check]
 zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
@@ -248,6 +249,27 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_where(args) -> int:
+    """Every step and row where a document's pieces are trained; 1 when none is in the steps searched."""
+    from zephon_titan.where import where
+
+    if (args.match is None) == (args.file is None) or (args.file is None) != (args.row is None):
+        raise ZephonError("where needs --file F --row N, or --match TEXT")
+    report = where(args.config, args.source, args.file, args.row, args.match, args.steps, args.from_checkpoint)
+    reached = report.reached()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0 if reached else 1
+    span = f"steps {report.first}-{report.last}"
+    if args.match is not None:
+        print(f"{len(report.documents)} documents of source {args.source} contain {args.match!r}; {len(reached)} in {span}")
+        if not reached:
+            return 1
+        report.documents = reached  # the others are in no step searched: said above
+    print("\n".join(report.lines()))
+    return 0 if reached else 1
+
+
 # Sources with this many files (and no index) get a hint to add one.
 INDEX_HINT_FILES = 1000
 
@@ -328,6 +350,7 @@ def cmd_validate(args) -> int:
     key, path = job.tokenizer_setting
     tokenizer = job.tokenizer
     job.check_model_vocab()
+    job.check_model_seq_len()
     spec = job.spec
     print(
         f"config: {job.path}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "
@@ -572,6 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="machine-readable, full text")
     inspect.add_argument("--full", action="store_true", help="do not shorten texts")
     inspect.set_defaults(run=cmd_inspect)
+    _add_where(sub)
     validate = sub.add_parser("validate", help="check a config and its data, list valid data-parallel sizes")
     validate.add_argument("config", help=JOB_HELP)
     validate.add_argument(
@@ -596,6 +620,24 @@ def build_parser() -> argparse.ArgumentParser:
     index.set_defaults(run=cmd_index)
     _add_init(sub)
     return p
+
+
+def _add_where(sub) -> None:
+    where = sub.add_parser("where", help="every step and row where a document's pieces are (or will be) trained")
+    where.add_argument("config", help=JOB_HELP)
+    where.add_argument("--source", required=True, help="the source's name ([dataloader.sources.NAME])")
+    where.add_argument("--file", help="the document's file (its path as the source lists it, or its end)")
+    where.add_argument("--row", type=int, help="the document's row in the file: Parquet row number, JSONL byte offset")
+    where.add_argument("--match", metavar="TEXT", help="instead of --file/--row: every document whose text contains TEXT")
+    where.add_argument(
+        "--steps",
+        type=_step_range,
+        metavar="FIRST-LAST",
+        help="the steps to search (default: 1, or the checkpoint's step + 1, to [training] steps)",
+    )
+    where.add_argument("--from-checkpoint", help="a DCP step-N folder: search the steps after it, as the run continues")
+    where.add_argument("--json", action="store_true", help="machine-readable")
+    where.set_defaults(run=cmd_where)
 
 
 def _add_init(sub) -> None:

@@ -233,7 +233,7 @@ def test_error_messages_for_huge_batches_are_computed_in_bounded_time():
     assert "use a local_batch_size in [1, 2, 4, 8, 16" in out
 
 
-def test_a_seq_len_above_the_models_maximum_is_refused(tmp_path, corpus_dir, tokenizer_dir):
+def test_a_seq_len_above_the_models_maximum_is_refused(tmp_path, corpus_dir, tokenizer_dir, capsys):
     # TorchTitan's llama3 debug model caches RoPE for 131072 positions; a longer seq_len fails only when the model is
     # built (after the resume). A resume may change seq_len, up to this bound (docs/changing-a-run.md).
     job = load_job(_job(tmp_path, corpus_dir, tokenizer_dir))
@@ -243,3 +243,11 @@ def test_a_seq_len_above_the_models_maximum_is_refused(tmp_path, corpus_dir, tok
         job.preflight(1)
     job.config.training.seq_len = 131072  # negative control: the maximum itself passes
     job.preflight(1)
+    # validate says it too, in one line.
+    path = _job(tmp_path, corpus_dir, tokenizer_dir)
+    with open(path) as f:
+        text = f.read().replace("seq_len = 32", "seq_len = 262144")
+    with open(path, "w") as f:
+        f.write(text)
+    assert main(["validate", path, "--no-count"]) == 2
+    assert "is above the model's maximum sequence length 131072" in capsys.readouterr().err
