@@ -290,7 +290,6 @@ class BestFitPacker:
         self.window_rows: int | None = None
         self.resized: tuple[int, ...] = ()
         self._rows: list[Row] = []
-        self._bins: list[list[_Placed]] = []  # the pieces of each of _rows, to re-pack at a seq_len change
         self._emitted = 0
         self._window_start = feed.state()
 
@@ -315,17 +314,17 @@ class BestFitPacker:
         counts += [0] * (len(shapes) - len(counts))
         current, self.shape = self.shape, shapes[0]
         self._window_start = self.feed.state()
-        self._bins = self._pack_window()[0] if unit_open else []
+        bins = self._pack_window()[0] if unit_open else []  # each row's pieces (re-packed at a seq_len change)
         for i, shape in enumerate(shapes):
             if i:
                 self.shape = shape
-                self._bins = self._pack(self._cut([p for b in self._bins[counts[i - 1] :] for p in b]))
-            if counts[i] > len(self._bins) or (unit_open and counts[i] == len(self._bins) and i < len(shapes) - 1):
+                bins = self._pack(self._cut([p for b in bins[counts[i - 1] :] for p in b]))
+            if counts[i] > len(bins) or (unit_open and counts[i] == len(bins) and i < len(shapes) - 1):
                 raise ResumeError(
                     f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?"
                 )
         self.shape = current
-        self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in self._bins]
+        self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in bins]
         self._emitted = counts[-1]
         self.resized = tuple(counts[:-1]) if unit_open else ()
 
@@ -339,8 +338,8 @@ class BestFitPacker:
             self._window_start = self.feed.state()
             self.window_rows = self.boundary() if self.boundary is not None and self.per_step else None
             self.resized = ()
-            self._bins, documents = self._pack_window()
-            self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in self._bins]
+            bins, documents = self._pack_window()
+            self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in bins]
             self._emitted = 0
             if not documents:
                 raise LaneExhausted
