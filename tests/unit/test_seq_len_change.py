@@ -228,3 +228,22 @@ def test_what_may_change_with_seq_len_and_what_is_refused(corpus_dir, tokenizer_
     fp = dict(fingerprint(long_16), seq_lens="[[1,32,16],[9,128,16]]")  # a change after the checkpoint's step
     with pytest.raises(ResumeError, match="fingerprint field 'seq_lens' is damaged"):
         read_state(_checkpoint(long_16, 2, fp=fp), range(2), fingerprint(long_16))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_worker_processes_continue_across_a_seq_len_change_as_in_process(corpus_dir, tokenizer_dir, packing):
+    from zephon_titan.engine import open_lane_group
+
+    spec_a = _spec(corpus_dir, tokenizer_dir, 160, packing, "stream", small=False)
+    resumed = _spec(corpus_dir, tokenizer_dir, 48, packing, "stream", small=False).continuing_at(spec_a, 2)
+    group = LaneGroup(spec_a, range(2), 2, None, 0)
+    group.next_step(), group.next_step()
+    states = group.state()
+    expected = _engine_steps(resumed, 3, 4, 2, states)
+    with open_lane_group(resumed, range(2), 3, num_workers=2, states=states, first_step=2) as workers:
+        got = [np.stack([row.inputs for lane in workers.next_step() for row in lane]) for _ in range(4)]
+    assert all((x == y).all() for x, y in zip(got, expected)) and got[0].shape == (6, 48)
+    # Negative control: the worker processes' rows are not those of the same resume without the change.
+    unchanged = _engine_steps(spec_a.continuing(spec_a), 3, 1, 2, states)[0]
+    assert unchanged.shape != got[0].shape
