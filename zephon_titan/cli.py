@@ -262,7 +262,9 @@ def cmd_where(args) -> int:
         return 0 if reached else 1
     span = f"steps {report.first}-{report.last}"
     if args.match is not None:
-        print(f"{len(report.documents)} documents of source {args.source} contain {args.match!r}; {len(reached)} in {span}")
+        n = len(report.documents)
+        found = "1 document contains" if n == 1 else f"{n} documents contain"
+        print(f"source {args.source}: {found} {args.match!r}; {len(reached)} in {span}")
         if not reached:
             return 1
         report.documents = reached  # the others are in no step searched: said above
@@ -628,7 +630,9 @@ def _add_where(sub) -> None:
     where.add_argument("--source", required=True, help="the source's name ([dataloader.sources.NAME])")
     where.add_argument("--file", help="the document's file (its path as the source lists it, or its end)")
     where.add_argument("--row", type=int, help="the document's row in the file: Parquet row number, JSONL byte offset")
-    where.add_argument("--match", metavar="TEXT", help="instead of --file/--row: every document whose text contains TEXT")
+    where.add_argument(
+        "--match", metavar="TEXT", help="instead of --file/--row: every document whose text contains TEXT"
+    )
     where.add_argument(
         "--steps",
         type=_step_range,

@@ -1,0 +1,111 @@
+"""`zephon-titan where`: every piece of a document, found by the plan's simulation, is where `inspect` shows it."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from helpers import write_job
+
+from zephon_titan.cli import main
+from zephon_titan.where import where
+
+STEPS = 20
+
+
+@pytest.fixture(scope="module")
+def job_path(tmp_path_factory, corpus_dir, tokenizer_dir):
+    return write_job(tmp_path_factory.mktemp("where") / "job.toml", corpus_dir, tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def code_report(job_path):
+    """Every code document's pieces in steps 1-20 (--match "": every document of the source), one simulation."""
+    return where(job_path, "code", match="", steps=(1, STEPS)).to_json()["documents"]
+
+
+@pytest.fixture(scope="module")
+def document(code_report) -> dict:
+    """The code document whose pieces spread over the most lanes in steps 1-20 (a later epoch reads its block in
+    another lane)."""
+    return max(code_report, key=lambda d: (len({p["lane"] for p in d["placements"]}), len(d["placements"])))
+
+
+def _where(capsys, *argv) -> tuple[int, dict]:
+    status = main(["where", *argv, "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def _inspected(capsys, job_path, step) -> list[tuple]:
+    """(file, row, batch_row, lane, lane_row, row_tokens, doc_tokens) of every code piece inspect shows at `step`."""
+    assert main(["inspect", job_path, "--step", str(step), "--json"]) == 0
+    return sorted(
+        (p["file"], p["row"], r["batch_row"], r["lane"], r["lane_row"], p["row_tokens"], p["doc_tokens"])
+        for r in json.loads(capsys.readouterr().out)
+        for p in r["pieces"]
+        if p["source"] == "code"
+    )
+
+
+def test_where_finds_every_piece_inspect_shows(job_path, code_report, document, capsys):
+    placements = document["placements"]
+    assert len({p["lane"] for p in placements}) >= 2 and len({p["step"] for p in placements}) >= 3, placements
+    found: dict = {}
+    for d in code_report:
+        for p in d["placements"]:
+            found.setdefault(p["step"], []).append(
+                (d["file"], d["row"], p["batch_row"], p["lane"], p["lane_row"], p["row_tokens"], p["doc_tokens"])
+            )
+    steps = sorted({p["step"] for p in placements})
+    absent = next(s for s in range(1, STEPS + 1) if s not in steps)
+    # A sample: the document's first step, its last (in another lane), and a step without it; every code piece
+    for step in (steps[0], steps[-1], absent):
+        assert sorted(found[step]) == _inspected(capsys, job_path, step), step
+    assert [p for p in placements if p["step"] == absent] == []
+
+
+def test_where_by_text(job_path, document, capsys):
+    text = pq.read_table(document["file"]).column("text")[document["row"]].as_py()
+    needle = text[len(text) // 2 : len(text) // 2 + 40]
+    status, by_text = _where(capsys, job_path, "--source", "code", "--match", needle, "--steps", f"1-{STEPS}")
+    assert status == 0 and document in by_text["documents"]
+    # Several documents: the count line, then each one reached
+    assert main(["where", job_path, "--source", "code", "--match", "def ", "--steps", "1-2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    count, reached = out[0].removeprefix("source code: ").split(" documents contain 'def '; ")
+    assert int(count) > 1 and reached.endswith(" in steps 1-2")
+    assert sum(line.startswith("code: ") for line in out) == int(reached.split()[0]) > 1
+
+
+def test_by_file_and_row_a_document_out_of_the_steps_and_user_mistakes_are_one_line(job_path, document, capsys):
+    file, row = document["file"], document["row"]
+    first = min(p["step"] for p in document["placements"])
+    status, report = _where(
+        capsys, job_path, "--source", "code", "--file", file, "--row", str(row), "--steps", f"1-{first}"
+    )
+    assert status == 0 and report["documents"][0]["placements"] == [
+        p for p in document["placements"] if p["step"] <= first
+    ]
+    absent = next(s for s in range(1, STEPS + 1) if s not in {p["step"] for p in document["placements"]})
+    assert (
+        main(
+            ["where", job_path, "--source", "code", "--file", file, "--row", str(row), "--steps", f"{absent}-{absent}"]
+        )
+        == 1
+    )
+    assert capsys.readouterr().out == f"code: {file} row {row}: in no step of {absent}-{absent}\n"
+    assert main(["where", job_path, "--source", "code", "--match", "no such text \x00", "--steps", "1-1"]) == 2
+    assert main(["where", job_path, "--source", "web", "--match", "x"]) == 2
+    assert main(["where", job_path, "--source", "code", "--file", "nope.parquet", "--row", "0"]) == 2
+    assert main(["where", job_path, "--source", "code", "--file", file, "--row", "99999"]) == 2
+    assert main(["where", job_path, "--source", "code", "--file", file]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 5 and all(e.startswith("zephon-titan: error: ") for e in errors), errors
+
+
+def test_another_seed_places_the_document_elsewhere(tmp_path, job_path, document, capsys):
+    """Negative control: the same document under another seed is at other steps or rows."""
+    other = tmp_path / "seed8.toml"
+    other.write_text(open(job_path).read().replace("seed = 7", "seed = 8"))
+    argv = ["--source", "code", "--file", document["file"], "--row", str(document["row"]), "--steps", f"1-{STEPS}"]
+    _, there = _where(capsys, str(other), *argv)
+    assert there["documents"][0]["placements"] != document["placements"]

@@ -1,0 +1,268 @@
+"""Where did a document go: every step, row and token range where its pieces are trained.
+
+`zephon-titan where JOB --source S (--file F --row N | --match TEXT)` runs the simulation `plan` runs (the
+job resolved by titan/job.load_job, every lane stepped in one process, from a checkpoint's lane states if
+given) and looks only at the rows' provenance: each packed row carries its pieces' (source, file, row,
+offset, length), so finding a document costs a plan of the same steps and nothing more. Rows are named
+as `inspect` names them: the row of the step's global batch (rank-independent), its lane and row in the
+lane, and the piece's tokens in the row and in the document.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from zephon_titan.engine import LaneExhausted, LaneState, Row, open_lane_group
+from zephon_titan.engine.sources.base import Source
+from zephon_titan.errors import ZephonError
+from zephon_titan.progress import tqdm
+from zephon_titan.titan.job import Job, load_job
+
+# Without --steps, `where` simulates the job's [training] steps; above this many tokens (about 20 minutes at
+# a million tokens a second) it asks for --steps instead.
+MAX_DEFAULT_TOKENS = 1 << 30
+
+Document = tuple[str, int]
+"""(file, row): a document of one source, its row in the source's row unit (Parquet row, JSONL byte offset)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One piece of a document in one row of one step."""
+
+    document: Document
+    step: int
+    batch_row: int
+    """The row of the step's global batch (the same on every number of ranks)."""
+    lane: int
+    lane_row: int
+    """The row of the lane's stream, counted from the run's first row."""
+    row_tokens: tuple[int, int]
+    """[start, end) of the piece's tokens in the row (as `inspect` prints them)."""
+    doc_tokens: tuple[int, int]
+    """[start, end) of the piece's tokens in the document."""
+
+
+@dataclass
+class WhereReport:
+    source: str
+    row_unit: str
+    first: int
+    last: int
+    """The steps searched."""
+    documents: list[Document]
+    """The documents looked for (one for --file/--row; those whose text matched for --match)."""
+    placements: list[Placement]
+    ended: int | None = None
+    """The last step the data could fill, when a finite run ends before `last`."""
+
+    def reached(self) -> list[Document]:
+        seen = {p.document for p in self.placements}
+        return [d for d in self.documents if d in seen]
+
+    def to_json(self) -> dict:
+        key = self.row_unit.replace(" ", "_")
+        return {
+            "source": self.source,
+            "steps": [self.first, self.last],
+            "ended_at_step": self.ended,
+            "documents": [
+                {
+                    "file": file,
+                    key: row,
+                    "placements": [
+                        {
+                            "step": p.step,
+                            "batch_row": p.batch_row,
+                            "lane": p.lane,
+                            "lane_row": p.lane_row,
+                            "row_tokens": list(p.row_tokens),
+                            "doc_tokens": list(p.doc_tokens),
+                        }
+                        for p in self.placements
+                        if p.document == (file, row)
+                    ],
+                }
+                for file, row in self.documents
+            ],
+        }
+
+    def lines(self) -> list[str]:
+        out = []
+        for document in self.documents:
+            mine = [p for p in self.placements if p.document == document]
+            name = f"{self.source}: {document[0]} {self.row_unit} {document[1]}"
+            if not mine:
+                out.append(f"{name}: in no step of {self.first}-{self.last}")
+                continue
+            steps = sorted({p.step for p in mine})
+            out.append(f"{name}: {len(mine)} pieces in {len(steps)} steps ({steps[0]}-{steps[-1]})")
+            out += [
+                f"  step {p.step:>6} row {p.batch_row:>5} of the global batch (lane {p.lane} row {p.lane_row}): "
+                f"row tokens {p.row_tokens[0]}-{p.row_tokens[1]}, document tokens {p.doc_tokens[0]}-{p.doc_tokens[1]}"
+                for p in mine
+            ]
+        if self.ended is not None:
+            out.append(f'(the data ends after step {self.ended}: a finite run, exhaustion = "redistribute")')
+        return out
+
+
+def source_index(job: Job, name: str) -> int:
+    names = job.spec.source_names
+    if name not in names:
+        raise ZephonError(f"--source {name!r} is not a source of {job.path}; its sources: {', '.join(names)}")
+    return names.index(name)
+
+
+def resolve_file(source: Source, file: str) -> str:
+    """The source's name for `file`: its path as listed, the same path spelled otherwise, or a unique ending."""
+    paths = [f.path for f in source.files]
+    if file in paths:
+        return file
+    same = [p for p in paths if "://" not in p and os.path.abspath(p) == os.path.abspath(file)]
+    ending = [p for p in paths if p.endswith("/" + file.lstrip("/"))]
+    found = same or ending
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ZephonError(f"--file {file} is not a file of source {source.name} ({len(paths)} files)")
+    raise ZephonError(f"--file {file} names {len(found)} files of source {source.name}; give more of its path")
+
+
+def file_documents(source: Source, path: str) -> Iterator[tuple[int, object]]:
+    """(row, text) of every document of one file of the source, in file order."""
+    first = 0
+    for f in source.files:
+        if f.path == path:
+            for block in range(first, first + f.num_blocks):
+                documents = source.read_block(block)
+                yield from zip(documents.rows, documents.texts)
+            return
+        first += f.num_blocks
+
+
+def check_row(source: Source, path: str, row: int) -> Document:
+    """(path, row) if the file has a document at `row`; a one-line error otherwise."""
+    if any(r == row for r, _ in file_documents(source, path)):
+        return path, row
+    raise ZephonError(f"{path} has no document at {source.row_unit} {row} (source {source.name})")
+
+
+def matching_documents(source: Source, text: str) -> list[Document]:
+    """Every document of the source whose text contains `text` (each file read once; nothing tokenized)."""
+    found = []
+    for f in tqdm(source.files, desc=f"searching {source.name}", unit="file"):
+        for row, document in file_documents(source, f.path):
+            if not isinstance(document, str):
+                raise ZephonError(f"source {source.name} is pre-tokenized: --match needs text; use --file and --row")
+            if text in document:
+                found.append((f.path, row))
+    return found
+
+
+def find_documents(source: Source, file: str | None, row: int | None, match: str | None) -> list[Document]:
+    """The documents to look for: those containing `match`, else the one at `file` and `row`."""
+    if match is None:
+        assert file is not None and row is not None
+        return [check_row(source, resolve_file(source, file), row)]
+    documents = matching_documents(source, match)
+    if not documents:
+        raise ZephonError(f"no document of source {source.name} contains {match!r}")
+    return documents
+
+
+def step_range(job: Job, steps: tuple[int, int] | None, start: int) -> tuple[int, int]:
+    """The steps to search: --steps, or the steps after `start` (a checkpoint's) up to [training] steps."""
+    if steps is not None:
+        first, last = steps
+        if first < 1 or last < first:
+            raise ZephonError(f"--steps must be FIRST-LAST with 1 <= FIRST <= LAST, got {first}-{last}")
+        if first <= start:
+            raise ZephonError(f"--steps {first}-{last} starts at or before the checkpoint's step {start}")
+        return first, last
+    last = job.config.training.steps
+    tokens = (last - start) * job.global_batch_size * job.seq_len
+    if last <= start:
+        raise ZephonError(f"[training] steps = {last} leaves no step after {start}; give --steps FIRST-LAST")
+    if tokens > MAX_DEFAULT_TOKENS:
+        raise ZephonError(
+            f"[training] steps = {last} is {tokens:,} tokens to simulate; give --steps FIRST-LAST (e.g. --steps 1-1000)"
+        )
+    return start + 1, last
+
+
+def group_steps(group, start: int, last: int) -> Iterator[tuple[int, list[list[Row]]]]:
+    """(step, each lane's rows) for steps start + 1 .. last of a lane group; stops where a finite run ends."""
+    step = start
+    while step < last:
+        try:
+            lanes = group.next_step()
+        except LaneExhausted:
+            return
+        step += 1
+        yield step, lanes
+
+
+def step_placements(
+    step: int, lanes: list[list[Row]], source: int, wanted: set[Document], lane_rows: list[int]
+) -> Iterator[Placement]:
+    """Every piece of a wanted document in one step's rows (`lane_rows`: each lane's rows before the step)."""
+    for lane, rows in enumerate(lanes):
+        for i, row in enumerate(rows):
+            at = 0  # the piece's first token in the row, as inspect counts it
+            for piece in row.pieces:
+                document = (piece.file, piece.row)
+                if piece.source == source and document in wanted:
+                    yield Placement(
+                        document,
+                        step,
+                        lane * len(rows) + i,
+                        lane,
+                        lane_rows[lane] + i,
+                        (at, at + piece.length),
+                        (piece.doc_offset, piece.doc_offset + piece.length),
+                    )
+                at += piece.length
+
+
+def where(
+    job_path: str,
+    source_name: str,
+    file: str | None = None,
+    row: int | None = None,
+    match: str | None = None,
+    steps: tuple[int, int] | None = None,
+    checkpoint: str | None = None,
+) -> WhereReport:
+    """Find a document (file and row) or every document containing `match`, in the planned steps."""
+    from zephon_titan.plan import read_checkpoint
+
+    job = load_job(job_path)
+    rows_per_lane = job.check_layout(1)
+    job.check_model_vocab()
+    s = source_index(job, source_name)
+    source = job.spec.sources[s]
+    spec, start, states = job.spec, 0, dict[int, LaneState]()
+    if checkpoint:  # the run continues as its checkpoint did, as plan does
+        start, states, spec = read_checkpoint(checkpoint, job)
+    first, last = step_range(job, steps, start)
+    documents = find_documents(source, file, row, match)
+    lanes = range(spec.num_lanes)
+    lane_rows = [states[lane].rows if lane in states else 0 for lane in lanes]
+    report = WhereReport(source_name, source.row_unit, first, last, documents, [])
+    wanted = set(documents)
+    group = open_lane_group(
+        spec, lanes, rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start
+    )
+    done = start
+    with group, tqdm(desc="simulating", unit="step", total=last - start) as bar:
+        for done, rows in group_steps(group, start, last):
+            if done >= first:
+                report.placements += step_placements(done, rows, s, wanted, lane_rows)
+            lane_rows = [n + len(lane) for n, lane in zip(lane_rows, rows)]
+            bar.update(1)
+    if done < last:
+        report.ended = done
+    return report
