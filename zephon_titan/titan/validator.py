@@ -9,7 +9,8 @@ ZephonValidator is TorchTitan's Validator with two changes: it steps through the
 whole eval steps (`steps` counts steps of global_batch_size rows, not microbatches of one rank,
 which would change the set with W), and besides `validation_metrics/loss` it logs
 `validation_metrics/loss/<source>`: each token's loss counts for the source of its input, so the
-token-weighted mean of the sources' losses is the overall loss. Each validation also logs the
+token-weighted mean of the sources' losses is the overall loss. The losses of all sources come from one
+per-token loss per microbatch, summed by source (titan/source_loss.py), not one loss call per source. Each validation also logs the
 eval set's SHA-256 and appends it, with the losses, to validation.jsonl beside the checkpoints
 (an append-only record like the ledger, engine/jsonl_log.py: a crash or a full disk cannot tear it).
 """
@@ -44,6 +45,7 @@ from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
+from zephon_titan.titan.source_loss import source_loss_sums, source_token_counts
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
 # big (it is then not read and tokenized again); larger sets are produced again every time.
@@ -244,17 +246,14 @@ class ZephonValidator(Validator):
             self.metrics_processor.ntokens_since_last_log += labels.numel()
             input_dict = {k: v.to(device) for k, v in inputs.items()}
             labels, sources = labels.to(device), sources.to(device)
-            for s in range(num_sources):  # counted before CP sharding, as TorchTitan counts its tokens
-                valid[s] += ((sources == s) & (labels != IGNORE_INDEX)).sum()
+            valid += source_token_counts(labels, sources, num_sources)  # before CP sharding, as TorchTitan counts
             model_inputs, combined, extra = self.post_dataloading_process(
                 input_dict, encode_labels(labels, sources), model_parts
             )
             labels, sources = decode_labels(combined)
             with self.validation_context():
                 predictions = model_parts[0](model_inputs, **extra)
-                for s in range(num_sources):
-                    loss_sum, _ = self.loss_fn(predictions, torch.where(sources == s, labels, IGNORE_INDEX))
-                    loss_sums[s] += loss_sum.detach().to(torch.float64)
+                loss_sums += source_loss_sums(predictions, labels, sources, num_sources, self.loss_fn)
         if self.parallel_dims.dp_cp_enabled:
             dist.all_reduce(loss_sums, group=self.parallel_dims.get_optional_mesh("loss").get_group())
         if self.parallel_dims.dp_enabled:
