@@ -1,6 +1,8 @@
 """`zephon-titan where`: every piece of a document, found by the plan's simulation, is where `inspect` shows it."""
 
 import json
+import os
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -109,3 +111,15 @@ def test_another_seed_places_the_document_elsewhere(tmp_path, job_path, document
     argv = ["--source", "code", "--file", document["file"], "--row", str(document["row"]), "--steps", f"1-{STEPS}"]
     _, there = _where(capsys, str(other), *argv)
     assert there["documents"][0]["placements"] != document["placements"]
+
+
+def test_from_a_checkpoint_the_run_goes_on_where_the_plan_said(tmp_path, monkeypatch):
+    """From the version-2 checkpoint fixture (step 3): every books document is where the uninterrupted run puts it,
+    rows in the lane counted from the run's first row (the checkpoint's lane states)."""
+    fixture = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "checkpoint_v2")
+    shutil.copytree(fixture, tmp_path / "v2", copy_function=shutil.copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    monkeypatch.chdir(tmp_path / "v2")
+    resumed = where("job.toml", "books", match="", steps=(4, 9), checkpoint="checkpoint/step-3")
+    assert resumed.placements == where("job.toml", "books", match="", steps=(4, 9)).placements
+    assert resumed.placements and {p.step for p in resumed.placements} <= set(range(4, 10))
+    assert min(p.lane_row for p in resumed.placements) >= 3 * 2  # after the 3 steps of 2 rows per lane before it
