@@ -24,9 +24,10 @@ def readme_blocks(page: str = "README.md", language: str = "bash") -> list[str]:
 
 
 def block_run_as_written(page: str) -> str:
-    """The one block of `page` that says this file runs it as written."""
-    (block,) = [b for b in readme_blocks(page) if "tests/test_demo.py runs this block as written" in b]
-    return block
+    """The blocks of `page` that say this file runs them as written, in page order, as one script."""
+    blocks = [b for b in readme_blocks(page) if "tests/test_demo.py runs this block as written" in b]
+    assert blocks, f"{page} has no block marked as run as written"
+    return "\n".join(blocks)
 
 
 def commands(block: str) -> list[str]:
