@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zephon_titan.engine import LaneExhausted, LaneState, Row, open_lane_group
 from zephon_titan.engine.sources.base import Source
@@ -57,6 +57,8 @@ class WhereReport:
     placements: list[Placement]
     ended: int | None = None
     """The last step the data could fill, when a finite run ends before `last`."""
+    held_out: set[Document] = field(default_factory=set)
+    """The documents held out for validation (eval_fraction): never trained."""
 
     def reached(self) -> list[Document]:
         seen = {p.document for p in self.placements}
@@ -72,6 +74,7 @@ class WhereReport:
                 {
                     "file": file,
                     key: row,
+                    "held_out": (file, row) in self.held_out,
                     "placements": [
                         {
                             "step": p.step,
@@ -95,7 +98,8 @@ class WhereReport:
             mine = [p for p in self.placements if p.document == document]
             name = f"{self.source}: {document[0]} {self.row_unit} {document[1]}"
             if not mine:
-                out.append(f"{name}: in no step of {self.first}-{self.last}")
+                why = " (held out for validation: eval_fraction)" if document in self.held_out else ""
+                out.append(f"{name}: in no step of {self.first}-{self.last}{why}")
                 continue
             steps = sorted({p.step for p in mine})
             out.append(f"{name}: {len(mine)} pieces in {len(steps)} steps ({steps[0]}-{steps[-1]})")
@@ -160,6 +164,14 @@ def matching_documents(source: Source, text: str) -> list[Document]:
             if text in document:
                 found.append((f.path, row))
     return found
+
+
+def held_out_documents(job: Job, source: int, documents: list[Document]) -> set[Document]:
+    """Those of `documents` that the source's eval_fraction holds out for validation (never trained)."""
+    from zephon_titan.engine.split import held_out
+
+    fraction, seed = job.data.sources[source].eval_fraction, job.spec.config.split_seed
+    return {(file, row) for file, row in documents if held_out(seed, file, [row], fraction)[0]}
 
 
 def find_documents(source: Source, file: str | None, row: int | None, match: str | None) -> list[Document]:
@@ -252,6 +264,7 @@ def where(
     lanes = range(spec.num_lanes)
     lane_rows = [states[lane].rows if lane in states else 0 for lane in lanes]
     report = WhereReport(source_name, source.row_unit, first, last, documents, [])
+    report.held_out = held_out_documents(job, s, documents)
     wanted = set(documents)
     group = open_lane_group(
         spec, lanes, rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start

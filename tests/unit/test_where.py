@@ -123,3 +123,16 @@ def test_from_a_checkpoint_the_run_goes_on_where_the_plan_said(tmp_path, monkeyp
     assert resumed.placements == where("job.toml", "books", match="", steps=(4, 9)).placements
     assert resumed.placements and {p.step for p in resumed.placements} <= set(range(4, 10))
     assert min(p.lane_row for p in resumed.placements) >= 3 * 2  # after the 3 steps of 2 rows per lane before it
+
+
+def test_a_document_held_out_for_validation_is_said_so(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    from zephon_titan.engine.split import held_out
+
+    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir, source="eval_fraction = 0.5")
+    file = f"{corpus_dir}/code/part-00000.parquet"
+    row = next(r for r in range(8) if held_out(0, file, [r], 0.5)[0])
+    assert main(["where", job, "--source", "code", "--file", file, "--row", str(row), "--steps", "1-1"]) == 1
+    assert (
+        capsys.readouterr().out
+        == f"code: {file} row {row}: in no step of 1-1 (held out for validation: eval_fraction)\n"
+    )
