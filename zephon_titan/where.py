@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zephon_titan.engine import LaneExhausted, LaneState, Row, open_lane_group
-from zephon_titan.engine.sources.base import Source
+from zephon_titan.engine.sources.base import BlockDocuments, Source
 from zephon_titan.errors import ZephonError
 from zephon_titan.progress import tqdm
 from zephon_titan.titan.job import Job, load_job
@@ -135,21 +135,19 @@ def resolve_file(source: Source, file: str) -> str:
     raise ZephonError(f"--file {file} names {len(found)} files of source {source.name}; give more of its path")
 
 
-def file_documents(source: Source, path: str) -> Iterator[tuple[int, object]]:
-    """(row, text) of every document of one file of the source, in file order."""
+def file_blocks(source: Source, path: str) -> Iterator[BlockDocuments]:
+    """The blocks of one file of the source, in file order (each read when asked for)."""
     first = 0
     for f in source.files:
         if f.path == path:
-            for block in range(first, first + f.num_blocks):
-                documents = source.read_block(block)
-                yield from zip(documents.rows, documents.texts)
+            yield from map(source.read_block, range(first, first + f.num_blocks))
             return
         first += f.num_blocks
 
 
 def check_row(source: Source, path: str, row: int) -> Document:
     """(path, row) if the file has a document at `row`; a one-line error otherwise."""
-    if any(r == row for r, _ in file_documents(source, path)):
+    if any(row in block.rows for block in file_blocks(source, path)):
         return path, row
     raise ZephonError(f"{path} has no document at {source.row_unit} {row} (source {source.name})")
 
@@ -158,11 +156,14 @@ def matching_documents(source: Source, text: str) -> list[Document]:
     """Every document of the source whose text contains `text` (each file read once; nothing tokenized)."""
     found = []
     for f in tqdm(source.files, desc=f"searching {source.name}", unit="file"):
-        for row, document in file_documents(source, f.path):
-            if not isinstance(document, str):
-                raise ZephonError(f"source {source.name} is pre-tokenized: --match needs text; use --file and --row")
-            if text in document:
-                found.append((f.path, row))
+        for block in file_blocks(source, f.path):
+            for row, document in zip(block.rows, block.texts):
+                if not isinstance(document, str):
+                    raise ZephonError(
+                        f"source {source.name} is pre-tokenized: --match needs text; use --file and --row"
+                    )
+                if text in document:
+                    found.append((f.path, row))
     return found
 
 
