@@ -64,8 +64,16 @@ class WhereReport:
         seen = {p.document for p in self.placements}
         return [d for d in self.documents if d in seen]
 
+    def by_document(self) -> dict[Document, list[Placement]]:
+        """Each document looked for, with its placements in step order."""
+        out: dict[Document, list[Placement]] = {d: [] for d in self.documents}
+        for p in self.placements:
+            out[p.document].append(p)
+        return out
+
     def to_json(self) -> dict:
         key = self.row_unit.replace(" ", "_")
+        placed = self.by_document()
         return {
             "source": self.source,
             "steps": [self.first, self.last],
@@ -84,8 +92,7 @@ class WhereReport:
                             "row_tokens": list(p.row_tokens),
                             "doc_tokens": list(p.doc_tokens),
                         }
-                        for p in self.placements
-                        if p.document == (file, row)
+                        for p in placed[(file, row)]
                     ],
                 }
                 for file, row in self.documents
@@ -94,15 +101,14 @@ class WhereReport:
 
     def lines(self) -> list[str]:
         out = []
-        for document in self.documents:
-            mine = [p for p in self.placements if p.document == document]
+        for document, mine in self.by_document().items():
             name = f"{self.source}: {document[0]} {self.row_unit} {document[1]}"
             if not mine:
                 why = " (held out for validation: eval_fraction)" if document in self.held_out else ""
                 out.append(f"{name}: in no step of {self.first}-{self.last}{why}")
                 continue
             steps = sorted({p.step for p in mine})
-            out.append(f"{name}: {len(mine)} pieces in {len(steps)} steps ({steps[0]}-{steps[-1]})")
+            out.append(f"{name}: {_count(len(mine), 'piece')} in {_count(len(steps), 'step')} ({steps[0]}-{steps[-1]})")
             out += [
                 f"  step {p.step:>6} row {p.batch_row:>5} of the global batch (lane {p.lane} row {p.lane_row}): "
                 f"row tokens {p.row_tokens[0]}-{p.row_tokens[1]}, document tokens {p.doc_tokens[0]}-{p.doc_tokens[1]}"
@@ -111,6 +117,10 @@ class WhereReport:
         if self.ended is not None:
             out.append(f'(the data ends after step {self.ended}: a finite run, exhaustion = "redistribute")')
         return out
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def source_index(job: Job, name: str) -> int:
