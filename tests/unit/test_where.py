@@ -9,6 +9,7 @@ import pytest
 from helpers import write_job
 
 from zephon_titan.cli import main
+from zephon_titan.errors import ZephonError
 from zephon_titan.where import where
 
 STEPS = 20
@@ -100,8 +101,13 @@ def test_by_file_and_row_a_document_out_of_the_steps_and_user_mistakes_are_one_l
     assert main(["where", job_path, "--source", "code", "--file", "nope.parquet", "--row", "0"]) == 2
     assert main(["where", job_path, "--source", "code", "--file", file, "--row", "99999"]) == 2
     assert main(["where", job_path, "--source", "code", "--file", file]) == 2
+    huge = job_path.replace("job.toml", "huge.toml")
+    with open(huge, "w") as f:
+        f.write(open(job_path).read().replace("[training]\n", "[training]\nsteps = 2000000\n"))
+    assert main(["where", huge, "--source", "code", "--file", file, "--row", str(row)]) == 2
     errors = capsys.readouterr().err.splitlines()
-    assert len(errors) == 5 and all(e.startswith("zephon-titan: error: ") for e in errors), errors
+    assert "give --steps FIRST-LAST" in errors[-1]
+    assert len(errors) == 6 and all(e.startswith("zephon-titan: error: ") for e in errors), errors
 
 
 def test_another_seed_places_the_document_elsewhere(tmp_path, job_path, document, capsys):
@@ -123,6 +129,8 @@ def test_from_a_checkpoint_the_run_goes_on_where_the_plan_said(tmp_path, monkeyp
     assert resumed.placements == where("job.toml", "books", match="", steps=(4, 9)).placements
     assert resumed.placements and {p.step for p in resumed.placements} <= set(range(4, 10))
     assert min(p.lane_row for p in resumed.placements) >= 3 * 2  # after the 3 steps of 2 rows per lane before it
+    with pytest.raises(ZephonError, match="starts at or before the checkpoint's step 3"):
+        where("job.toml", "books", match="", steps=(3, 9), checkpoint="checkpoint/step-3")
 
 
 def test_a_document_held_out_for_validation_is_said_so(tmp_path, corpus_dir, tokenizer_dir, capsys):
