@@ -126,6 +126,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._tokens: dict[int, list[int]] = {lane: [0] * num_sources for lane in self.lane_ids}
         self._padding: dict[int, int] = {lane: 0 for lane in self.lane_ids}
         self.last_step: StepRecord | None = None
+        self.last_rows: list[Row] = []  # the rows of the microbatch yielded last (ZephonTrainer: loss per source)
 
     # ---- iteration -------------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class ZephonDataLoader(BaseDataLoader):
                     # of the step, whichever of its rows this rank took.
                     self._consume(step, num_sources)
                     self.last_step = record
+                self.last_rows = list(chunk)
                 yield batch
 
     def _consume(self, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> None:

@@ -25,11 +25,20 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from zephon_titan.engine.eval_set import slot_sources
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.progress import on_terminal
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
+from zephon_titan.titan.rank_lanes import long_tensor
+from zephon_titan.titan.source_loss import (
+    SourceCrossEntropyLoss,
+    encode_labels,
+    source_recorder,
+    source_token_counts,
+    with_source_loss,
+)
 from zephon_titan.titan.validator import ZephonValidator
 
 
@@ -113,6 +122,8 @@ class ZephonTrainer(Trainer):
                 self.dataloader.global_batch_size = self.training.global_batch_size
             if isinstance(self.validator, ZephonValidator.Config) and self.validator.dataloader.global_batch_size <= 0:
                 self.validator.dataloader.global_batch_size = self.training.global_batch_size
+            # TorchTitan's cross-entropy, able to record the loss of each source (titan/source_loss.py).
+            self.loss = with_source_loss(self.loss)  # type: ignore[misc,has-type]
 
     def __init__(self, config: Config):
         super().__init__(config)
@@ -122,6 +133,23 @@ class ZephonTrainer(Trainer):
             self.metrics_processor.extra_metrics = self.token_metrics
         if isinstance(getattr(self, "validator", None), ZephonValidator):
             self.validator.ledger_path = os.path.join(os.path.dirname(self.ledger_path), "validation.jsonl")
+        # The loss of each source (zephon/loss/<source>): TorchTitan's cross-entropy (SourceCrossEntropyLoss,
+        # Config) records a per-token loss by source during train_step, its loss unchanged; the labels carry their
+        # sources from batch_generator on. A pipeline schedule's labels stay plain (no per-source loss there).
+        self._source_loss: SourceCrossEntropyLoss | None = None
+        self._source_sums = torch.zeros(0, dtype=torch.float64)  # loss sums per source this step (this rank)
+        self._source_targets = torch.zeros(0, dtype=torch.int64)  # targets per source this step (this DP rank)
+        recorder = source_recorder(self.loss_fn)
+        if (
+            recorder is not None
+            and isinstance(self.dataloader, ZephonDataLoader)
+            and not self.parallel_dims.pp_enabled
+            and config.parallelism.spmd_backend != "full_dtensor"
+        ):
+            num_sources = len(self.dataloader.spec.source_names)
+            self._source_loss = recorder
+            self._source_sums = torch.zeros(num_sources, dtype=torch.float64, device=self.device)
+            self._source_targets = torch.zeros(num_sources, dtype=torch.int64)
 
     def close(self) -> None:
         super().close()
@@ -137,9 +165,29 @@ class ZephonTrainer(Trainer):
             self._share_base = self._global_counts()  # where this run (or resume) starts
             if isinstance(getattr(self, "validator", None), ZephonValidator):
                 self.validator.resume_step = self.step - 1  # the checkpoint's step (0: a fresh run)
-        super().train_step(data_iterator)
+        if self._source_loss is None:
+            super().train_step(data_iterator)
+        else:  # the logged per-source losses are of the log step, as TorchTitan's loss
+            self._source_sums.zero_()
+            self._source_targets.zero_()
+            self._source_loss.recording = self._source_sums
+            try:
+                super().train_step(data_iterator)
+            finally:
+                self._source_loss.recording = None
         if isinstance(self.dataloader, ZephonDataLoader) and self.dataloader.config.ledger:
             self._record_ledger()
+
+    def batch_generator(self, data_iterable):
+        """TorchTitan's, with each target's source (that of its input token, from the loader's rows) carried in
+        its label when the loss per source is recorded."""
+        for input_dict, labels in super().batch_generator(data_iterable):
+            if self._source_loss is not None:
+                rows = self.dataloader.last_rows  # type: ignore[attr-defined]
+                sources = long_tensor([slot_sources(row) for row in rows])
+                self._source_targets += source_token_counts(labels, sources, len(self._source_targets))
+                labels = encode_labels(labels, sources)
+            yield input_dict, labels
 
     def _record_ledger(self) -> None:
         group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
@@ -171,6 +219,8 @@ class ZephonTrainer(Trainer):
         metrics.update({f"zephon/share/{name}": n / max(sum(since), 1) for name, n in zip(names, since)})
         metrics["zephon/tokens_total"] = sum(values[:-1])
         metrics["zephon/padding_tokens"] = values[-1]
+        if self._source_loss is not None:
+            metrics.update(self.source_loss_metrics())
         if dist.is_initialized() and dist.get_rank() != 0:
             return metrics  # the same global figures on every rank: said once
         logger.info(
@@ -179,4 +229,31 @@ class ZephonTrainer(Trainer):
             + f" (total {metrics['zephon/tokens_total']}, padding {values[-1]}); share since the last log: "
             + ", ".join(f"{n} {metrics[f'zephon/share/{n}']:.4f}" for n in names)
         )
+        return metrics
+
+    def source_loss_metrics(self) -> dict[str, float]:
+        """The loss of each source's targets at this step, reduced like TorchTitan's loss (sums over the loss
+        mesh, targets counted before CP sharding over the batch mesh), and its targets (zephon/loss_targets/)."""
+        sums = self._source_sums.clone()
+        targets = self._source_targets.to(self.device)
+        if self.parallel_dims.dp_cp_enabled:
+            dist.all_reduce(sums, group=self.parallel_dims.get_optional_mesh("loss").get_group())
+        if self.parallel_dims.dp_enabled:
+            dist.all_reduce(targets, group=self.parallel_dims.get_mesh("batch").get_group())
+        names = self.dataloader.spec.source_names  # type: ignore[attr-defined]
+        metrics: dict[str, float] = {}
+        for name, loss_sum, n in zip(names, sums.tolist(), targets.tolist()):
+            metrics[f"zephon/loss_targets/{name}"] = n
+            if n:
+                metrics[f"zephon/loss/{name}"] = loss_sum / n
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            logger.info(
+                "zephon loss per source: "
+                + ", ".join(
+                    f"{name} {metrics[f'zephon/loss/{name}']!r}" for name in names if f"zephon/loss/{name}" in metrics
+                )
+                + " (targets: "
+                + ", ".join(f"{name} {metrics[f'zephon/loss_targets/{name}']}" for name in names)
+                + ")"
+            )
         return metrics

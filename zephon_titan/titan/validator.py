@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 import tyro
 from torchtitan.components.dataloader import BaseDataLoader
-from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import Validator
 from torchtitan.tools import utils
 from torchtitan.tools.logging import logger
@@ -45,12 +44,17 @@ from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
-from zephon_titan.titan.source_loss import source_loss_sums, source_token_counts
+from zephon_titan.titan.source_loss import (
+    decode_labels,
+    encode_labels,
+    one_call_per_source,
+    source_recorder,
+    source_token_counts,
+)
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
 # big (it is then not read and tokenized again); larger sets are produced again every time.
 CACHE_BYTES = 1 << 30
-_LABEL_BITS = 32  # labels (token ids) and their source travel as one int64 through CP sharding
 Microbatch = tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]
 
 
@@ -145,18 +149,6 @@ def eval_message(error: ConfigError) -> str:
     return text if "[validator.dataloader" in text else f"[validator.dataloader]: {text}"
 
 
-def encode_labels(labels: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
-    """Labels and their sources as one int64 tensor, so CP sharding moves both alike (-100 stays -100)."""
-    return torch.where(labels == IGNORE_INDEX, labels, labels + (sources << _LABEL_BITS))
-
-
-def decode_labels(combined: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    ignored = combined == IGNORE_INDEX
-    sources = torch.where(ignored, -1, combined >> _LABEL_BITS)
-    labels = torch.where(ignored, IGNORE_INDEX, combined & ((1 << _LABEL_BITS) - 1))
-    return labels, sources
-
-
 @dataclass
 class _EvalSet:
     """This rank's microbatches of the eval set, and the eval set's SHA-256 (the same on every rank)."""
@@ -242,6 +234,7 @@ class ZephonValidator(Validator):
         device = utils.device_type
         loss_sums = torch.zeros(num_sources, dtype=torch.float64, device=device)
         valid = torch.zeros(num_sources, dtype=torch.int64, device=device)
+        recorder = source_recorder(self.loss_fn)
         for inputs, labels, sources in eval_set.microbatches:
             self.metrics_processor.ntokens_since_last_log += labels.numel()
             input_dict = {k: v.to(device) for k, v in inputs.items()}
@@ -250,10 +243,17 @@ class ZephonValidator(Validator):
             model_inputs, combined, extra = self.post_dataloading_process(
                 input_dict, encode_labels(labels, sources), model_parts
             )
-            labels, sources = decode_labels(combined)
             with self.validation_context():
                 predictions = model_parts[0](model_inputs, **extra)
-                loss_sums += source_loss_sums(predictions, labels, sources, num_sources, self.loss_fn)
+                if recorder is not None:  # one call of TorchTitan's loss, its per-token loss summed by source
+                    recorder.recording = loss_sums
+                    try:
+                        self.loss_fn(predictions, combined)
+                    finally:
+                        recorder.recording = None
+                else:
+                    labels, sources = decode_labels(combined)
+                    loss_sums += one_call_per_source(self.loss_fn, predictions, labels, sources, num_sources)
         if self.parallel_dims.dp_cp_enabled:
             dist.all_reduce(loss_sums, group=self.parallel_dims.get_optional_mesh("loss").get_group())
         if self.parallel_dims.dp_enabled:
