@@ -58,16 +58,11 @@ def _vocab(tokenizer_dir: str) -> int:
     return load_tokenizer(tokenizer_dir).vocab_size
 
 
-# The gate runs the fixture tokenizer (special tokens only its tokenizer_config.json declares); the shared
-# real ones are in the slow tier (`-m slow`, which .ci/run runs too). Every tokenizer's rows are also
-# checked in-process in the gate (test_tokenizer_backends, test_torchtitan_parity).
-_IN_CI = ("fixture",)
-
-
-@pytest.mark.parametrize(
-    "name",
-    [n if n in _IN_CI else pytest.param(n, marks=pytest.mark.slow) for n in ("fixture", *REAL_TOKENIZERS)],
-)
+# All in the slow tier (`-m slow`, which .ci/run runs too): the gate checks the real trainer's ledger against
+# `plan` from the start and across resumes in test_trainer_resume.py (test_plan_predicts_every_run), and every
+# tokenizer's rows in-process (test_tokenizer_backends, test_torchtitan_parity).
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
 def test_trainer_ledger_equals_plan_from_start_and_from_its_checkpoint(
     name, fixture_special_tokenizer, tmp_path, monkeypatch
 ):
@@ -115,6 +110,7 @@ def test_a_tokenizer_missing_one_special_token_plans_differently(
     assert full != other
 
 
+@pytest.mark.slow  # the gate checks the launcher's one line (test_launch.py) and a resume refused before the model
 def test_a_config_mistake_under_torchrun_is_one_line_once(tmp_path, tokenizer_dir):
     root = _workdir(str(tmp_path), tokenizer_dir)
     job = _write_job(root, tokenizer_dir, 2048, global_batch_size=12, local_batch_size=4)  # 6 rows per rank

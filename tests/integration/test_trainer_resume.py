@@ -130,6 +130,7 @@ def test_our_lines_come_once_per_job_and_a_resume_says_what_it_cuts_from_the_led
     assert out.count("steps 3-6 cut from the ledger (this run resumes after step 2)") == 1, out[-3000:]
 
 
+@pytest.mark.slow  # the gate refuses a changed seed before the model is built (tests/unit/test_resume_preflight.py)
 def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted):
     # Negative control: the same checkpoint with another data seed must be refused, naming the change.
     copy_checkpoint(workdir, "runs/w2", 2, "runs/other_seed")
