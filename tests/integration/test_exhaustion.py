@@ -11,6 +11,7 @@ from zephon_titan.plan import plan_ledger
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # 16 s of torchrun; the gate keeps finite lanes in process (test_stream.py, test_packing.py)
 def test_every_rank_stops_at_the_same_step_and_the_plan_agrees(workdir, monkeypatch):
     config = os.path.join(workdir, "finite.toml")
     with open(CPU_CONFIG) as f:

@@ -20,6 +20,7 @@ def _run(tmp_path, *args, timeout):
     return stdout, summary
 
 
+@pytest.mark.slow  # a short variant of the run below (which is slow too); the gate's DCP runs are test_data_only_dcp
 def test_threaded_ranks_save_and_resume_through_dcp(tmp_path):
     stdout, summary = _run(
         tmp_path, "--lanes", "8", "--global-batch", "96", "--save-on", "16", "--resume-on", "48,3", timeout=300
