@@ -14,7 +14,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from zephon_titan.engine import LaneExhausted, LaneState, Row, open_lane_group
+from zephon_titan.engine import LaneState, Row, open_lane_group
+from zephon_titan.engine.lanes import group_steps
 from zephon_titan.engine.sources.base import BlockDocuments, Source
 from zephon_titan.errors import ZephonError
 from zephon_titan.progress import tqdm
@@ -214,18 +215,6 @@ def step_range(job: Job, steps: tuple[int, int] | None, start: int) -> tuple[int
             f"[training] steps = {last} is {tokens:,} tokens to simulate; give --steps FIRST-LAST (e.g. --steps 1-1000)"
         )
     return start + 1, last
-
-
-def group_steps(group, start: int, last: int) -> Iterator[tuple[int, list[list[Row]]]]:
-    """(step, each lane's rows) for steps start + 1 .. last of a lane group; stops where a finite run ends."""
-    step = start
-    while step < last:
-        try:
-            lanes = group.next_step()
-        except LaneExhausted:
-            return
-        step += 1
-        yield step, lanes
 
 
 def step_placements(

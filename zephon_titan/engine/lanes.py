@@ -11,6 +11,7 @@ whole lanes [r L/W, (r+1) L/W) and owns them all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.engine.stream import LaneStream, lane_clock
-from zephon_titan.errors import ConfigError
+from zephon_titan.errors import ConfigError, LaneExhausted
 
 
 def valid_world_sizes(global_batch_size: int, limit: int = 64) -> list[int]:
@@ -170,6 +171,17 @@ class LaneGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def group_steps(group: Any, start: int, last: int) -> Iterator[tuple[int, list[list[Row]]]]:
+    """(step, each lane's rows) for steps start + 1 .. last of a lane group (in process or workers); a finite
+    run stops before the first step any of its lanes cannot fill."""
+    for step in range(start + 1, last + 1):
+        try:
+            lanes = group.next_step()
+        except LaneExhausted:
+            return
+        yield step, lanes
 
 
 def open_lane_group(
