@@ -1,6 +1,6 @@
-"""The training loss of each source (zephon/loss/<source>) through TorchTitan's real trainer on CPU, 1 and 2
+"""The training loss of each source (zephon/loss/<source>) through TorchTitan's real trainer on CPU, 1, 2 and 4
 ranks: at every step their token-weighted mean is TorchTitan's loss of that step (read back from TorchTitan's
-TensorBoard logger, where both are logged); the same per-source losses on 1 and 2 ranks. (TorchTitan's loss is
+TensorBoard logger, where both are logged); the same per-source losses on 1, 2 and 4 ranks. (TorchTitan's loss is
 returned unchanged, bit for bit: unit/test_source_loss.py.)"""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import pytest
 from conftest import check, cpu_job_args, torchrun
 
-# Slow tier: two torchrun runs of the CPU debug job (~20 s each on 2 cores).
+# Slow tier: three torchrun runs of the CPU debug job (~20-40 s each on 2 cores).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 3
@@ -30,7 +30,7 @@ def _scalars(workdir: str, run: str) -> dict[str, dict[int, float]]:
 @pytest.fixture(scope="module")
 def runs(workdir) -> dict[int, dict[str, dict[int, float]]]:
     out = {}
-    for nproc in (1, 2):
+    for nproc in (1, 2, 4):
         run = f"source_loss_w{nproc}"
         args = cpu_job_args(run, STEPS, "--metrics.enable_tensorboard", "--checkpoint.no-enable")
         output = check(torchrun(workdir, "zephon_titan.train_cpu", nproc, args)).stdout
@@ -57,9 +57,10 @@ def test_per_source_losses_average_to_torchtitans_loss(runs):
             assert swapped != pytest.approx(loss[step], rel=1e-4), (nproc, step)
 
 
-def test_the_same_losses_on_one_and_two_ranks(runs):
-    one, two = runs[1], runs[2]
-    for source in SOURCES:
-        assert one[f"zephon/loss_targets/{source}"] == two[f"zephon/loss_targets/{source}"]
-        for step, value in one[f"zephon/loss/{source}"].items():
-            assert two[f"zephon/loss/{source}"][step] == pytest.approx(value, rel=2e-4), (source, step)
+def test_the_same_losses_on_one_two_and_four_ranks(runs):
+    one = runs[1]
+    for nproc in (2, 4):
+        for source in SOURCES:
+            assert runs[nproc][f"zephon/loss_targets/{source}"] == one[f"zephon/loss_targets/{source}"], nproc
+            for step, value in one[f"zephon/loss/{source}"].items():
+                assert runs[nproc][f"zephon/loss/{source}"][step] == pytest.approx(value, rel=2e-4), (nproc, source, step)
