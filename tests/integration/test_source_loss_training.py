@@ -62,5 +62,6 @@ def test_the_same_losses_on_one_two_and_four_ranks(runs):
     for nproc in (2, 4):
         for source in SOURCES:
             assert runs[nproc][f"zephon/loss_targets/{source}"] == one[f"zephon/loss_targets/{source}"], nproc
+            got = runs[nproc][f"zephon/loss/{source}"]
             for step, value in one[f"zephon/loss/{source}"].items():
-                assert runs[nproc][f"zephon/loss/{source}"][step] == pytest.approx(value, rel=2e-4), (nproc, source, step)
+                assert got[step] == pytest.approx(value, rel=2e-4), (nproc, source, step)
