@@ -20,7 +20,7 @@ import shlex
 import sys
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zephon_titan import launch
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError
@@ -28,6 +28,7 @@ from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError
 # Each command imports what it needs when it runs: `verify` and `--help` must not pay for torch and
 # TorchTitan (seconds and ~1 GB), which only the commands that resolve a job's tokenizer or model need.
 if TYPE_CHECKING:
+    from zephon_titan.engine import LaneState
     from zephon_titan.engine.ledger import LedgerEntry
     from zephon_titan.titan.job import Job
 
@@ -192,8 +193,9 @@ def _pieces(job: Job, row) -> list[dict]:
 
 
 def cmd_inspect(args) -> int:
-    from zephon_titan.engine import LaneStream
-    from zephon_titan.engine.stream import StepClock
+    from zephon_titan.engine import open_lane_group
+    from zephon_titan.engine.lanes import group_steps
+    from zephon_titan.plan import read_checkpoint
     from zephon_titan.progress import tqdm
     from zephon_titan.titan.job import load_job
 
@@ -205,27 +207,46 @@ def cmd_inspect(args) -> int:
     if args.step < 1:
         raise ZephonError(f"--step counts from 1, got {args.step}")
     r = job.check_layout(1)
-    report = []
-    for lane in tqdm(lanes, desc="simulating lanes", unit="lane", disable=len(lanes) == 1 or args.json):
-        stream = LaneStream(job.spec, lane, clock=StepClock(r))
-        stream.take((args.step - 1) * r)  # the lane's rows before this step
-        for i, row in enumerate(stream.take(r)):
-            report.append(
-                {
-                    "step": args.step,
-                    "lane": lane,
-                    "lane_row": (args.step - 1) * r + i,
-                    "batch_row": lane * r + i,
-                    "padding": row.padding,
-                    "pieces": _pieces(job, row),
-                }
+    spec, saved = job.spec, 0
+    states: dict[int, LaneState] = {}
+    if args.from_checkpoint:  # the run continues as its checkpoint did (another seq_len, G, schedule), as plan does
+        saved, states, spec = read_checkpoint(args.from_checkpoint, job)
+        if args.step <= saved:
+            raise ZephonError(
+                f"--step {args.step} is at or before the checkpoint's step {saved}; inspect it without "
+                "--from-checkpoint, with the job file that trained it"
             )
+    owned = {lane: states[lane] for lane in lanes if lane in states}
+    report: list[dict[str, Any]] = []
+    group = open_lane_group(spec, lanes, r, 0, 2, owned, False, saved)
+    with group, tqdm(desc="simulating", unit="step", total=args.step - saved, disable=args.json) as bar:
+        for step, rows in group_steps(group, saved, args.step):
+            bar.update(1)
+            if step < args.step:
+                continue
+            for lane, lane_rows in zip(lanes, rows):
+                first = (owned[lane].rows if lane in owned else 0) + (step - saved - 1) * r
+                for i, row in enumerate(lane_rows):
+                    report.append(
+                        {
+                            "step": step,
+                            "lane": lane,
+                            "lane_row": first + i,
+                            "batch_row": lane * r + i,
+                            "seq_len": len(row.inputs),
+                            "padding": row.padding,
+                            "pieces": _pieces(job, row),
+                        }
+                    )
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
         return 0
-    if job.spec.schedule.scheduled:
-        weights = job.spec.schedule.weights_by_name(args.step)
+    if not report:
+        raise ZephonError(f"--step {args.step} is after the end of this finite run: its lanes cannot fill it")
+    print(f"step {args.step}: rows of {report[0]['seq_len']} tokens")
+    if spec.schedule.scheduled:
+        weights = spec.schedule.weights_by_name(args.step)
         print(
             f"step {args.step} mixes "
             + ", ".join(f"{n} {w:g}" for n, w in weights.items())
@@ -239,7 +260,7 @@ def cmd_inspect(args) -> int:
         for p in item["pieces"]:
             where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k in ("row", "byte_offset"))
             start, end = p["row_tokens"]
-            inputs = min(end, job.spec.seq_len) - start  # under labels = "stream" the row's last token is a label only
+            inputs = min(end, item["seq_len"]) - start  # under labels = "stream" the row's last token is a label only
             text = p["text"] if args.full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))
             print(
                 f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
@@ -596,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--lane", type=int, help="only this lane (default: every lane of the step)")
     inspect.add_argument("--json", action="store_true", help="machine-readable, full text")
     inspect.add_argument("--full", action="store_true", help="do not shorten texts")
+    inspect.add_argument(
+        "--from-checkpoint", help="a DCP step-N folder: the step as the run continues from it (e.g. another seq_len)"
+    )
     inspect.set_defaults(run=cmd_inspect)
     _add_where(sub)
     validate = sub.add_parser("validate", help="check a config and its data, list valid data-parallel sizes")
