@@ -11,10 +11,14 @@ one invocation, so the ratios are comparable on a noisy machine:
 
 - `peak RSS`: the process's peak resident memory (VmHWM) minus its RSS after the imports and the
   tokenizer load, i.e. what the spec and the lanes cost;
-- `first step`: build_engine + open_lane_group + the first step (one row per lane);
+- `first step`: build_engine + open_lane_group + the first step (one row per lane), wall and CPU seconds
+  (the process's CPU time, all threads: less sensitive to other load on the machine than the wall time);
 - `tokens/s`: input tokens per second over `--rows` rows (at least `--rows-per-lane` per lane), after as
   many rows of warm-up (the first documents of the fast tokenizer are checked against the reference, and
-  each lane's first batches of documents are tokenized ahead of its rows).
+  each lane's first batches of documents are tokenized ahead of its rows), per wall second and per CPU
+  second. `--rows 0 --rows-per-lane 0` measures the first step only.
+
+`--repeat N` runs every (code, L) N times, the codes alternating, so that before and after meet the same load.
 
 `--baseline-ref REF` also runs the code of git revision REF (a temporary worktree), for before/after
 tables. A process is stopped when its RSS passes `--max-rss-gb` (reported as ">").
@@ -89,24 +93,26 @@ def child(args: argparse.Namespace) -> None:
 
     assert zephon_titan.__file__.startswith(os.getcwd()), zephon_titan.__file__  # the code asked for
     base = _rss_kb("VmRSS")
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     spec = build_engine(DataConfig(sources=sources, num_lanes=args.num_lanes, seed=1), SEQ_LEN, tokenizer)
     group = open_lane_group(spec, range(args.num_lanes), 1)
     group.next_step()
-    first = time.perf_counter() - started
+    first, first_cpu = time.perf_counter() - started, time.process_time() - started_cpu
     rows = 0
     while rows < args.rows:  # warm-up: the fast tokenizer's first documents are checked against the reference
         rows += sum(len(lane) for lane in group.next_step())
-    rows, started = 0, time.perf_counter()
+    rows, started, started_cpu = 0, time.perf_counter(), time.process_time()
     while rows < args.rows:
         rows += sum(len(lane) for lane in group.next_step())
-    steady = time.perf_counter() - started
+    steady, steady_cpu = time.perf_counter() - started, time.process_time() - started_cpu
     print(
         json.dumps(
             {
                 "peak_mb": (_rss_kb("VmHWM") - base) / 1024,
                 "first_s": first,
-                "tokens_per_s": rows * SEQ_LEN / steady,
+                "first_cpu_s": first_cpu,
+                "tokens_per_s": rows * SEQ_LEN / max(steady, 1e-9),
+                "tokens_per_cpu_s": rows * SEQ_LEN / max(steady_cpu, 1e-9),
                 "rows": rows,
             }
         )
@@ -154,6 +160,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=2048, help="rows of warm-up, then rows timed")
     p.add_argument("--rows-per-lane", type=int, default=8, help="at least this many rows per lane, each phase")
     p.add_argument("--backend", default="auto", help="[dataloader] tokenizer_backend")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each (code, L), the codes alternating")
     p.add_argument("--max-rss-gb", type=float, default=8.0, help="stop a configuration above this RSS")
     p.add_argument("--root", help="corpus directory (default: written to a temporary directory)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -174,18 +181,23 @@ def main() -> None:
         subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", worktree, args.baseline_ref], check=True)
         codes.insert(0, (args.baseline_ref, worktree))
     try:
-        print("| code | lanes | peak RSS above the interpreter | first step | steady tokens/s |\n|---|---|---|---|---|")
+        print(
+            "| code | lanes | peak RSS above the interpreter | first step, wall (CPU) "
+            "| steady tokens per wall s (per CPU s) |\n|---|---|---|---|---|"
+        )
         for lanes in args.lanes or [8, 64, 256, 1024, 4096]:
-            for name, code in codes:
-                r = run_case(args, code, lanes)
-                if "stopped" in r:
-                    print(f"| {name} | {lanes:,} | stopped: {r['stopped']} | | |", flush=True)
-                else:
-                    print(
-                        f"| {name} | {lanes:,} | {r['peak_mb']:,.0f} MB | {r['first_s']:.2f} s "
-                        f"| {r['tokens_per_s'] / 1e6:.3f} M |",
-                        flush=True,
-                    )
+            for _ in range(args.repeat):
+                for name, code in codes:
+                    r = run_case(args, code, lanes)
+                    if "stopped" in r:
+                        print(f"| {name} | {lanes:,} | stopped: {r['stopped']} | | |", flush=True)
+                    else:
+                        print(
+                            f"| {name} | {lanes:,} | {r['peak_mb']:,.0f} MB "
+                            f"| {r['first_s']:.2f} s ({r['first_cpu_s']:.2f} s) "
+                            f"| {r['tokens_per_s'] / 1e6:.2f} M ({r['tokens_per_cpu_s'] / 1e6:.2f} M) |",
+                            flush=True,
+                        )
     finally:
         if worktree:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], check=False)

@@ -138,6 +138,27 @@ def test_a_fast_backend_that_differs_on_a_document_stops_the_run_naming_it(token
     assert len(LaneStream(spec, 0).take(4)) == 4
 
 
+def test_the_runtime_check_covers_the_first_documents_until_its_character_budget(
+    tokenizer_dir, prose_docs, monkeypatch
+):
+    """The check of a process's first documents stops once VERIFY_CHARS characters are checked (it cost
+    seconds of the first step at 1,024 lanes), and the document that reaches the budget is checked whole."""
+    monkeypatch.setattr(tokenizer_backends, "VERIFY_CHARS", len(prose_docs[0]) + 1)
+    broken = FastBackend(_broken_json(tokenizer_dir))
+    tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
+    assert tokenizer.select_backend() == "fastokens"
+    tokenizer.encode(prose_docs[:1])  # checked: one character of the budget left
+    tokenizer._backend = broken
+    with pytest.raises(BackendMismatch):  # reaches the budget: checked whole
+        tokenizer.encode(prose_docs[1:2])
+    # Past the budget nothing is compared: what guards the ids then is the verified list (select_backend).
+    tokenizer = load_tokenizer(tokenizer_dir, backend="auto")
+    tokenizer.encode(prose_docs[:2])
+    tokenizer._backend = broken
+    reference = load_tokenizer(tokenizer_dir, backend="tokenizers")
+    assert tokenizer.encode(prose_docs[2:3])[0].tolist() != reference.encode(prose_docs[2:3])[0].tolist()
+
+
 def _write_jsonl(root, docs):
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, "docs.jsonl")

@@ -66,6 +66,7 @@ class DocumentTokenizer:
         self._loading = loading  # the backend being loaded meanwhile (start_backend(), or given)
         self.backend_reason = ""
         self._verify_left = tokenizer_backends.VERIFY_DOCUMENTS
+        self._verify_chars_left = tokenizer_backends.VERIFY_CHARS
         self._fast_failed = False  # said once: fastokens raised on a document the reference encoded
         self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
         self.eos = eos if isinstance(eos, SpecialTokenChoice) else SpecialTokenChoice(eos, "given")
@@ -120,15 +121,25 @@ class DocumentTokenizer:
             ids, offsets = backend.encode_flat(strings)
         except Exception:  # some document it cannot encode: find it, so that the others stay fast's
             ids, offsets = self._encode_one_by_one(backend, strings)
-        if self._verify_left > 0:
-            k = min(len(strings), self._verify_left)
+        if self._verify_left > 0 and self._verify_chars_left > 0:
+            k = self._documents_to_verify(strings)
             ref_ids, ref_offsets = self._reference.encode_flat(strings[:k])
             if not (np.array_equal(ref_offsets, offsets[: k + 1]) and np.array_equal(ref_ids, ids[: offsets[k]])):
                 bad = tokenizer_backends.first_difference(self._reference, _Fixed(ids, offsets), strings[:k])
                 index = bad if bad is not None else 0
                 raise BackendMismatch(index, strings[index], backend.name)
             self._verify_left -= k
+            self._verify_chars_left -= sum(len(text) for text in strings[:k])
         return ids, offsets
+
+    def _documents_to_verify(self, strings: list[str]) -> int:
+        """How many of the leading `strings` the reference checks: the documents left to check, up to and
+        including the one that reaches the characters left to check."""
+        k, chars = 0, 0
+        while k < min(len(strings), self._verify_left) and chars < self._verify_chars_left:
+            chars += len(strings[k])
+            k += 1
+        return k
 
     def _encode_one_by_one(self, backend: Backend, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Each document by the backend, or by the reference where the backend raises on it: a document's
