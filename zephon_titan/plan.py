@@ -78,7 +78,8 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
 
 def plan_eval_set(job_path: str) -> dict:
     """The eval set's proof as every validation of a run of the job logs it (titan/validator.py):
-    its SHA-256, steps, rows and targets per source, computed offline over all lanes."""
+    its SHA-256, steps, rows, seq_len and targets per source, computed offline over all lanes (the eval set is
+    defined per seq_len: another length is other rows, another SHA-256)."""
     job = load_job(job_path)
     validator = job.config.validator
     data = validator.dataloader.data
@@ -97,6 +98,7 @@ def plan_eval_set(job_path: str) -> dict:
         "sha256": eval_set_digest(digests),
         "steps": len(digests),
         "rows": len(digests) * batch,
+        "seq_len": spec.seq_len,
         "tokens": dict(zip(spec.source_names, counts)),
     }
 

@@ -165,3 +165,23 @@ def test_separate_eval_files_are_read_whole_and_planned(tmp_path, corpus_dir, to
         ConfigError, match=r"size is 3, which does not divide \[validator.dataloader\] global_batch_size = 8"
     ):
         load_job(str(job)).check_eval_layout(3)
+
+
+def test_the_eval_set_is_defined_per_seq_len(tmp_path, corpus_dir, tokenizer_dir):
+    """An eval at another seq_len is another set: its SHA-256 differs and the record names the length; the same
+    job twice is the same set (the control: the digest is not just new every time)."""
+    planned = {}
+    for seq_len in (64, 128):
+        job = tmp_path / f"job{seq_len}.toml"
+        job.write_text(
+            f'hf_assets_path = "{tokenizer_dir}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+            f"[training]\nseq_len = {seq_len}\nlocal_batch_size = 2\nglobal_batch_size = 8\n[dataloader]\n"
+            f'num_lanes = 4\n[dataloader.sources.code]\npaths = ["{corpus_dir}/code/*.parquet"]\n'
+            f'[validator]\nenable = true\nsteps = 2\n[validator.dataloader.sources.prose]\npaths = ["{corpus_dir}/prose/*.jsonl"]\n'
+        )
+        planned[seq_len] = plan_eval_set(str(job))
+        assert planned[seq_len]["seq_len"] == seq_len
+    assert planned[64] == plan_eval_set(str(tmp_path / "job64.toml"))
+    assert planned[64]["sha256"] != planned[128]["sha256"]
+    assert planned[64]["steps"] == planned[128]["steps"] == 2
+    assert planned[128]["tokens"]["prose"] > planned[64]["tokens"]["prose"]  # 2 steps of longer rows: more targets

@@ -141,7 +141,7 @@ def _validator(path: str):
 
     validator = object.__new__(ZephonValidator)  # only its record: no model, no mesh
     validator.ledger_path, validator.resume_step, validator._record = path, 0, None
-    return validator, _EvalSet([], "ab" * 32, 3, 48)
+    return validator, _EvalSet([], "ab" * 32, 3, 48, 64)
 
 
 def test_a_short_write_of_validation_jsonl_is_cut_and_the_next_entry_starts_a_line(tmp_path, monkeypatch):
@@ -286,3 +286,17 @@ def test_the_record_is_replaced_whole(tmp_path, monkeypatch):
 
 def _crash(*_args: object) -> None:
     raise RuntimeError(f"crash {uuid.uuid4()}")
+
+
+def test_validation_entries_record_the_eval_seq_len_and_older_ones_still_read(tmp_path):
+    path = str(tmp_path / "checkpoint" / "validation.jsonl")
+    validator, eval_set = _validator(path)
+    validator._report(1, eval_set, 7.5, {"code": 7.0}, {"code": 10})
+    with open(path, "a") as f:  # an entry written before seq_len was recorded
+        f.write(VALIDATION_RECORD.to_line(_validation(2)) + "\n")
+    entries = read_validation_entries(path)
+    assert [e.get("seq_len") for e in entries] == [64, None]
+    with open(path, "a") as f:  # control: a seq_len that is not an integer is refused, naming the field
+        f.write(VALIDATION_RECORD.to_line({**_validation(3), "seq_len": "64"}) + "\n")
+    with pytest.raises(DataError, match=r"seq_len must be int"):
+        read_validation_entries(path)

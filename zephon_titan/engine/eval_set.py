@@ -132,15 +132,20 @@ _VALIDATION_FIELDS: dict[str, tuple[type, ...]] = {
     "loss": (float, int),
     "loss_per_source": (dict,),
 }
+_OPTIONAL_FIELDS: dict[str, tuple[type, ...]] = {"seq_len": (int,)}  # absent in entries written before it
 
 
 def _validation_entry(raw: bytes) -> dict[str, Any]:
     """One line of validation.jsonl; ValueError saying what is wrong with it."""
     data = json.loads(raw.decode("utf-8"))  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-    if not isinstance(data, dict) or set(data) != set(_VALIDATION_FIELDS):
-        raise ValueError(f"expected an object with the fields {', '.join(_VALIDATION_FIELDS)}, got {str(data)[:80]}")
-    for key, kinds in _VALIDATION_FIELDS.items():
-        if type(data[key]) not in kinds:  # bool is not an int here
+    if not isinstance(data, dict) or not set(_VALIDATION_FIELDS) <= set(data) <= {
+        *_VALIDATION_FIELDS,
+        *_OPTIONAL_FIELDS,
+    }:
+        fields = ", ".join(_VALIDATION_FIELDS)
+        raise ValueError(f"expected an object with the fields {fields} (and seq_len), got {str(data)[:80]}")
+    for key, kinds in {**_VALIDATION_FIELDS, **_OPTIONAL_FIELDS}.items():
+        if key in data and type(data[key]) not in kinds:  # bool is not an int here
             raise ValueError(f"{key} must be {kinds[0].__name__}, got {data[key]!r:.40}")
     if not all(isinstance(k, str) and type(v) is int for k, v in data["tokens"].items()):
         raise ValueError("tokens must map source names to integers")

@@ -157,6 +157,8 @@ class _EvalSet:
     sha256: str
     steps: int
     rows: int
+    seq_len: int
+    """Tokens per row: an eval at another seq_len is another set (other rows, another sha256)."""
 
 
 class ZephonValidator(Validator):
@@ -205,8 +207,9 @@ class ZephonValidator(Validator):
             digests.append(self.loader.lanes.of_owned(step.lane_digests()))
             microbatches.extend(self.loader.microbatches(step))
         rows = len(digests) * config.dataloader.global_batch_size
-        eval_set = _EvalSet(microbatches, self._global_digest(digests), len(digests), rows)
-        row_bytes = self.loader.spec.seq_len * 4 * 8  # four int64 tensors per row
+        seq_len = self.loader.spec.seq_len
+        eval_set = _EvalSet(microbatches, self._global_digest(digests), len(digests), rows, seq_len)
+        row_bytes = seq_len * 4 * 8  # four int64 tensors per row
         if sum(len(mb[1]) for mb in microbatches) * row_bytes <= CACHE_BYTES:  # the same answer on every rank
             self._cached = eval_set
         return eval_set
@@ -276,7 +279,7 @@ class ZephonValidator(Validator):
             return
         logger.info(
             f"zephon validation at step {step}: eval set sha256 {eval_set.sha256[:16]} ({eval_set.steps} steps, "
-            f"{eval_set.rows} rows, {sum(tokens.values())} tokens); loss {loss:.5f}; per source: "
+            f"{eval_set.rows} rows of {eval_set.seq_len}, {sum(tokens.values())} tokens); loss {loss:.5f}; per source: "
             + ", ".join(f"{name} {value:.5f}" for name, value in per_source.items())
         )
         if self.ledger_path is None:
@@ -286,6 +289,7 @@ class ZephonValidator(Validator):
             "sha256": eval_set.sha256,
             "steps": eval_set.steps,
             "rows": eval_set.rows,
+            "seq_len": eval_set.seq_len,
             "tokens": tokens,
             "loss": loss,
             "loss_per_source": per_source,
