@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -35,6 +36,18 @@ def corpus_dir(tmp_path_factory, prose_docs, code_docs) -> str:
     root = str(tmp_path_factory.mktemp("corpus"))
     corpus.write_jsonl(prose_docs, os.path.join(root, "prose"), num_files=3)
     corpus.write_parquet(code_docs, os.path.join(root, "code"), num_files=3, row_group_size=4)
+    return root
+
+
+@pytest.fixture(scope="session")
+def plain(tmp_path_factory, prose_docs):
+    """The prose documents in 3 JSONL files, each one block with block_bytes past their size (the
+    way a compressed file is one block): test_formats and test_token_files compare other formats with them."""
+    root = tmp_path_factory.mktemp("plain")
+    size = -(-len(prose_docs) // 3)
+    for i in range(3):
+        with open(root / f"part-{i}.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in prose_docs[i * size : (i + 1) * size])
     return root
 
 

@@ -410,7 +410,7 @@ def cmd_validate(args) -> int:
                 documents = source.read_block(block)
                 texts = documents.texts  # surfaces bad lines/rows with file and position
                 docs += len(texts)
-                tokens += sum(len(t) for t in spec.tokenizer.encode(texts))
+                tokens += sum(len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens))
                 held += int(
                     held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
                 )

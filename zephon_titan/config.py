@@ -213,9 +213,10 @@ class SourceConfig:
         rows=True,
         rows_note="the format it resolves to: `auto` and the format it picks are the same rows",
         check=_not_empty('use "auto" or a format name'),
-        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance",
+        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance, megatron",
     )
-    """`jsonl`, `parquet`, `lance`, or `auto` (from the file extension; `.lance` for Lance datasets)."""
+    """`jsonl`, `parquet`, `lance`, `megatron`, or `auto` (from the file extension; `.lance` for Lance datasets,
+    `.bin` for Megatron indexed datasets: list the `.bin` files, each with its `.idx` beside it)."""
 
     block_bytes: int = setting(
         1 << 20,
@@ -228,10 +229,11 @@ class SourceConfig:
     block_rows: int = setting(
         1024,
         rows=True,
-        rows_note="Lance sources only",
+        rows_note="Lance and Megatron sources only",
         bounds=(1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
     )
-    """Lance only: rows per block (each fragment is cut into blocks of this many rows)."""
+    """Lance: rows per block (each fragment is cut into blocks of this many rows). Megatron: documents per
+    block (each `.bin` is cut into blocks of this many documents)."""
 
     eval_fraction: float = setting(
         0.0,

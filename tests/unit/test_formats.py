@@ -16,17 +16,6 @@ def _lanes(spec, rows=12):
     return [rows_digest(LaneStream(spec, lane).take(rows)) for lane in range(spec.num_lanes)]
 
 
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory, prose_docs):
-    """The prose documents in 3 JSONL files, each one block (as a compressed file is)."""
-    root = tmp_path_factory.mktemp("plain")
-    size = -(-len(prose_docs) // 3)
-    for i in range(3):
-        with open(root / f"part-{i}.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(json.dumps({"text": t}) + "\n" for t in prose_docs[i * size : (i + 1) * size])
-    return root
-
-
 def _source(paths, **extra):
     return {"web": {"paths": paths, "block_bytes": 1 << 30, **extra}}
 

@@ -251,7 +251,7 @@ class LaneSourceReader:
                 if not isinstance(item, str):
                     self._check_token_ids(item, file, row)
             try:
-                encoded = self.spec.tokenizer.encode([item for item, _, _ in docs])
+                encoded = self.spec.tokenizer.encode([item for item, _, _ in docs], self.source.specials_in_tokens)
             except BackendMismatch as e:  # the e.index-th text of the batch
                 _, file, row = [doc for doc in docs if isinstance(doc[0], str)][e.index]
                 raise DataError(f"{file} {self.source.row_unit} {row} (source {self.source.name!r}): {e}") from None
@@ -266,7 +266,7 @@ class LaneSourceReader:
         if ids.size and (ids.min() < 0 or ids.max() >= vocab):
             bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
             raise DataError(
-                f"{file} row {row}: token id {bad} is outside the tokenizer's vocabulary of {vocab}; "
+                f"{file} {self.source.row_unit} {row}: token id {bad} is outside the tokenizer's vocabulary of {vocab}; "
                 f"source {self.source.name!r} must be pre-tokenized with this run's tokenizer"
             )
 

@@ -102,13 +102,28 @@ class DocumentTokenizer:
         if self._backend is None and self._loading is None:
             self._loading = BackendLoad(self.tokenizer, self.backend_setting)
 
-    def encode(self, texts: Sequence[str | np.ndarray]) -> list[np.ndarray]:
-        """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized.
+    def encode(self, texts: Sequence[str | np.ndarray], specials_in_tokens: bool = False) -> list[np.ndarray]:
+        """[BOS] + ids + [EOS] per document; items that are already token-id arrays are not tokenized (with
+        `specials_in_tokens`, an array that already starts with BOS or ends with EOS gets none added there).
         Raises BackendMismatch (with the index among `texts`' strings) if the fast backend differs."""
         strings = [t for t in texts if isinstance(t, str)]
         encoded = iter(self._with_specials(*self._encode_checked(strings)) if strings else [])
         prefix, suffix = np.array(self._prefix, dtype=TOKEN_DTYPE), np.array(self._suffix, dtype=TOKEN_DTYPE)
-        return [next(encoded) if isinstance(t, str) else np.concatenate([prefix, t, suffix]) for t in texts]
+        return [
+            next(encoded)
+            if isinstance(t, str)
+            else np.concatenate(
+                [prefix, self._bare(t) if specials_in_tokens else t.astype(TOKEN_DTYPE, copy=False), suffix]
+            )
+            for t in texts
+        ]
+
+    def _bare(self, ids: np.ndarray) -> np.ndarray:
+        """`ids` less a leading BOS and a trailing EOS where those are configured (encode adds them back):
+        a pre-tokenized document that already has them does not get them twice. Unconfigured ones stay."""
+        start = int(self.bos_id is not None and len(ids) > 0 and ids[0] == self.bos_id)
+        stop = len(ids) - int(self.eos_id is not None and len(ids) > start and ids[-1] == self.eos_id)
+        return ids[start:stop].astype(TOKEN_DTYPE, copy=False)
 
     def _encode_checked(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """The ids of `strings`: the chosen backend's, each document's a function of its text alone."""

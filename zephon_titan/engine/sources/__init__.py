@@ -9,6 +9,7 @@ from zephon_titan.engine.sources.formats import Format, dataset_format, format_o
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
 from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
 from zephon_titan.engine.sources.lance import LANCE
+from zephon_titan.engine.sources.megatron import MEGATRON
 from zephon_titan.engine.sources.parquet import PARQUET, ParquetSource
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.errors import ConfigError
@@ -16,6 +17,7 @@ from zephon_titan.errors import ConfigError
 register_format(JSONL)
 register_format(PARQUET)
 register_format(LANCE)
+register_format(MEGATRON)
 
 
 def open_source(

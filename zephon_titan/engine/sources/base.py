@@ -129,6 +129,10 @@ class Source(ABC):
     row_unit: str = "row"
     token_field: str = ""
     """Columnar formats: a column of token-id lists used instead of text_field."""
+    specials_in_tokens: bool = False
+    """Token-file formats (Megatron, OLMo): a document may already start with the configured BOS or end
+    with the configured EOS (written by the tool that tokenized it); it gets none added where it has one,
+    so a special token is never doubled. A Parquet `token_field` keeps adding both (its rows predate this)."""
 
     def __init__(
         self,

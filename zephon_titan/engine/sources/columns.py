@@ -32,7 +32,7 @@ def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_r
     return BlockDocuments(path, LazyTexts(len(column), lambda i: column[i].as_py()), rows)
 
 
-def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> _TokenLists:
+def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> TokenLists:
     """Each row's token ids as an int32 array, sliced from the column's flat values (no Python lists)."""
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or not pa.types.is_integer(
         column.type.value_type
@@ -41,10 +41,10 @@ def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> _TokenLists:
     array = column.combine_chunks()
     offsets = array.offsets.to_numpy()
     values = array.flatten().to_numpy().astype(np.int32, copy=False)
-    return _TokenLists(values, offsets - offsets[0])
+    return TokenLists(values, offsets - offsets[0])
 
 
-class _TokenLists(Sequence[np.ndarray]):
+class TokenLists(Sequence[np.ndarray]):
     """Row i's token ids, a view values[offsets[i]:offsets[i + 1]] made when asked for (not one array
     object per row of a row group held for the whole window)."""
 

@@ -1,0 +1,290 @@
+"""Megatron indexed datasets (`.bin` + `.idx`) as a source: the documents of a JSONL fixture tokenized with the
+fixture tokenizer and written as token files give byte-equal rows and ledger; a resume on another W equals the
+plan; each broken file is a one-line error naming it before step 1."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import data_table, make_spec, rows_digest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from token_files import write_megatron
+
+from zephon_titan.config import SourceConfig, config_from_dict
+from zephon_titan.engine import DataError, LaneStream
+from zephon_titan.engine.lane_digests import step_digests
+from zephon_titan.engine.lanes import LaneGroup
+from zephon_titan.engine.sources import open_source
+from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.loader_state import HEADER_KEY, lane_key
+
+
+def _plain_sources(plain):
+    return {"web": {"paths": [str(plain / "*.jsonl")], "block_bytes": 1 << 30}}
+
+
+def _megatron_sources(root, **extra):
+    return {"web": {"paths": [str(root / "*.bin")], "block_rows": 1 << 20, **extra}}
+
+
+def _tokenized(plain, tokenizer):
+    """Per plain file, its documents' ids (no special tokens), as the fixture tokenizer gives them."""
+    out = {}
+    for name in sorted(os.listdir(plain)):
+        docs = [json.loads(line)["text"] for line in (plain / name).read_text(encoding="utf-8").splitlines()]
+        out[name] = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
+    return out
+
+
+def _write_all(root, tokenized, edit=lambda ids: ids, **kw):
+    os.makedirs(root, exist_ok=True)
+    for name, docs in tokenized.items():
+        write_megatron(str(root / name.replace(".jsonl", "")), [edit(list(d)) for d in docs], **kw)
+    return root
+
+
+def _lanes(spec, rows=12):
+    return [rows_digest(LaneStream(spec, lane).take(rows)) for lane in range(spec.num_lanes)]
+
+
+def _ledger(spec, steps=3, rows=2):
+    return list(step_digests(LaneGroup(spec, range(spec.num_lanes), rows, None, 0), len(spec.sources), 0, steps))
+
+
+def test_megatron_rows_and_ledger_equal_the_jsonl_documents(tmp_path, plain, corpus_dir, tokenizer_dir):
+    reference = make_spec(corpus_dir, tokenizer_dir, sources=_plain_sources(plain))
+    tokenized = _tokenized(plain, reference.tokenizer.tokenizer)
+    bos, eos = reference.tokenizer.bos_id, reference.tokenizer.eos_id
+    assert bos is not None and eos is not None  # the fixture adds both: the never-doubled case below needs them
+    want_lanes, want_ledger = _lanes(reference), _ledger(reference)
+
+    for case, edit, kw in [
+        ("plain", lambda ids: ids, {}),
+        ("with_specials", lambda ids: [bos, *ids, eos], {}),  # as preprocess_data --append-eod (and a BOS) writes
+        ("sentences_uint32", lambda ids: ids, {"split": 5, "dtype": np.int32}),
+    ]:
+        root = _write_all(tmp_path / case, tokenized, edit, **kw)
+        spec = make_spec(corpus_dir, tokenizer_dir, sources=_megatron_sources(root))
+        assert spec.sources[0].num_blocks == 3, case
+        assert _lanes(spec) == want_lanes, case
+        assert _ledger(spec) == want_ledger, case
+
+    # Negative control: one token changed, in the document lane 0's first row starts with, differs.
+    piece = LaneStream(spec, 0).take(1)[0].pieces[0]
+    name, doc, at = os.path.basename(piece.file).replace(".bin", ".jsonl"), piece.row, piece.doc_offset
+    edited = [list(d) for d in tokenized[name]]
+    edited[doc][at] = (edited[doc][at] + 1) % 100
+    changed = {**tokenized, name: edited}
+    spec = make_spec(corpus_dir, tokenizer_dir, sources=_megatron_sources(_write_all(tmp_path / "changed", changed)))
+    assert _ledger(spec) != want_ledger
+
+
+def test_specials_are_added_as_configured_and_never_doubled(tmp_path, corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [f"{corpus_dir}/prose/*.jsonl"]}})
+    bos, eos = spec.tokenizer.bos_id, spec.tokenizer.eos_id
+    docs = [[5, 6], [bos, 5, 6], [5, 6, eos], [bos, 5, 6, eos], [bos, bos, 5], [], [eos]]
+    write_megatron(str(tmp_path / "d"), docs)
+    source = open_source(SourceConfig(name="web", paths=[str(tmp_path / "d.bin")]))
+    got = [list(t) for t in spec.tokenizer.encode(source.read_block(0).texts, source.specials_in_tokens)]
+    assert got == [
+        [bos, 5, 6, eos],
+        [bos, 5, 6, eos],
+        [bos, 5, 6, eos],
+        [bos, 5, 6, eos],
+        [bos, bos, 5, eos],  # only one BOS is the added one; the data's own second BOS stays
+        [bos, eos],
+        [bos, eos],
+    ]
+    # Without add_eos, a document's own EOS stays (the tokens are the document); none is added.
+    no_eos = make_spec(corpus_dir, tokenizer_dir, add_eos=False)
+    assert [list(t) for t in no_eos.tokenizer.encode(source.read_block(0).texts[:3], True)] == [
+        [bos, 5, 6],
+        [bos, 5, 6],
+        [bos, 5, 6, eos],
+    ]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    docs=st.lists(st.lists(st.integers(0, 60000), max_size=9), max_size=12),
+    block_rows=st.integers(1, 5),
+    split=st.integers(0, 4),
+    dtype=st.sampled_from([np.uint16, np.int32, np.int64]),
+)
+def test_blocks_give_back_every_document_in_order(tmp_path_factory, docs, block_rows, split, dtype):
+    root = tmp_path_factory.mktemp("prop")
+    write_megatron(str(root / "d"), docs, dtype=dtype, split=split)
+    source = open_source(SourceConfig(name="p", paths=[str(root / "d.bin")], block_rows=block_rows))
+    assert source.num_blocks == -(-len(docs) // block_rows)
+    blocks = [source.read_block(b) for b in range(source.num_blocks)]
+    assert [list(map(int, t)) for b in blocks for t in b.texts] == docs
+    assert [r for b in blocks for r in b.rows] == list(range(len(docs)))
+
+
+def test_a_resume_on_another_world_size_equals_the_plan(tmp_path, plain, corpus_dir, tokenizer_dir):
+    tokenized = _tokenized(plain, make_spec(corpus_dir, tokenizer_dir).tokenizer.tokenizer)
+    root = _write_all(tmp_path / "m", tokenized)
+    sources = _megatron_sources(root, block_rows=7)
+    data = config_from_dict(data_table(corpus_dir, tokenizer_dir, num_lanes=2, sources=sources))
+    config = ZephonDataLoader.Config(data=data, global_batch_size=12)
+
+    def loaders(world, local):
+        build = config.build
+        return [build(dp_world_size=world, dp_rank=r, tokenizer=None, seq_len=64, local_batch_size=local) for r in range(world)]  # fmt: skip
+
+    def run(group, steps, local):
+        its, out = [iter(loader) for loader in group], []
+        for _ in range(steps):
+            for it in its:
+                for _ in range(12 // len(group) // local):
+                    next(it)
+            out.append([d for loader in group for d in loader.last_step.lane_digests])
+        return out
+
+    plan = [
+        digests for _, digests, _ in _ledger(make_spec(corpus_dir, tokenizer_dir, num_lanes=2, sources=sources), 4, 6)
+    ]
+    first = loaders(2, 3)
+    assert run(first, 2, 3) == plan[:2]
+    saved: dict = {}
+    for loader in first:
+        saved.update(loader.state_dict())
+    resumed = loaders(3, 2)
+    for loader in resumed:
+        loader.load_state_dict({k: saved[k] for k in [HEADER_KEY, *map(lane_key, loader.lane_ids)]})
+    assert run(resumed, 2, 2) == plan[2:]
+    # Negative control: another seed's plan differs.
+    other = make_spec(corpus_dir, tokenizer_dir, num_lanes=2, sources=sources, seed=8)
+    assert [d for _, d, _ in _ledger(other, 4, 6)] != plan
+
+
+# ---- broken files: one line each, naming the file, before step 1 ------------------------------------------
+
+
+def _open(path, **kw):
+    return open_source(SourceConfig(name="web", paths=[path], **kw))
+
+
+def _one_line(excinfo, *names):
+    message = str(excinfo.value)
+    assert "\n" not in message
+    for name in names:
+        assert name in message, message
+    return message
+
+
+def test_a_truncated_bin_is_named_at_startup(tmp_path):
+    bin_path, _ = write_megatron(str(tmp_path / "d"), [[1, 2, 3], [4, 5]])
+    with open(bin_path, "r+b") as f:
+        f.truncate(6)
+    with pytest.raises(DataError) as e:
+        _open(bin_path)
+    assert "truncated" in _one_line(e, bin_path, "says the tokens end at byte 10")
+
+
+def test_an_idx_that_disagrees_with_its_bin_is_named(tmp_path):
+    bin_path, idx_path = write_megatron(str(tmp_path / "d"), [[1, 2, 3], [4, 5]])
+    data = bytearray(open(idx_path, "rb").read())
+    with open(idx_path, "wb") as f:  # a size the header does not give
+        f.write(bytes(data) + b"\0" * 8)
+    with pytest.raises(DataError) as e:
+        _open(bin_path)
+    _one_line(e, idx_path, "makes")
+    # The first sequence 2 tokens long, not 3: the last one still ends at the .bin's end (startup's check),
+    # but the second's pointer is not where the first ends.
+    data[34:38] = np.array([2], "<i4").tobytes()
+    with open(idx_path, "wb") as f:
+        f.write(bytes(data))
+    source = _open(bin_path)  # the end agrees (startup's check) ...
+    with pytest.raises(DataError) as e:
+        source.read_block(0)  # ... the pointers do not
+    _one_line(e, idx_path, "not back to back")
+
+
+def test_a_missing_idx_is_named(tmp_path):
+    bin_path, idx_path = write_megatron(str(tmp_path / "d"), [[1, 2]])
+    os.remove(idx_path)
+    with pytest.raises(DataError) as e:
+        _open(bin_path)
+    _one_line(e, bin_path, idx_path)
+
+
+@pytest.mark.parametrize(
+    "offset, value, says",
+    [
+        (0, b"XXIDIDX\x00\x00", "not a Megatron index"),
+        (9, (2).to_bytes(8, "little"), "index version 2"),
+        (17, bytes([6]), "dtype code 6 (float64, not token ids)"),
+        (17, bytes([9]), "dtype code 9 (unknown)"),
+    ],
+)
+def test_a_wrong_header_is_named(tmp_path, offset, value, says):
+    bin_path, idx_path = write_megatron(str(tmp_path / "d"), [[1, 2]])
+    data = bytearray(open(idx_path, "rb").read())
+    data[offset : offset + len(value)] = value
+    open(idx_path, "wb").write(bytes(data))
+    with pytest.raises(DataError) as e:
+        _open(bin_path)
+    _one_line(e, idx_path, says)
+
+
+def test_a_wrong_dtype_that_still_fits_is_caught_by_the_size(tmp_path):
+    """uint16 tokens under an int32 header: the sizes no longer agree with the .bin."""
+    bin_path, idx_path = write_megatron(str(tmp_path / "d"), [[1, 2, 3], [4]])
+    data = bytearray(open(idx_path, "rb").read())
+    data[17] = 4  # int32
+    open(idx_path, "wb").write(bytes(data))
+    with pytest.raises(DataError) as e:
+        _open(bin_path)
+    _one_line(e, bin_path, idx_path)
+
+
+def test_a_token_beyond_the_vocabulary_names_file_and_document(tmp_path, corpus_dir, tokenizer_dir):
+    vocab = make_spec(corpus_dir, tokenizer_dir).tokenizer.vocab_size
+    bin_path, _ = write_megatron(str(tmp_path / "d"), [[1, 2], [3, vocab + 5]], dtype=np.int32)
+    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=1, sources={"web": {"paths": [bin_path]}})
+    with pytest.raises(DataError) as e:
+        LaneStream(spec, 0).take(1)
+    _one_line(e, f"{bin_path} document 1: token id {vocab + 5} is outside the tokenizer's vocabulary")
+
+
+def test_the_fingerprint_names_a_changed_index(tmp_path):
+    bin_path, idx_path = write_megatron(str(tmp_path / "d"), [[1, 2, 3], [4]])
+    before, st = _open(bin_path).fingerprint(), os.stat(bin_path)
+    write_megatron(str(tmp_path / "d"), [[1, 2], [3, 4]])  # the same .bin bytes, other documents
+    os.utime(bin_path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the .bin as it was: only the .idx changed
+    after = _open(bin_path).fingerprint()
+    assert after["layout"] == before["layout"]  # the same sizes and counts ...
+    assert after["mtimes"] != before["mtimes"]  # ... but the .idx was rewritten
+    write_megatron(str(tmp_path / "d"), [[1, 2, 3, 4]])  # one document fewer: a smaller .idx
+    assert _open(bin_path).fingerprint()["layout"] != before["layout"]
+
+
+@pytest.mark.slow  # importing megatron-core takes ~10 s
+def test_the_fixture_writer_is_megatron_cores_layout(tmp_path):
+    """tests/token_files.py writes the bytes megatron-core's IndexedDatasetBuilder writes, megatron-core's
+    IndexedDataset reads them back, and zephon reads megatron-core's own files as the same documents."""
+    indexed = pytest.importorskip("megatron.core.datasets.indexed_dataset", reason="megatron-core is not installed")
+    import torch
+
+    docs = [[1, 2, 3], [], [7], list(range(40, 60)), [65535, 0]]
+    for dtype, split in [(np.uint16, 0), (np.int32, 4)]:
+        ours = str(tmp_path / f"ours_{split}")
+        write_megatron(ours, docs, dtype=dtype, split=split)
+        theirs = str(tmp_path / f"theirs_{split}")
+        builder = indexed.IndexedDatasetBuilder(theirs + ".bin", dtype=dtype)
+        for doc in docs:
+            cuts = range(0, len(doc), split) if split and doc else [0]
+            lengths = [len(doc[at : at + split]) if split else len(doc) for at in cuts]
+            builder.add_document(torch.tensor(doc, dtype=torch.int64), lengths)
+        builder.finalize(theirs + ".idx")
+        for suffix in (".bin", ".idx"):
+            assert open(ours + suffix, "rb").read() == open(theirs + suffix, "rb").read(), (dtype, split, suffix)
+        dataset = indexed.IndexedDataset(ours)
+        bounds = dataset.document_indices
+        read = [[int(t) for s in range(bounds[d], bounds[d + 1]) for t in dataset[s]] for d in range(len(docs))]
+        assert read == docs
+        source = _open(theirs + ".bin", block_rows=2)
+        assert [list(map(int, t)) for b in range(source.num_blocks) for t in source.read_block(b).texts] == docs
