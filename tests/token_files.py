@@ -1,4 +1,4 @@
-"""Writers of token-file fixtures: Megatron indexed datasets (`.bin` + `.idx`).
+"""Writers of token-file fixtures: Megatron indexed datasets (`.bin` + `.idx`) and OLMo token files.
 
 `write_megatron` lays the files out as megatron-core's IndexedDatasetBuilder does (the layout is quoted in
 zephon_titan/engine/sources/megatron.py); tests/unit/test_token_files.py's slow test checks its bytes against
@@ -55,3 +55,17 @@ def write_megatron(
         idx.write(np.asarray(pointers, dtype="<i8").tobytes(order="C"))
         idx.write(np.asarray(doc_indices, dtype="<i8").tobytes(order="C"))
     return prefix + ".bin", prefix + ".idx"
+
+
+def write_olmo(path: str, documents: Sequence[Sequence[int]], eos: int, dtype: type = np.uint16) -> str:
+    """An OLMo token file: the documents' ids, each followed by `eos`, as one flat raw memmap (what
+    OLMo-core's data guide writes with np.memmap, and `dolma tokens` writes)."""
+    ids = [t for doc in documents for t in (*doc, eos)]
+    out = np.memmap(path, mode="w+", dtype=dtype, shape=(len(ids),)) if ids else None
+    if out is None:
+        open(path, "wb").close()
+        return path
+    out[:] = ids
+    out.flush()
+    del out
+    return path

@@ -213,18 +213,19 @@ class SourceConfig:
         rows=True,
         rows_note="the format it resolves to: `auto` and the format it picks are the same rows",
         check=_not_empty('use "auto" or a format name'),
-        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance, megatron",
+        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance, megatron, olmo",
     )
-    """`jsonl`, `parquet`, `lance`, `megatron`, or `auto` (from the file extension; `.lance` for Lance datasets,
-    `.bin` for Megatron indexed datasets: list the `.bin` files, each with its `.idx` beside it)."""
+    """`jsonl`, `parquet`, `lance`, `megatron`, `olmo`, or `auto` (from the file extension; `.lance` for Lance
+    datasets, `.bin` for Megatron indexed datasets: list the `.bin` files, each with its `.idx` beside it;
+    `.npy` for OLMo token files)."""
 
     block_bytes: int = setting(
         1 << 20,
         rows=True,
-        rows_note="JSONL sources only",
+        rows_note="JSONL and OLMo sources only",
         bounds=(1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
     )
-    """JSONL only: size of the byte ranges dealt to lanes."""
+    """JSONL and OLMo token files: size of the byte ranges dealt to lanes."""
 
     block_rows: int = setting(
         1024,
@@ -234,6 +235,28 @@ class SourceConfig:
     )
     """Lance: rows per block (each fragment is cut into blocks of this many rows). Megatron: documents per
     block (each `.bin` is cut into blocks of this many documents)."""
+
+    token_dtype: str = setting(
+        "uint16",
+        rows=True,
+        rows_note="OLMo sources only",
+        choices={
+            "uint8": "",
+            "uint16": "OLMo's choice for vocabularies below 65,536 ids",
+            "uint32": "larger vocabularies (dolma2)",
+            "uint64": "",
+        },
+    )
+    """OLMo only: the integer type of the token files (a raw memmap has no header that says it)."""
+
+    eos_token_id: int = setting(
+        -1,
+        rows=True,
+        rows_note="OLMo sources only",
+        bounds=(-1, (1 << 32) - 1, "a token id"),
+    )
+    """OLMo only: the id that ends each document in the token files (the EOS of the tokenizer that wrote
+    them: 50279 for OLMo's GPT-NeoX tokenizer, 100257 for dolma2); -1, unset, is refused for an OLMo source."""
 
     eval_fraction: float = setting(
         0.0,

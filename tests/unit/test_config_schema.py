@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import LINES, data_table, registered_format, spec_of, with_special_tokens
+from token_files import write_olmo
 
 from zephon_titan.config import DataConfig, PhaseConfig, SourceConfig, config_from_dict, eval_rules, settings
 from zephon_titan.engine import fingerprint
@@ -70,6 +71,11 @@ class Job:
 
     def lance(self, **source) -> dict:
         return self.table(sources={**self.table()["sources"], "code": {"paths": [self.extra["lance"]], **source}})
+
+    def olmo(self, **source) -> dict:
+        """The code source read from an OLMo token file (uint16, documents ending with id 0)."""
+        olmo = {"paths": [self.extra["olmo"]], "eos_token_id": 0, **source}
+        return self.table(sources={**self.table()["sources"], "code": olmo})
 
 
 def _set(table: dict, path: str, value) -> dict:
@@ -160,6 +166,8 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
     "SourceConfig.format": lambda job: _same(job, "sources.prose.format", "lines"),  # a registered format
     "SourceConfig.block_bytes": lambda job: _same(job, "sources.prose.block_bytes", 8192),
     "SourceConfig.block_rows": lambda job: (job.lance(), job.lance(block_rows=7)),
+    "SourceConfig.token_dtype": lambda job: (job.olmo(), job.olmo(token_dtype="uint8")),
+    "SourceConfig.eos_token_id": lambda job: (job.olmo(), job.olmo(eos_token_id=1)),
     "SourceConfig.eval_fraction": lambda job: _same(job, "sources.prose.eval_fraction", 0.2),
     "SourceConfig.index": lambda job: _same(job, "sources.prose.index", job.extra["index"]),
     "PhaseConfig.start_step": lambda job: (job.phased(), _set(job.phased(), "phases.1.start_step", 20)),
@@ -187,6 +195,7 @@ def job(tmp_path_factory, corpus_dir, tokenizer_dir, prose_docs) -> Job:
     # Another tokenizer: the fixture's, with one more special token (as a model repository may declare).
     other = with_special_tokens(tokenizer_dir, str(root / "tokenizer"), ["<|extra|>"])
     extra = {"parquet": parquet, "lance": str(root / "docs.lance"), "tokenizer": other, "index": str(root / "i.json")}
+    extra["olmo"] = write_olmo(str(root / "docs.npy"), ids, eos=0)
     return Job(corpus_dir, tokenizer_dir, extra)
 
 

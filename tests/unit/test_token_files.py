@@ -1,6 +1,7 @@
-"""Megatron indexed datasets (`.bin` + `.idx`) as a source: the documents of a JSONL fixture tokenized with the
-fixture tokenizer and written as token files give byte-equal rows and ledger; a resume on another W equals the
-plan; each broken file is a one-line error naming it before step 1."""
+"""Token files as sources, Megatron indexed datasets (`.bin` + `.idx`) and OLMo token files (`.npy` memmaps):
+the documents of a JSONL fixture tokenized with the fixture tokenizer and written as token files give
+byte-equal rows and ledger; a resume on another W equals the plan; each broken file is a one-line error
+naming it before step 1."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import pytest
 from helpers import data_table, make_spec, rows_digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from token_files import write_megatron
+from token_files import write_megatron, write_olmo
 
 from zephon_titan.config import SourceConfig, config_from_dict
 from zephon_titan.engine import DataError, LaneStream
@@ -42,6 +43,17 @@ def _write_all(root, tokenized, edit=lambda ids: ids, **kw):
     os.makedirs(root, exist_ok=True)
     for name, docs in tokenized.items():
         write_megatron(str(root / name.replace(".jsonl", "")), [edit(list(d)) for d in docs], **kw)
+    return root
+
+
+def _olmo_sources(root, eos, **extra):
+    return {"web": {"paths": [str(root / "*.npy")], "block_bytes": 1 << 30, "eos_token_id": eos, **extra}}
+
+
+def _write_olmo_all(root, tokenized, eos, **kw):
+    os.makedirs(root, exist_ok=True)
+    for name, docs in tokenized.items():
+        write_olmo(str(root / name.replace(".jsonl", ".npy")), docs, eos, **kw)
     return root
 
 
@@ -123,10 +135,16 @@ def test_blocks_give_back_every_document_in_order(tmp_path_factory, docs, block_
     assert [r for b in blocks for r in b.rows] == list(range(len(docs)))
 
 
-def test_a_resume_on_another_world_size_equals_the_plan(tmp_path, plain, corpus_dir, tokenizer_dir):
-    tokenized = _tokenized(plain, make_spec(corpus_dir, tokenizer_dir).tokenizer.tokenizer)
-    root = _write_all(tmp_path / "m", tokenized)
-    sources = _megatron_sources(root, block_rows=7)
+@pytest.mark.parametrize("fmt", ["megatron", "olmo"])
+def test_a_resume_on_another_world_size_equals_the_plan(tmp_path, plain, corpus_dir, tokenizer_dir, fmt):
+    tokenizer = make_spec(corpus_dir, tokenizer_dir).tokenizer
+    tokenized = _tokenized(plain, tokenizer.tokenizer)
+    if fmt == "megatron":
+        sources = _megatron_sources(_write_all(tmp_path / "m", tokenized), block_rows=7)
+    else:
+        sources = _olmo_sources(
+            _write_olmo_all(tmp_path / "o", tokenized, eos := tokenizer.eos_id), eos, block_bytes=4096
+        )
     data = config_from_dict(data_table(corpus_dir, tokenizer_dir, num_lanes=2, sources=sources))
     config = ZephonDataLoader.Config(data=data, global_batch_size=12)
 
@@ -288,3 +306,95 @@ def test_the_fixture_writer_is_megatron_cores_layout(tmp_path):
         assert read == docs
         source = _open(theirs + ".bin", block_rows=2)
         assert [list(map(int, t)) for b in range(source.num_blocks) for t in source.read_block(b).texts] == docs
+
+
+# ---- OLMo token files -------------------------------------------------------------------------------------
+
+
+def test_olmo_rows_and_ledger_equal_the_jsonl_documents(tmp_path, plain, corpus_dir, tokenizer_dir):
+    reference = make_spec(corpus_dir, tokenizer_dir, sources=_plain_sources(plain))
+    tokenized = _tokenized(plain, reference.tokenizer.tokenizer)
+    eos = reference.tokenizer.eos_id
+    want_lanes, want_ledger = _lanes(reference), _ledger(reference)
+    for dtype in (np.uint16, np.uint32):
+        root = _write_olmo_all(tmp_path / dtype.__name__, tokenized, eos, dtype=dtype)
+        spec = make_spec(corpus_dir, tokenizer_dir, sources=_olmo_sources(root, eos, token_dtype=dtype.__name__))
+        assert spec.sources[0].num_blocks == 3
+        assert _lanes(spec) == want_lanes and _ledger(spec) == want_ledger, dtype
+    # Without add_eos the files' own EOS stays: the same rows still (it is the id add_eos would add).
+    no_eos = make_spec(corpus_dir, tokenizer_dir, sources=_plain_sources(plain), add_eos=False)
+    olmo_no_eos = make_spec(corpus_dir, tokenizer_dir, sources=_olmo_sources(root, eos, token_dtype="uint32"), add_eos=False)  # fmt: skip
+    assert _ledger(olmo_no_eos) == _ledger(reference) != _ledger(no_eos)
+    # Negative control: one token changed, in the document lane 0's first row starts with, differs.
+    piece = LaneStream(spec, 0).take(1)[0].pieces[0]
+    name = os.path.basename(piece.file).replace(".npy", ".jsonl")
+    ids = np.fromfile(piece.file, dtype=np.uint32)
+    ids[piece.row + piece.doc_offset] = (ids[piece.row + piece.doc_offset] + 1) % 100
+    ids.tofile(piece.file)
+    spec = make_spec(corpus_dir, tokenizer_dir, sources=_olmo_sources(root, eos, token_dtype="uint32"))
+    assert _ledger(spec) != want_ledger and name in tokenized
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lengths=st.lists(st.integers(0, 1500), max_size=8),
+    block_bytes=st.integers(1024, 3000),
+    dtype=st.sampled_from([np.uint16, np.uint32]),
+    unterminated=st.booleans(),
+)
+def test_olmo_blocks_give_back_every_document_in_order(tmp_path_factory, lengths, block_bytes, dtype, unterminated):
+    """Every document exactly once, at its token offset, whatever the block size cuts (the last one may
+    lack its EOS: it ends at the file's end)."""
+    eos = 7
+    docs = [[8 + (i + j) % 50 for j in range(n)] for i, n in enumerate(lengths)]
+    path = write_olmo(str(tmp_path_factory.mktemp("olmo") / "d.npy"), docs, eos, dtype=dtype)
+    want = [[*d, eos] for d in docs]
+    if unterminated and want and len(want[-1]) > 1:
+        want[-1] = want[-1][:-1]
+        np.fromfile(path, dtype=dtype)[:-1].tofile(path)
+    source = _open(path, format="olmo", eos_token_id=eos, block_bytes=block_bytes, token_dtype=dtype.__name__)
+    blocks = [source.read_block(b) for b in range(source.num_blocks)]
+    assert [list(map(int, t)) for b in blocks for t in b.texts] == want
+    offsets = [sum(map(len, want[:i])) for i in range(len(want))]
+    assert [r for b in blocks for r in b.rows] == offsets
+
+
+def test_olmo_mistakes_are_one_line_naming_the_file(tmp_path, corpus_dir, tokenizer_dir):
+    from zephon_titan.errors import ConfigError
+
+    path = write_olmo(str(tmp_path / "d.npy"), [[1, 2, 3], [4]], eos=0)
+    with pytest.raises(ConfigError) as e:
+        _open(path)  # no eos_token_id
+    _one_line(e, "[dataloader.sources.web] OLMo token files need eos_token_id")
+    with open(path, "r+b") as f:  # truncated mid-token
+        f.truncate(os.path.getsize(path) - 1)
+    with pytest.raises(DataError) as e:
+        _open(path, eos_token_id=0)
+    _one_line(e, path, "not a whole number of uint16 tokens")
+    np.save(str(tmp_path / "real.npy"), np.array([1, 2, 0], dtype=np.uint16))  # a real .npy, with its header
+    with pytest.raises(DataError) as e:
+        _open(str(tmp_path / "real.npy"), eos_token_id=0)
+    _one_line(e, "real.npy: a NumPy .npy file with a header")
+    # A wrong EOS id: no document end for longer than a document may be.
+    long = write_olmo(str(tmp_path / "long.npy"), [list(range(1, 3000))], eos=0)
+    config = SourceConfig(name="web", paths=[long], eos_token_id=9999, block_bytes=1024)
+    source = open_source(config, max_document_chars=2000)
+    with pytest.raises(DataError) as e:
+        source.read_block(0)
+    _one_line(e, long, "no document end (eos_token_id 9999)")
+
+
+def test_olmo_token_beyond_the_vocabulary_and_a_wrong_dtype_name_the_file(tmp_path, corpus_dir, tokenizer_dir):
+    tokenizer = make_spec(corpus_dir, tokenizer_dir).tokenizer
+    vocab, eos = tokenizer.vocab_size, tokenizer.eos_id
+    path = write_olmo(str(tmp_path / "d.npy"), [[1, 2], [3, vocab + 5]], eos, dtype=np.uint32)
+    sources = {"web": {"paths": [path], "eos_token_id": eos, "token_dtype": "uint32"}}
+    with pytest.raises(DataError) as e:
+        LaneStream(make_spec(corpus_dir, tokenizer_dir, num_lanes=1, sources=sources), 0).take(1)
+    _one_line(e, f"{path} token offset 3: token id {vocab + 5} is outside the tokenizer's vocabulary")
+    # uint16 ids read as uint32: pairs of ids make ids far beyond the vocabulary.
+    path = write_olmo(str(tmp_path / "u16.npy"), [[5, 6, 7, 8, 9]], eos, dtype=np.uint16)
+    sources = {"web": {"paths": [path], "eos_token_id": eos, "token_dtype": "uint32"}}
+    with pytest.raises(DataError) as e:
+        LaneStream(make_spec(corpus_dir, tokenizer_dir, num_lanes=1, sources=sources), 0).take(1)
+    _one_line(e, path, "outside the tokenizer's vocabulary")

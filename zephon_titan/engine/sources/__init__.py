@@ -10,6 +10,7 @@ from zephon_titan.engine.sources.index import read_index, save_index_after_first
 from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
 from zephon_titan.engine.sources.lance import LANCE
 from zephon_titan.engine.sources.megatron import MEGATRON
+from zephon_titan.engine.sources.olmo import OLMO
 from zephon_titan.engine.sources.parquet import PARQUET, ParquetSource
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.errors import ConfigError
@@ -18,6 +19,7 @@ register_format(JSONL)
 register_format(PARQUET)
 register_format(LANCE)
 register_format(MEGATRON)
+register_format(OLMO)
 
 
 def open_source(

@@ -83,24 +83,14 @@ class IdxLayout:
         return self.doc_indices_at + 8 * (self.documents + 1)
 
 
-def _read_at(handle: pa.NativeFile, path: str, start: int, length: int, what: str) -> bytes:
-    try:
-        data: bytes = handle.read_at(length, start)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read {what} at byte {start:,} ({e})") from None
-    if len(data) != length:
-        raise DataError(f"{path}: {what} at byte {start:,} is cut short (the file is truncated); {_REWRITE}")
-    return data
-
-
 def _array(handle: pa.NativeFile, path: str, start: int, count: int, dtype: str, what: str) -> np.ndarray:
     size = np.dtype(dtype).itemsize
-    return np.frombuffer(_read_at(handle, path, start, count * size, what), dtype=dtype)
+    return np.frombuffer(storage.read_range(handle, path, start, count * size, what), dtype=dtype)
 
 
 def read_layout(handle: pa.NativeFile, path: str, size: int) -> IdxLayout:
     """The header of an `.idx` of `size` bytes, checked (magic, version, dtype, the size it implies)."""
-    head = _read_at(handle, path, 0, min(size, HEADER.size), "the header")
+    head = storage.read_range(handle, path, 0, min(size, HEADER.size), "the header")
     if len(head) < HEADER.size or head[: len(MAGIC)] != MAGIC:
         raise DataError(f"{path}: not a Megatron index (no MMIDIDX header); {_REWRITE}")
     _, version, code, sequences, doc_indices = HEADER.unpack(head)
@@ -217,7 +207,7 @@ class MegatronSource(Source):
     def _tokens(self, f: FileBlocks, start: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
         handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
         self.check_unchanged(f, handle)
-        data = _read_at(handle, f.path, start, count * dtype.itemsize, "tokens")
+        data = storage.read_range(handle, f.path, start, count * dtype.itemsize, "tokens")
         return np.frombuffer(data, dtype=dtype)
 
 

@@ -254,6 +254,19 @@ def _open_local(path: str) -> pa.NativeFile:
         os.close(fd)
 
 
+def read_range(handle: pa.NativeFile, path: str, start: int, length: int, what: str) -> bytes:
+    """`length` bytes at `start` of an open file, all of them or a DataError naming `what` was read."""
+    try:
+        data: bytes = handle.read_at(length, start)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read {what} at byte {start:,} ({e})") from None
+    if len(data) != length:
+        raise DataError(
+            f"{path}: {what} at byte {start:,} is cut short: the file is truncated, or changed since listed"
+        )
+    return data
+
+
 def current_version(path: str, handle: pa.NativeFile) -> tuple[int, int | None]:
     """(size, mtime_ns or None) of a file now. Locally one stat (the handle caches its size);
     on object storage the size the open request saw (objects are replaced whole)."""

@@ -1,0 +1,163 @@
+"""OLMo token files: the flat arrays of token ids OLMo and OLMo-core train from (`dolma tokens` writes them;
+`*.npy` by name, but raw `np.memmap`s without a NumPy header). Every document ends with the EOS id it was
+written with (OLMo-core: "these arrays should include all special tokens already -- such as EOS"), set as
+`eos_token_id`; the integer type is `token_dtype` (a raw memmap does not say it).
+
+Blocks follow JSONL's rule, in tokens: block b of a file holds the documents that *start* in tokens
+[b*T, (b+1)*T) (T = block_bytes / the token size; a document starts at token 0 or right after an EOS).
+The block count is known from the file size alone, so startup reads only each file's first bytes (to refuse
+a real `.npy`, whose header would be read as tokens), and a block reads its byte range plus the tail of the
+document crossing its end. No tokenization: a document is its ids, its own EOS included; BOS/EOS are added
+as configured and never doubled (Source.specials_in_tokens). Rows are the token offsets of the documents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.engine.sources import storage
+from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
+from zephon_titan.engine.sources.columns import TokenLists
+from zephon_titan.engine.sources.formats import Format
+from zephon_titan.engine.sources.storage import FileStat, StorageOptions
+from zephon_titan.errors import ConfigError, DataError
+
+NUMPY_MAGIC = b"\x93NUMPY"
+# The document crossing a block's end is completed in reads of this many tokens.
+TAIL_READ_TOKENS = 64 << 10
+
+
+def tokens_per_block(block_bytes: int, dtype: np.dtype[Any]) -> int:
+    return max(1, block_bytes // dtype.itemsize)
+
+
+def num_blocks(size: int, block_bytes: int, dtype: np.dtype[Any]) -> int:
+    return -(-(size // dtype.itemsize) // tokens_per_block(block_bytes, dtype))
+
+
+class OlmoSource(Source):
+    format_name = "olmo"
+    row_unit = "token offset"
+    specials_in_tokens = True
+
+    def __init__(
+        self,
+        name: str,
+        files: Listing,
+        block_bytes: int,
+        token_dtype: str,
+        eos_token_id: int,
+        max_document_chars: int,
+        storage_options: StorageOptions = StorageOptions(),
+    ):
+        self.block_bytes = block_bytes
+        self.token_dtype = token_dtype
+        self.dtype = np.dtype(token_dtype).newbyteorder("<")
+        self.eos = eos_token_id
+        super().__init__(name, files, "", max_document_chars, storage_options)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "block_bytes": self.block_bytes,
+            "token_dtype": self.token_dtype,
+            "eos_token_id": self.eos,
+        }
+
+    def _scan(self, file: FileStat) -> FileBlocks:
+        if file.size % self.dtype.itemsize:
+            raise DataError(
+                f"{file.path}: {file.size:,} bytes is not a whole number of {self.token_dtype} tokens (a truncated "
+                f"file, or another token_dtype); set token_dtype for source {self.name!r} or re-tokenize the file"
+            )
+        if file.size:
+            handle = storage.open_input_file(file.path, (file.size, file.mtime_ns), self.storage_options)
+            if (
+                storage.read_range(handle, file.path, 0, min(file.size, len(NUMPY_MAGIC)), "the first bytes")
+                == NUMPY_MAGIC
+            ):
+                raise DataError(
+                    f"{file.path}: a NumPy .npy file with a header, not an OLMo token file (a raw np.memmap of "
+                    f"token ids); write the ids with np.memmap, or load it and save arr.tofile()"
+                )
+        return FileBlocks(file.path, file.size, file.mtime_ns, num_blocks(file.size, self.block_bytes, self.dtype))
+
+    def _read(self, file_index: int, local_block: int) -> BlockDocuments:
+        f = self.files[file_index]
+        tokens, first = self._block_tokens(f, local_block)
+        ends = np.flatnonzero(tokens == self.eos) + 1  # each document ends after its EOS ...
+        inner = ends[ends < len(tokens)]  # ... or, the last one, at the file's end
+        offsets = np.concatenate([[0], inner, [len(tokens)]]) if len(tokens) else np.zeros(1, dtype=np.int64)
+        return BlockDocuments(f.path, TokenLists(tokens, offsets), (first + offsets[:-1]).tolist())
+
+    def _block_tokens(self, f: FileBlocks, block: int) -> tuple[np.ndarray, int]:
+        """The tokens of the documents starting in `block`, from the first one's start to the last one's end
+        (its EOS, or the file's end), and the token offset of the first. Reads the block's range (and the
+        token before it, to know whether a document starts at its first token), then the tail of the last
+        document, never the whole file."""
+        handle = storage.open_input_file(f.path, (f.size, f.mtime_ns), self.storage_options)
+        self.check_unchanged(f, handle)
+        n, per_block = f.size // self.dtype.itemsize, tokens_per_block(self.block_bytes, self.dtype)
+        start = block * per_block
+        end = min(start + per_block, n)
+        first = max(start - 1, 0)
+        data = self._tokens(handle, f, first, end)
+        if start > 0:  # the document holding token start-1 belongs to an earlier block
+            ends = np.flatnonzero(data == self.eos)
+            if not len(ends) or first + ends[0] + 1 >= end:
+                return data[:0], start  # no document starts in this block
+            data, first = data[ends[0] + 1 :], first + int(ends[0]) + 1
+        if not len(data) or data[-1] == self.eos or end == n:
+            return data, first
+        inside = np.flatnonzero(data == self.eos)
+        last_start = first + (int(inside[-1]) + 1 if len(inside) else 0)
+        tail, pos = [data], end
+        while pos < n:
+            more = self._tokens(handle, f, pos, min(pos + TAIL_READ_TOKENS, n))
+            hit = np.flatnonzero(more == self.eos)
+            tail.append(more[: hit[0] + 1] if len(hit) else more)
+            pos += len(more)
+            if len(hit):
+                break
+            if pos - last_start > self.max_document_chars:  # stop: the rest of the file may be gigabytes
+                raise DataError(
+                    f"{f.path} token offset {last_start:,}: no document end (eos_token_id {self.eos}) in "
+                    f"{pos - last_start:,} tokens, more than [dataloader] max_document_chars = "
+                    f"{self.max_document_chars:,}; is eos_token_id (or token_dtype) the one the file was written with?"
+                )
+        return np.concatenate(tail), first
+
+    def _tokens(self, handle: pa.NativeFile, f: FileBlocks, start: int, end: int) -> np.ndarray:
+        size = self.dtype.itemsize
+        data = storage.read_range(handle, f.path, start * size, (end - start) * size, "tokens")
+        return np.frombuffer(data, dtype=self.dtype)
+
+
+def _open(source: SourceConfig, files: Listing, max_chars: int, options: StorageOptions) -> OlmoSource:
+    if source.eos_token_id < 0:
+        raise ConfigError(
+            f"[dataloader.sources.{source.name}] OLMo token files need eos_token_id, the id that ends each "
+            "document in them (the EOS of the tokenizer that wrote them: 50279 for OLMo's GPT-NeoX tokenizer, "
+            "100257 for dolma2)"
+        )
+    return OlmoSource(
+        source.name, files, source.block_bytes, source.token_dtype, source.eos_token_id, max_chars, options
+    )
+
+
+def _check_record(f: FileBlocks, source: SourceConfig) -> str:
+    dtype = np.dtype(source.token_dtype)
+    expected = num_blocks(f.size, source.block_bytes, dtype)
+    if f.num_blocks != expected:
+        return (
+            f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of {source.token_dtype} tokens in blocks of "
+            f"{source.block_bytes:,} bytes make {expected}"
+        )
+    return "block_rows must be empty for OLMo token files (their blocks are byte ranges)" if f.block_rows else ""
+
+
+OLMO = Format(name="olmo", extensions=(".npy",), open=_open, check_record=_check_record)
