@@ -51,15 +51,11 @@ def plain(tmp_path_factory, prose_docs):
     return root
 
 
-@pytest.fixture(scope="session")
-def s3(tmp_path_factory):
-    """A real S3-compatible server (moto, server mode) on loopback, with this process pointed at it
-    through the usual AWS environment variables (as a job on a cluster would be)."""
-    from s3server import S3Server
-
+def _serving(server):
+    """Point this process at `server` through its provider's usual environment variables (as a job on
+    a cluster would be) while the session lasts; then restore them and stop it."""
     from zephon_titan.engine.sources import storage
 
-    server = S3Server(str(tmp_path_factory.mktemp("s3")))
     saved = {k: os.environ.get(k) for k in server.env}
     os.environ.update(server.env)
     storage._filesystem.cache_clear()
@@ -74,6 +70,29 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    """A real S3-compatible server (moto, server mode) on loopback."""
+    from s3server import S3Server
+
+    yield from _serving(S3Server(str(tmp_path_factory.mktemp("s3"))))
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+    """A real GCS emulator (gcp-storage-emulator) on loopback, reached through STORAGE_EMULATOR_HOST."""
+    pytest.importorskip("gcp_storage_emulator", reason="gcp-storage-emulator is not installed (the test extra)")
+    from gcsserver import GcsServer
+
+    yield from _serving(GcsServer(str(tmp_path_factory.mktemp("gcs"))))
+
+
+@pytest.fixture(scope="session")
 def s3_corpus(s3, corpus_dir) -> str:
     """The test corpus (prose JSONL + code Parquet) uploaded to the bucket; its s3:// URI."""
     return s3.upload(corpus_dir, "corpus")
+
+
+@pytest.fixture(scope="session")
+def gcs_corpus(gcs, corpus_dir) -> str:
+    """The test corpus uploaded to the GCS emulator's bucket; its gs:// URI."""
+    return gcs.upload(corpus_dir, "corpus")

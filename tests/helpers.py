@@ -242,3 +242,24 @@ def read_validation_entries(path: str) -> list[dict]:
     from zephon_titan.engine.jsonl_log import read_entries
 
     return read_entries(path, VALIDATION_RECORD)[0]
+
+
+def assert_same_files_and_blocks(remote, local, what: str = "") -> None:
+    """Two opened sources (object storage, local disk) list the same file names, sizes and block counts
+    and read the same texts and rows in every block."""
+    assert remote.num_blocks == local.num_blocks > 3
+    assert [(os.path.basename(f.path), f.size, f.num_blocks) for f in remote.files] == [
+        (os.path.basename(f.path), f.size, f.num_blocks) for f in local.files
+    ]
+    for block in range(local.num_blocks):
+        mine, theirs = remote.read_block(block), local.read_block(block)
+        assert (mine.texts, mine.rows) == (theirs.texts, theirs.rows), f"{what} block {block}"
+
+
+def assert_same_lane_rows(local, remote, other_seed, lanes=(0, 5), rows: int = 25) -> None:
+    """The lanes of `remote` (the same documents elsewhere) give the rows of `local`; those of
+    `other_seed` differ (the comparison can fail)."""
+    for lane in lanes:
+        expected = rows_digest(LaneStream(local, lane).take(rows))
+        assert rows_digest(LaneStream(remote, lane).take(rows)) == expected
+        assert rows_digest(LaneStream(other_seed, lane).take(rows)) != expected

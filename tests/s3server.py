@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
-BUCKET = "zephon-test"
+from objectserver import BUCKET, ObjectServer
+
+__all__ = ["BUCKET", "S3Server"]
 
 
 class _RequestLog:
@@ -69,48 +67,17 @@ def main() -> None:
     server.serve_forever()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class S3Server:
+class S3Server(ObjectServer):
     """moto in server mode on 127.0.0.1, with one bucket (`BUCKET`)."""
 
-    def __init__(self, workdir: str, latency_ms: float = 0.0):
-        self.port = _free_port()
-        self.log_path = os.path.join(workdir, f"s3_requests_{self.port}.jsonl")
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                os.path.abspath(__file__),
-                "--port",
-                str(self.port),
-                "--log",
-                self.log_path,
-                "--latency-ms",
-                str(latency_ms),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        if self.proc.stdout.readline().strip() != "ready":
-            self.proc.kill()
-            raise RuntimeError("the moto S3 server did not start")
-        self._wait_until_serving()
-        self.filesystem(allow_bucket_creation=True).create_dir(BUCKET)
+    scheme = "s3"
+    health_path = "/moto-api/"
 
-    def _wait_until_serving(self) -> None:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1)
-                return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"the moto S3 server at {self.endpoint} does not answer")
+    def __init__(self, workdir: str, latency_ms: float = 0.0):
+        super().__init__(os.path.abspath(__file__), workdir, "--latency-ms", str(latency_ms))
+
+    def create_bucket(self) -> None:
+        self.filesystem(allow_bucket_creation=True).create_dir(BUCKET)
 
     @property
     def env(self) -> dict[str, str]:
@@ -133,33 +100,6 @@ class S3Server:
             scheme="http",
             **options,
         )
-
-    def upload(self, local_dir: str, prefix: str) -> str:
-        """Copy a local directory tree to s3://BUCKET/prefix; returns that URI."""
-        from pyarrow import fs
-
-        fs.copy_files(
-            local_dir,
-            f"{BUCKET}/{prefix}",
-            source_filesystem=fs.LocalFileSystem(),
-            destination_filesystem=self.filesystem(),
-        )
-        return f"s3://{BUCKET}/{prefix}"
-
-    def requests(self) -> list[dict]:
-        """The requests served so far (since the last clear_requests)."""
-        if not os.path.exists(self.log_path):
-            return []
-        with open(self.log_path) as f:
-            return [json.loads(line) for line in f]
-
-    def clear_requests(self) -> None:
-        open(self.log_path, "w").close()
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-        self.proc.stdout.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,73 @@
+"""The real trainer moving its data from local disk to a GCS bucket (the gcp-storage-emulator on loopback)
+at a resume: save on 2 ranks reading local files, resume on 4 reading only the bucket (told with
+`resume_allow`), every global batch equal to the offline plan of the local documents."""
+
+import os
+import shutil
+
+import pytest
+from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, torchrun
+
+from zephon_titan.engine.sources.jsonl import TAIL_READ_BYTES
+
+# Slow tier (two torchrun jobs; the reads themselves: unit/test_cloud_storage.py).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STEPS = 4
+BLOCK_BYTES = 32768  # prose block_bytes in configs/debug_cpu.toml
+
+
+def _job(job, name, text):
+    with open(os.path.join(job, name), "w") as f:
+        f.write(text)
+    return name
+
+
+def train(job, config, run, nproc):
+    args = ["--job.config_file", config, "--dump_folder", run, "--training.steps", str(STEPS)]
+    output = check(torchrun(job, "zephon_titan.train_cpu", nproc, [*args, "--metrics.disable_color_printing"]))
+    return ledger(os.path.join(job, run, "checkpoint", "ledger.jsonl")), output.stdout + output.stderr
+
+
+@pytest.mark.parametrize("cloud", ["gcs"])
+def test_save_on_local_disk_resume_on_4_ranks_from_the_bucket(request, cloud, workdir, tmp_path, monkeypatch):
+    server = request.getfixturevalue(cloud)
+    for name in ("code", "prose"):
+        server.upload(os.path.join(workdir, "demo_out", name), f"moved/{name}")
+    job = str(tmp_path)
+    shutil.copytree(os.path.join(workdir, "demo_out"), os.path.join(job, "demo_out"))
+    text = open(CPU_CONFIG).read()
+    local = _job(job, "local.toml", text)
+    for name, ext in (("code", "parquet"), ("prose", "jsonl")):
+        here = f'paths = ["demo_out/{name}/*.{ext}"]'
+        assert here in text
+        text = text.replace(here, f'paths = ["{server.scheme}://zephon-test/moved/{name}/*.{ext}"]')
+    refused = _job(job, "bucket_refused.toml", text)
+    # Uploaded objects have the same names, sizes and blocks, and new modification times.
+    moved = _job(job, "bucket.toml", text.replace("seed = 2026", 'seed = 2026\nresume_allow = ["locations", "mtimes"]'))
+
+    saved, _ = train(job, local, "runs/local_w2", 2)
+    copy_checkpoint(job, "runs/local_w2", 2, "runs/refused")
+    out = torchrun(
+        job,
+        "zephon_titan.train_cpu",
+        4,
+        ["--job.config_file", refused, "--dump_folder", "runs/refused", "--training.steps", str(STEPS)],
+    )
+    assert out.returncode != 0 and "locations" in out.stdout + out.stderr  # a move is refused unless allowed
+    copy_checkpoint(job, "runs/local_w2", 2, "runs/bucket_w4")
+    server.clear_requests()
+    resumed, _ = train(job, moved, "runs/bucket_w4", 4)
+    ranged = [r for r in server.requests() if r["method"] == "GET" and r["range"]]
+    assert ranged, "the resumed run did not read the bucket"
+    assert max(r["bytes"] for r in ranged) <= BLOCK_BYTES + 1 + TAIL_READ_BYTES  # about one block a request
+
+    monkeypatch.chdir(workdir)
+    from zephon_titan.plan import plan_ledger
+
+    planned = {e.step: e.sha256 for e in plan_ledger(CPU_CONFIG, STEPS)}
+    assert saved == planned
+    assert resumed == planned  # steps 1-2 from local disk on 2 ranks, 3-4 from the bucket on 4
+    other_seed = os.path.join(job, "other_seed.toml")
+    with open(other_seed, "w") as f:
+        f.write(open(CPU_CONFIG).read().replace("seed = 2026", "seed = 2027"))
+    assert {e.step: e.sha256 for e in plan_ledger(other_seed, 1)}[1] != planned[1]  # the comparison can fail

@@ -1,0 +1,182 @@
+"""GCS (and the other clouds) tested like S3 (tests/unit/test_object_storage.py): sources read from a real
+emulator on loopback (gcp-storage-emulator for gs://), reached through the provider's usual environment
+variable, with every request logged so the tests see what a reader asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from urllib.parse import unquote
+
+import pytest
+from helpers import assert_same_files_and_blocks, assert_same_lane_rows, make_spec, rows_digest
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.engine import LaneStream
+from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
+from zephon_titan.engine.sources import open_source, storage
+from zephon_titan.engine.sources.base import expand_paths
+from zephon_titan.engine.sources.jsonl import TAIL_READ_BYTES
+from zephon_titan.engine.sources.parquet import _open as open_parquet
+from zephon_titan.errors import ConfigError, ResumeError
+
+SOURCES = {"prose": ("*.jsonl", {"block_bytes": 16384}), "code": ("*.parquet", {})}
+
+
+class Gcs:
+    """How the GCS JSON API names what a reader does, in the emulator's request log."""
+
+    fixture, corpus = "gcs", "gcs_corpus"
+    streams_per_open = 1
+
+    @staticmethod
+    def reads(requests, suffix=""):
+        """Object-body GETs (`alt=media`), of objects whose name ends with `suffix`."""
+        return [r for r in requests if "alt=media" in r["query"] and unquote(r["key"]).endswith(suffix)]
+
+    @staticmethod
+    def listings(requests):
+        return [r for r in requests if r["key"].endswith("/o") and "prefix=" in r["query"]]
+
+    @staticmethod
+    def writes(requests):
+        return {unquote(r["query"].split("name=", 1)[1].split("&", 1)[0]) for r in requests if "/upload/" in r["key"]}
+
+
+CLOUDS = [Gcs]
+
+
+@pytest.fixture(params=CLOUDS, ids=lambda c: c.fixture)
+def cloud(request):
+    """(provider, its server, the test corpus's URI there)."""
+    provider = request.param
+    return provider, request.getfixturevalue(provider.fixture), request.getfixturevalue(provider.corpus)
+
+
+def _forget_open_files():
+    """What a fresh process starts with: no cached file handle or Parquet footer."""
+    open_parquet.cache_clear()
+    storage.open_input_file.cache_clear()
+
+
+def _sources(root):
+    return {name: {"paths": [f"{root}/{name}/{pattern}"], **options} for name, (pattern, options) in SOURCES.items()}
+
+
+def test_every_block_in_the_bucket_equals_the_same_block_on_disk(cloud, corpus_dir):
+    _, _, uri = cloud
+    for name, (pattern, options) in SOURCES.items():
+        local = open_source(SourceConfig(name=name, paths=[f"{corpus_dir}/{name}/{pattern}"], **options))
+        remote = open_source(SourceConfig(name=name, paths=[f"{uri}/{name}/{pattern}"], **options))
+        assert_same_files_and_blocks(remote, local, name)
+
+
+def test_a_move_from_disk_to_the_bucket_needs_resume_allow(cloud, corpus_dir, tokenizer_dir):
+    _, _, uri = cloud
+    local = make_spec(corpus_dir, tokenizer_dir, sources=_sources(corpus_dir))
+    remote = make_spec(corpus_dir, tokenizer_dir, sources=_sources(uri))
+    # Uploaded objects keep names, sizes and blocks but get new modification times.
+    with pytest.raises(ResumeError, match=r"locations.code: .*mtimes.prose: "):
+        check_fingerprint(fingerprint(local), fingerprint(remote))
+    check_fingerprint(fingerprint(local), fingerprint(remote), allow=["locations", "mtimes"])
+
+
+def test_lane_rows_from_the_bucket_equal_the_rows_from_disk(cloud, corpus_dir, tokenizer_dir):
+    _, _, uri = cloud
+    local = make_spec(corpus_dir, tokenizer_dir, sources=_sources(corpus_dir))
+    remote = make_spec(corpus_dir, tokenizer_dir, sources=_sources(uri))
+    other_seed = make_spec(corpus_dir, tokenizer_dir, sources=_sources(uri), seed=8)
+    assert_same_lane_rows(local, remote, other_seed)
+
+
+def test_a_block_is_read_with_range_requests_from_its_offset(cloud, tmp_path, prose_docs):
+    provider, server, _ = cloud
+    data = tmp_path / "big"
+    data.mkdir()
+    lines = [json.dumps({"text": prose_docs[i % len(prose_docs)][:3000]}) + "\n" for i in range(600)]
+    (data / "big.jsonl").write_text("".join(lines))
+    uri = server.upload(str(data), "big_jsonl")
+    block_bytes = 64 << 10
+    remote = open_source(SourceConfig(name="big", paths=[f"{uri}/*.jsonl"], block_bytes=block_bytes))
+    local = open_source(SourceConfig(name="big", paths=[str(data / "big.jsonl")], block_bytes=block_bytes))
+    assert remote.num_blocks > 10
+    for block in (3, remote.num_blocks - 1):
+        _forget_open_files()  # a fresh process: the open, then the block
+        server.clear_requests()
+        assert remote.read_block(block).texts == local.read_block(block).texts
+        reads = provider.reads(server.requests(), "big.jsonl")
+        ranged = [r for r in reads if r["range"]]
+        # pyarrow's GCS client opens an object with a stream from byte 0 that it never reads from
+        # (ReadAt asks for ranges); one per file and process, counted apart.
+        assert len(reads) - len(ranged) == provider.streams_per_open, reads
+        starts = [int(r["range"].removeprefix("bytes=").split("-")[0]) for r in ranged]
+        assert ranged and min(starts) >= block * block_bytes - 1  # from the block (and the byte before it)
+        assert sum(r["bytes"] for r in ranged) <= block_bytes + 1 + TAIL_READ_BYTES
+    # Negative control: the log sees a whole-object read for what it is.
+    server.clear_requests()
+    storage.read_bytes(f"{uri}/big.jsonl")
+    assert [r["range"] for r in provider.reads(server.requests(), "big.jsonl")] == [None]
+
+
+def test_with_an_index_startup_reads_one_object_per_source(cloud, corpus_dir, tokenizer_dir):
+    provider, server, uri = cloud
+    bucket = uri.rsplit("/", 1)[0]
+    sources = {name: {**source, "index": f"{bucket}/indexes/{name}.json"} for name, source in _sources(uri).items()}
+    _forget_open_files()
+    server.clear_requests()
+    listed = make_spec(corpus_dir, tokenizer_dir, sources=sources)  # no index yet: lists, reads footers, writes it
+    first = server.requests()
+    assert len(provider.listings(first)) >= 2
+    assert provider.writes(first) == {"indexes/code.json", "indexes/prose.json"}
+    _forget_open_files()
+    server.clear_requests()
+    indexed = make_spec(corpus_dir, tokenizer_dir, sources=sources)
+    again = server.requests()
+    assert provider.listings(again) == [] and provider.reads(again, ".parquet") == []  # no listing, no footer
+    assert sorted(unquote(r["key"]).rsplit("/", 1)[1] for r in provider.reads(again)) == ["code.json", "prose.json"]
+    assert fingerprint(indexed) == fingerprint(listed)
+    for lane in (0, 3):
+        assert rows_digest(LaneStream(indexed, lane).take(20)) == rows_digest(LaneStream(listed, lane).take(20))
+
+
+def test_a_missing_bucket_is_one_line_naming_the_url_and_the_emulator(cloud):
+    provider, server, _ = cloud
+    scheme = server.scheme
+    with pytest.raises(ConfigError) as error:
+        expand_paths("s", [f"{scheme}://no-such-bucket/x/*.jsonl"])
+    message = str(error.value)
+    assert "\n" not in message and f"cannot list '{scheme}://no-such-bucket/x/*.jsonl': " in message, message
+    assert "bucket 'no-such-bucket' does not exist" in message and server.endpoint in message, message
+
+
+_WRONG_KEY = "-----BEGIN PRIVATE KEY-----\\nZEPHONSECRETKEYMATERIAL\\n-----END PRIVATE KEY-----\\n"
+
+
+def test_wrong_gcs_credentials_are_one_line_that_does_not_show_them(tmp_path, corpus_dir):
+    """Application default credentials from GOOGLE_APPLICATION_CREDENTIALS (no emulator): a key that does
+    not parse is refused before any request, in one line naming the URL and where credentials come from."""
+    key = tmp_path / "key.json"
+    key.write_text(
+        '{"type": "service_account", "client_email": "x@y.iam.gserviceaccount.com", '
+        f'"private_key": "{_WRONG_KEY}", "token_uri": "http://127.0.0.1:9/token"}}'
+    )
+    code = (
+        "from zephon_titan.engine.sources.base import expand_paths\n"
+        "from zephon_titan.errors import ConfigError\n"
+        "try:\n    expand_paths('s', ['gs://zephon-test/corpus/*.jsonl'])\n"
+        "except ConfigError as e:\n    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "GOOGLE_APPLICATION_CREDENTIALS": str(key)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "cannot list 'gs://zephon-test/corpus/*.jsonl'" in lines[0]
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in lines[0] and "ZEPHONSECRET" not in lines[0]
