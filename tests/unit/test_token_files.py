@@ -398,3 +398,47 @@ def test_olmo_token_beyond_the_vocabulary_and_a_wrong_dtype_name_the_file(tmp_pa
     with pytest.raises(DataError) as e:
         LaneStream(make_spec(corpus_dir, tokenizer_dir, num_lanes=1, sources=sources), 0).take(1)
     _one_line(e, path, "outside the tokenizer's vocabulary")
+
+
+# ---- object storage ----------------------------------------------------------------------------------------
+
+
+def test_token_files_in_the_bucket_equal_them_on_disk_read_by_ranges(s3, tmp_path, corpus_dir, tokenizer_dir):
+    """Megatron and OLMo files uploaded to S3 (moto): the same blocks, rows and fingerprint but for where the
+    files are; a block costs range requests only (its .idx slices and one .bin range; its byte range and
+    tail), never a whole object."""
+    from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
+    from zephon_titan.engine.sources import storage
+    from zephon_titan.errors import ResumeError
+
+    eos = make_spec(corpus_dir, tokenizer_dir).tokenizer.eos_id
+    docs = [[1 + (i * 7 + j) % 300 for j in range(5 + (i * 37) % 400)] for i in range(1500)]
+    local_dir = tmp_path / "tok"
+    local_dir.mkdir()
+    write_megatron(str(local_dir / "m"), docs)
+    write_olmo(str(local_dir / "o.npy"), docs, eos)
+    uri = s3.upload(str(local_dir), "tokfiles")
+    cases = {
+        "m.bin": {"block_rows": 16},
+        "o.npy": {"eos_token_id": eos, "block_bytes": 4096},
+    }
+    for name, options in cases.items():
+        local = _open(str(local_dir / name), **options)
+        remote = _open(f"{uri}/{name}", **options)
+        assert remote.num_blocks == local.num_blocks > 5
+        for block in (0, 3, local.num_blocks - 1):
+            storage.open_input_file.cache_clear()
+            s3.clear_requests()
+            mine, theirs = remote.read_block(block), local.read_block(block)
+            assert [list(t) for t in mine.texts] == [list(t) for t in theirs.texts] and mine.rows == theirs.rows
+            gets = [r for r in s3.requests() if r["method"] == "GET" and not r["query"]]
+            assert gets and all(r["range"] for r in gets), (name, gets)
+            assert sum(r["bytes"] for r in gets) < os.path.getsize(local_dir / name) / 8, name
+        # A run started on disk resumes from the bucket once told that only where the files are changed.
+        sources = {"web": {"paths": [str(local_dir / name)], **options}}
+        on_disk = fingerprint(make_spec(corpus_dir, tokenizer_dir, sources=sources))
+        sources = {"web": {"paths": [f"{uri}/{name}"], **options}}
+        in_bucket = fingerprint(make_spec(corpus_dir, tokenizer_dir, sources=sources))
+        with pytest.raises(ResumeError, match=r"locations.web"):
+            check_fingerprint(on_disk, in_bucket)
+        check_fingerprint(on_disk, in_bucket, allow=["locations", "mtimes"])

@@ -27,8 +27,8 @@ from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import ConfigError, DataError
 
 NUMPY_MAGIC = b"\x93NUMPY"
-# The document crossing a block's end is completed in reads of this many tokens.
-TAIL_READ_TOKENS = 64 << 10
+# The document crossing a block's end is completed in reads of this many bytes (as JSONL's last line).
+TAIL_READ_BYTES = 64 << 10
 
 
 def tokens_per_block(block_bytes: int, dtype: np.dtype[Any]) -> int:
@@ -117,7 +117,7 @@ class OlmoSource(Source):
         last_start = first + (int(inside[-1]) + 1 if len(inside) else 0)
         tail, pos = [data], end
         while pos < n:
-            more = self._tokens(handle, f, pos, min(pos + TAIL_READ_TOKENS, n))
+            more = self._tokens(handle, f, pos, min(pos + TAIL_READ_BYTES // self.dtype.itemsize, n))
             hit = np.flatnonzero(more == self.eos)
             tail.append(more[: hit[0] + 1] if len(hit) else more)
             pos += len(more)
