@@ -138,7 +138,7 @@ def cmd_verify(args) -> int:
         if a[step] != b[step]:
             fields = [
                 f
-                for f in ("sha256", "rows", "tokens", "padding", "weights", "seq_len")
+                for f in ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded")
                 if getattr(a[step], f) != getattr(b[step], f)
             ]
             print(f"first difference at step {step} ({', '.join(fields)}):")

@@ -420,6 +420,26 @@ class DataConfig:
     """best_fit only: how a window's rows follow the mixture (docs/mixture.md). A resume continues with its
     checkpoint's way; `per_window` re-plans a run started before `per_step` existed from step 1."""
 
+    exclude: str = setting(
+        "",
+        rows=True,
+        rows_note="the exclude component (exclude_from_step and the list's SHA-256), present only when set; a "
+        "resume may set or change it only after the checkpoint's step",
+        eval=refused("the eval set is never trained on"),
+    )
+    """A list of documents to skip from step `exclude_from_step` on, one a line: `<source> <file> <row>` or
+    `sha256:<hex of the text>` (docs/changing-a-run.md). Empty: none."""
+
+    exclude_from_step: int = setting(
+        0,
+        rows=True,
+        rows_note="the exclude component",
+        bounds=(0, 1 << 62, "a step number"),
+        eval=refused("the eval set is never trained on"),
+    )
+    """The first step whose rows skip the `exclude` list's documents (>= 1 with `exclude`; earlier steps are
+    unchanged)."""
+
     tokenizer_path: str = setting(
         "", rows=True, rows_note=f"{_THE_TOKENIZER}: the same tokenizer read from elsewhere is the same rows"
     )
@@ -622,6 +642,12 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(f"[dataloader] sources must be in sorted-name order, got {names}")
     _check_settings(config, "[dataloader]")
     validate_phases(config.phases, names)
+    if bool(config.exclude) != (config.exclude_from_step > 0):
+        raise ConfigError(
+            "[dataloader] exclude and exclude_from_step go together: set both (the list, and the first step >= 1 "
+            f"that skips its documents) or neither; got exclude = {config.exclude!r}, exclude_from_step = "
+            f"{config.exclude_from_step}"
+        )
     if config.split == "eval":
         empty = [s.name for s in config.sources if s.eval_fraction <= 0.0]
         if empty:

@@ -65,6 +65,13 @@ class Job:
         ]
         return table
 
+    def excluding(self, lines: str = "prose x.jsonl 0\n", **overrides) -> dict:
+        """Documents excluded from step 3 by a list of `lines` (written beside the other files)."""
+        path = os.path.join(os.path.dirname(self.extra["parquet"]), f"exclude-{abs(hash(lines))}.txt")
+        with open(path, "w") as f:
+            f.write(lines)
+        return self.table(**{"exclude": path, "exclude_from_step": 3, **overrides})
+
     def parquet(self, **source) -> dict:
         """The code source read from a Parquet file with a second text column and a token-id column."""
         return self.table(sources={**self.table()["sources"], "code": {"paths": [self.extra["parquet"]], **source}})
@@ -143,6 +150,8 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
         job.table(packing="best_fit"),
         job.table(packing="best_fit", best_fit_mixing="per_window"),
     ),
+    "DataConfig.exclude": lambda job: (job.excluding("code a.parquet 1\n"), job.excluding("code a.parquet 2\n")),
+    "DataConfig.exclude_from_step": lambda job: (job.excluding(), job.excluding(exclude_from_step=4)),
     "DataConfig.tokenizer_path": lambda job: _same(job, "tokenizer_path", job.extra["tokenizer"]),
     "DataConfig.add_bos": _bos_or_eos("add_bos"),
     "DataConfig.add_eos": _bos_or_eos("add_eos"),
@@ -241,7 +250,7 @@ _TRAINING = {
     "shuffle": False, "shuffle_window_blocks": 3, "best_fit_window_docs": 16, "tokenizer_path": "tok",
     "add_bos": False, "add_eos": True, "tokenizer_backend": "tokenizers", "num_workers": 2, "prefetch_factor": 3,
     "max_document_chars": 1000, "s3_endpoint_url": "http://host", "s3_region": "r", "s3_anonymous": True,
-    "resume_allow": ["mtimes"],
+    "resume_allow": ["mtimes"], "exclude": "list.txt", "exclude_from_step": 3,
 }  # fmt: skip
 
 
@@ -277,7 +286,8 @@ def test_the_keys_the_schema_refuses_for_the_eval_set_are_refused(tmp_path, key)
     from zephon_titan.errors import ConfigError
     from zephon_titan.titan.job import read_job_config
 
-    value = {"phases": [{"start_step": 1, "weights": {"e": 1}}], "resume_allow": [], "ledger": False}.get(key, 2)
+    value = {"phases": [{"start_step": 1, "weights": {"e": 1}}], "resume_allow": [], "ledger": False,
+             "exclude": "list.txt"}.get(key, 2)  # fmt: skip
     path = tmp_path / "job.toml"
     path.write_text(
         _JOB

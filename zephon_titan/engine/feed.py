@@ -14,6 +14,9 @@ Everything is a pure function of (seed, source, epoch or lane and window, index)
 
 Splitting. A source with an eval_fraction has its held-out documents removed from each
 block before the window is shuffled (split.py); the validator's loader keeps only them.
+
+Excluding. From `exclude_from_step` on (the lane says when: `excluding`), a listed document is skipped where
+it is read, the rest of it too if it was partly read (exclusion.py); the other documents keep their order.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.sources.base import BlockDocuments
@@ -128,6 +132,9 @@ class LaneSourceReader:
         self._batch = FIRST_TOKENIZE_BATCH
         self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
         self._ahead: tuple[int, list[Future[BlockDocuments]]] | None = None
+        self._texts = spec.exclusion.texts if spec.exclusion is not None else frozenset()
+        self.listed_by_text: set[tuple[str, int]] = set()
+        """(file, row) of the documents read so far whose text's SHA-256 is on the exclusion list."""
         _live_readers.add(self)
 
     def _order(self, n: int, *path: object) -> Permutation | range:
@@ -250,6 +257,8 @@ class LaneSourceReader:
             for item, file, row in docs:
                 if not isinstance(item, str):
                     self._check_token_ids(item, file, row)
+                elif self._texts and text_sha256(item) in self._texts:  # hashed only when the list names texts
+                    self.listed_by_text.add((file, row))
             try:
                 encoded = self.spec.tokenizer.encode([item for item, _, _ in docs], self.source.specials_in_tokens)
             except BackendMismatch as e:  # the e.index-th text of the batch
@@ -286,6 +295,8 @@ class DocumentFeed:
         self.weights = spec.schedule.segment(self.mix.segment).weights
         self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
         self.chunk = spec.mix_chunk_tokens
+        self.excluding = False
+        """The next pieces are for a row at or after exclude_from_step: listed documents are skipped."""
         for reader, cursor in zip(self.readers, self.cursors):
             reader.prefetch(cursor.window)  # lanes created together fetch their first windows together
 
@@ -299,6 +310,13 @@ class DocumentFeed:
         if segment.start != self.mix.segment:
             self.mix = MixState(segment.start, tuple(c.tokens for c in self.cursors))
             self.weights = segment.weights
+
+    def dropped(self, source: int, file: str, row: int) -> bool:
+        """Whether the document's pieces are left out now (the exclusion is in force and lists it)."""
+        exclusion = self.spec.exclusion
+        if not self.excluding or exclusion is None:
+            return False
+        return exclusion.excludes(source, file, row) or (file, row) in self.readers[source].listed_by_text
 
     def next_document(self) -> Document | None:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
@@ -322,6 +340,9 @@ class DocumentFeed:
                     f"{doc.file} {self.readers[s].source.row_unit} {doc.row}: the lane's state is {cursor.offset} "
                     f"tokens into this document, which has {n}; was the data changed?"
                 )
+            if self.excluding and self.dropped(s, doc.file, doc.row):  # the document, or its rest, is skipped
+                self.cursors[s] = SourceCursor(window=cursor.window, position=cursor.position + 1, tokens=cursor.tokens)
+                continue
             stop = min(cursor.offset + self.chunk, n)
             done = stop == n  # the document's last piece: the cursor moves to the next document
             self.cursors[s] = SourceCursor(

@@ -8,6 +8,7 @@ workers and the batch split are deliberately absent: changing them is allowed.
 from __future__ import annotations
 
 import json
+import re
 from fractions import Fraction
 
 from zephon_titan.engine.mixing import initial_offsets
@@ -58,7 +59,42 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         **_split_component(spec),
         **_mixing_components(spec),
         **({SEQ_LENS_KEY: eras_text(spec.eras)} if spec.eras else {}),
+        **({EXCLUDE_KEY: spec.exclusion.describe()} if spec.exclusion is not None else {}),
     }
+
+
+# The documents skipped from a step on (engine/exclusion.py), present only with `[dataloader] exclude`: its first
+# step and the list's digest. A resume may set or change it only where it changes no step already trained.
+EXCLUDE_KEY = "exclude"
+
+
+def _exclude_from(value: str | list[str] | None) -> int | None:
+    match = re.match(r"from step (\d+),", value) if isinstance(value, str) else None
+    return int(match.group(1)) if match else None
+
+
+def check_exclusion(saved: Fingerprint, current: Fingerprint, step: int) -> str:
+    """Compare the exclusion of the checkpoint (saved after `step` steps) with this run's: like a mixture phase,
+    only steps after `step` may change (ResumeError otherwise). Returns a line describing the change ("" if
+    none)."""
+    old, new = saved.get(EXCLUDE_KEY), current.get(EXCLUDE_KEY)
+    if old == new:
+        return ""
+    old_from, new_from = _exclude_from(old), _exclude_from(new)
+    if old_from is not None and old_from <= step:
+        raise ResumeError(
+            f"[dataloader] exclude changed ({component_text(old)} -> {component_text(new)}), but the checkpoint's "
+            f"exclusion is in force since step {old_from}, at or before its step {step}; keep the run's exclude and "
+            "exclude_from_step"
+        )
+    if new_from is not None and new_from <= step:
+        raise ResumeError(
+            f"[dataloader] exclude_from_step = {new_from} is at or before the checkpoint's step {step} (those steps "
+            f"are trained already); set exclude_from_step to {step + 1} or later"
+        )
+    if new is None:
+        return f"the exclusion planned from step {old_from} is dropped (it had not begun)"
+    return f"documents are excluded {component_text(new)}"
 
 
 # The run's sequence lengths by step, present only once a resume changed seq_len (EngineSpec.eras): a reader
@@ -225,9 +261,10 @@ def check_fingerprint(
     mixture_checked_apart: bool = False,
 ) -> None:
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`
-    (and the mixture when `mixture_checked_apart`: check_mixture() knows the checkpoint's step)."""
+    (and the mixture and exclusion when `mixture_checked_apart`: check_mixture() and check_exclusion() know the
+    checkpoint's step)."""
     # At a resume the mixing offsets are the checkpoint's and the added sources' (loader_state.read_state).
-    skip = set(allow) | ({*MIXTURE_KEYS, PHASES_KEY} if mixture_checked_apart else set())
+    skip = set(allow) | ({*MIXTURE_KEYS, PHASES_KEY, EXCLUDE_KEY} if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
         refuse_removed_sources(source_names(saved), source_names(current))
     skip_keys = _added_sources(saved, current) if mixture_checked_apart else set()

@@ -29,7 +29,8 @@ log = logging.getLogger("zephon_titan")
 _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": int}
 # weights: runs with a mixture schedule, the weights in force at the step; seq_len: runs whose seq_len changed at
 # a resume (EngineSpec.eras), the step's row length, from the first resume that changed it.
-_OPTIONAL = {"weights": dict, "seq_len": int}
+# excluded: runs with `[dataloader] exclude`, the SHA-256 of the exclusion list, at each step from exclude_from_step.
+_OPTIONAL = {"weights": dict, "seq_len": int, "excluded": str}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class LedgerEntry:
     padding: int
     weights: dict[str, float] | None = None
     seq_len: int | None = None
+    excluded: str | None = None
 
     @classmethod
     def of(
@@ -52,16 +54,24 @@ class LedgerEntry:
         counts: list[int],
         weights: dict[str, float] | None = None,
         seq_len: int | None = None,
+        excluded: str | None = None,
     ) -> LedgerEntry:
         """From `tally()` counts: per source, then padding (last)."""
         tokens = dict(zip(source_names, counts[:-1]))
         return cls(
-            step=step, sha256=sha256, rows=rows, tokens=tokens, padding=counts[-1], weights=weights, seq_len=seq_len
+            step=step,
+            sha256=sha256,
+            rows=rows,
+            tokens=tokens,
+            padding=counts[-1],
+            weights=weights,
+            seq_len=seq_len,
+            excluded=excluded,
         )
 
     def to_json(self) -> str:
         data = asdict(self)
-        for key in ("weights", "seq_len"):
+        for key in ("weights", "seq_len", "excluded"):
             if data[key] is None:
                 del data[key]
         return json.dumps(data, sort_keys=True)
@@ -76,6 +86,13 @@ def step_seq_len(spec: EngineSpec, step: int) -> int | None:
     """What the ledger records of the row length at `step`: in a run whose seq_len changed at a resume, the step's
     (its era's), else nothing (every step has the job's seq_len, and ledgers keep the form they had)."""
     return spec.era_of(step).seq_len if spec.eras else None
+
+
+def step_exclusion(spec: EngineSpec, step: int) -> str | None:
+    """What the ledger records of the exclusion at `step`: the list's SHA-256 from exclude_from_step on, else
+    nothing."""
+    exclusion = spec.exclusion
+    return exclusion.digest if exclusion is not None and step >= exclusion.from_step else None
 
 
 def _entry(raw: bytes) -> LedgerEntry:

@@ -179,7 +179,8 @@ def packer_class(name: str) -> type[Packer]:
 class WrapPacker:
     """Documents concatenated and split across rows: no padding, no token dropped.
 
-    Unit = the document being emitted; unit_offset = its tokens already in rows.
+    Unit = the document being emitted; unit_offset = its tokens already in rows. From exclude_from_step on, the
+    rest of an excluded document drawn before it is dropped (exclusion.py).
     """
 
     name: ClassVar[str] = "wrap"
@@ -228,6 +229,8 @@ class WrapPacker:
         parts: list[tuple[np.ndarray, Piece]] = []
         need = self.shape.slots
         while need:
+            if self.feed.excluding and self._doc is not None and self.feed.dropped(*_key(self._doc)):
+                self._offset = self.shape.piece_slots(self._doc)  # drawn before exclude_from_step: drop its rest
             if self._doc is None or self._offset == self.shape.piece_slots(self._doc):
                 self._doc_start = self.feed.state()
                 self._doc = self.feed.next_document()
@@ -250,6 +253,10 @@ class WrapPacker:
         return self.shape.make_row(parts)
 
 
+def _key(doc: Document | Piece) -> tuple[int, str, int]:
+    return doc.source, doc.file, doc.row
+
+
 def _continues(last: Piece, doc: Document, start: int) -> bool:
     return (last.source, last.file, last.row) == (
         doc.source,
@@ -262,7 +269,8 @@ class BestFitPacker:
     """Whole documents placed into rows by best-fit decreasing, within a window of documents.
 
     A document longer than a row is first cut into row-sized chunks. Unit = the
-    window of documents; unit_offset = its rows already emitted.
+    window of documents; unit_offset = its rows already emitted. From exclude_from_step on, a window drawn
+    before it emits its rows without the excluded documents' pieces (padding in their place: exclusion.py).
 
     best_fit_mixing = "per_step" (docs/mixture.md): a window's rows are emitted in the mixer's order (_in_mixer_order),
     and under a schedule a window stops drawing at the slots of the rows left before the next segment
@@ -289,6 +297,7 @@ class BestFitPacker:
         self.boundary: Callable[[], int | None] | None = None
         self.window_rows: int | None = None
         self.resized: tuple[int, ...] = ()
+        self._bins: list[list[_Placed]] = []
         self._rows: list[Row] = []
         self._emitted = 0
         self._window_start = feed.state()
@@ -324,6 +333,7 @@ class BestFitPacker:
                     f"lane {self.feed.lane_id}: state does not match the data: the best-fit window has fewer rows; was the data changed?"
                 )
         self.shape = current
+        self._bins = bins
         self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in bins]
         self._emitted = counts[-1]
         self.resized = tuple(counts[:-1]) if unit_open else ()
@@ -338,13 +348,17 @@ class BestFitPacker:
             self._window_start = self.feed.state()
             self.window_rows = self.boundary() if self.boundary is not None and self.per_step else None
             self.resized = ()
-            bins, documents = self._pack_window()
-            self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in bins]
+            self._bins, documents = self._pack_window()
+            self._rows = [self.shape.make_row([(p.tokens, p.piece) for p in b]) for b in self._bins]
             self._emitted = 0
             if not documents:
                 raise LaneExhausted
             # A window of one-token documents (no pair under labels = "document") has no row: next window.
         row = self._rows[self._emitted]
+        if self.feed.excluding:  # a window drawn before exclude_from_step may hold listed documents
+            kept = [p for p in self._bins[self._emitted] if not self.feed.dropped(*_key(p.piece))]
+            if len(kept) < len(self._bins[self._emitted]):
+                row = self.shape.make_row([(p.tokens, p.piece) for p in kept])  # padding in their place
         self._emitted += 1
         return row
 

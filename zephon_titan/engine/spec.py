@@ -13,6 +13,7 @@ from fractions import Fraction
 from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
+from zephon_titan.engine.exclusion import Exclusion, build_exclusion
 from zephon_titan.engine.mixing import added_offsets, initial_offsets
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.sources import open_source
@@ -46,6 +47,8 @@ class EngineSpec:
     """The run's sequence lengths by step when a resume changed it (empty: seq_len from step 1): each era's first
     step, seq_len and mixer piece size; the last is this spec's. Only a lane's open unit, drawn before the
     change, is replayed with an earlier one (stream.py); every new row has seq_len."""
+    exclusion: Exclusion | None = None
+    """The documents skipped from a step on (`[dataloader] exclude`: exclusion.py); None: none."""
 
     @property
     def num_lanes(self) -> int:
@@ -162,8 +165,17 @@ def build_engine(
         _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)
         for s in config.sources
     )
+    exclusion = None
+    if config.exclude:
+        files = [(s.name, [f.path for f in s.files]) for s in sources]
+        exclusion = build_exclusion(config.exclude, config.exclude_from_step, files)
     return EngineSpec(
-        config=config, sources=sources, schedule=schedule_of(config), tokenizer=tokenizer, seq_len=seq_len
+        config=config,
+        sources=sources,
+        schedule=schedule_of(config),
+        tokenizer=tokenizer,
+        seq_len=seq_len,
+        exclusion=exclusion,
     )
 
 

@@ -104,6 +104,10 @@ class LaneState:
     when it was drawn (packing.py). Saved with it: a restore draws the same window whatever the clock is then
     (a resume may change the global batch size)."""
 
+    excluding: bool | None = None
+    """True while a unit drawn with `[dataloader] exclude` in force (from its step on) is open: a restore draws it
+    the same way (exclusion.py). Saved only then, so states of runs without an exclusion keep their keys."""
+
     version: int = STATE_VERSION
 
     @property
@@ -134,6 +138,7 @@ class LaneState:
             replay=replay if self.unit_open else None,
             window_rows=self.window_rows,
             resized=self.resized,
+            excluding=self.excluding,
         )
 
     @classmethod
@@ -158,6 +163,8 @@ class LaneState:
             out["window_rows"] = self.window_rows
         if self.resized is not None:  # only while a best_fit window drawn before a seq_len change is open
             out["resized"] = list(self.resized)
+        if self.excluding is not None:  # only while a unit drawn under an exclusion is open
+            out["excluding"] = True
         return out
 
     @classmethod
@@ -166,7 +173,10 @@ class LaneState:
         fields consistent with each other (check_consistent). Checks against the data (an offset within
         its document or window) are the restore's: packing.py, feed.py."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
-        if not isinstance(data, dict) or set(data) - {"mix", "replay", "window_rows", "resized"} != expected:
+        if (
+            not isinstance(data, dict)
+            or set(data) - {"mix", "replay", "window_rows", "resized", "excluding"} != expected
+        ):
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
         if data["version"] != STATE_VERSION:
@@ -184,6 +194,8 @@ class LaneState:
                 )
             for value in resized:
                 _count(value, "resized", where)
+        if data.get("excluding", True) is not True:
+            raise ResumeError(f"{where}: field 'excluding' must be true when present, got {data['excluding']!r:.80}")
         if not isinstance(data["unit_open"], bool):
             raise ResumeError(f"{where}: field 'unit_open' must be true or false, got {data['unit_open']!r}")
         if not data["unit_open"] and data["unit_offset"] != 0:
@@ -206,6 +218,7 @@ class LaneState:
             replay=_replay_from(data["replay"], len(cursors), where) if "replay" in data else None,
             window_rows=data.get("window_rows"),
             resized=None if resized is None else tuple(resized),
+            excluding=data.get("excluding"),
         )
         state.check_consistent(where)
         return state
@@ -238,6 +251,8 @@ class LaneState:
             )
         if self.resized is not None and not self.unit_open:
             raise ResumeError(f"{where}: field 'resized' is set with no open unit; the checkpoint is damaged")
+        if self.excluding is not None and not self.unit_open:
+            raise ResumeError(f"{where}: field 'excluding' is set with no open unit; the checkpoint is damaged")
         if self.replay is None:
             return
         if not self.unit_open:

@@ -44,12 +44,13 @@ class LaneStream:
     def __init__(self, spec: EngineSpec, lane_id: int, state: LaneState | None = None, clock: StepClock | None = None):
         if not 0 <= lane_id < spec.num_lanes:
             raise ValueError(f"lane_id must be in [0, {spec.num_lanes}), got {lane_id}")
-        if clock is None and spec.schedule.scheduled:
-            raise ValueError("a lane under a mixture schedule needs the step of its rows (a StepClock)")
+        stepped = spec.schedule.scheduled or spec.exclusion is not None
+        if clock is None and stepped:
+            raise ValueError("a lane under a mixture schedule or an exclusion needs the step of its rows (a StepClock)")
         self.spec = spec
         self.lane_id = lane_id
         self.rows = 0
-        self.clock = clock if spec.schedule.scheduled else None
+        self.clock = clock if stepped else None
         feed_state = None
         if state is not None:
             _check_state(spec, lane_id, state)
@@ -57,7 +58,17 @@ class LaneStream:
             self.rows = state.rows
         self.feed = DocumentFeed(spec, lane_id, feed_state)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
-        if self.clock is not None:
+        # Whether the open unit was drawn with the exclusion in force: a restore replays it the same way.
+        self._unit_start: object = None
+        self._unit_excluding = False
+        if state is not None and state.excluding:
+            if spec.exclusion is None:
+                raise ResumeError(
+                    f"lane {lane_id}: the state's open unit was drawn under [dataloader] exclude, which this config "
+                    "lacks; keep the exclude settings of the run"
+                )
+            self.feed.excluding = self._unit_excluding = True
+        if spec.schedule.scheduled and self.clock is not None:
             self.packer.boundary = self._rows_to_next_segment
         self._replay: tuple[Replay, object] | None = None
         if state is not None:
@@ -74,12 +85,18 @@ class LaneStream:
             self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
             if state.replay is not None:  # kept in this lane's states while that unit stays open
                 self._replay = (state.replay, self.packer.unit()[0])
+            self._unit_start = self.packer.unit()[0]
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
         if self.clock is not None:
-            self.feed.at_step(self.clock.step(self.rows))
+            step = self.clock.step(self.rows)
+            self.feed.at_step(step)
+            exclusion = self.spec.exclusion
+            self.feed.excluding = exclusion is not None and step >= exclusion.from_step
         row = self.packer.next_row()
+        if self.spec.exclusion is not None and self.packer.unit()[0] is not self._unit_start:
+            self._unit_start, self._unit_excluding = self.packer.unit()[0], self.feed.excluding  # a unit drawn now
         self.rows += 1
         return row
 
@@ -114,6 +131,7 @@ class LaneStream:
             replay=self._replay[0] if self._replay is not None and self._replay[1] is feed else None,
             window_rows=self.packer.window_rows if unit_open else None,
             resized=self.packer.resized if unit_open and self.packer.resized else None,
+            excluding=True if unit_open and self._unit_excluding else None,
         )
 
 

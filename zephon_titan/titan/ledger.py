@@ -11,7 +11,7 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.engine import batch_digest
 from zephon_titan.engine.jsonl_log import read_entries
-from zephon_titan.engine.ledger import LEDGER, LedgerEntry, LedgerWriter, step_seq_len, step_weights
+from zephon_titan.engine.ledger import LEDGER, LedgerEntry, LedgerWriter, step_exclusion, step_seq_len, step_weights
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.rank_lanes import digest_table, lane_table
 
@@ -35,7 +35,14 @@ def gather_ledger_entry(
     weights = step_weights(spec, step)
     seq_len = step_seq_len(spec, step)
     return LedgerEntry.of(
-        step, sha256, loader.config.global_batch_size, spec.source_names, tokens.tolist(), weights, seq_len
+        step,
+        sha256,
+        loader.config.global_batch_size,
+        spec.source_names,
+        tokens.tolist(),
+        weights,
+        seq_len,
+        step_exclusion(spec, step),
     )
 
 

@@ -38,6 +38,7 @@ from zephon_titan.config import MAX_SOURCES
 from zephon_titan.engine.fingerprint import (
     Fingerprint,
     as_resumed,
+    check_exclusion,
     check_fingerprint,
     check_mixture,
     saved_eras,
@@ -345,7 +346,8 @@ def read_state(state: dict[str, Any], lane_ids: Any, current: Fingerprint, allow
             "the same number of rows per step); the checkpoint is damaged"
         )
     step = _saved_step(header, rows.pop())
-    change = check_mixture(header.fingerprint, current, step)
+    changes = (check_mixture(header.fingerprint, current, step), check_exclusion(header.fingerprint, current, step))
+    change = "; ".join(c for c in changes if c)
     added = [name for name in names if name not in header.sources]
     before = saved_eras(header.fingerprint, step)
     eras = eras_after(before, step, int(str(current["seq_len"])), int(str(current["mix_chunk_tokens"])))

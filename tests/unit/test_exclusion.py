@@ -1,0 +1,187 @@
+"""Documents excluded from a step on ([dataloader] exclude, engine/exclusion.py): steps before k unchanged byte for
+byte, no listed document in a row from k on, every other document in its order; the list's syntax and errors."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+from helpers import assert_restores_exactly, data_table, make_spec
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from zephon_titan.config import config_from_dict
+from zephon_titan.engine import LaneState, LaneStream
+from zephon_titan.engine.exclusion import list_digest, parse_list, text_sha256
+from zephon_titan.engine.lanes import LaneGroup
+from zephon_titan.engine.stream import StepClock
+from zephon_titan.errors import ConfigError
+
+LANES, ROWS, STEPS = 4, 2, 5
+
+
+def _steps(spec) -> list[list]:
+    """Each step's rows, in canonical order (lane by lane)."""
+    group = LaneGroup(spec, range(LANES), ROWS)
+    return [[row for lane in group.next_step() for row in lane] for _ in range(STEPS)]
+
+
+def _key(piece) -> tuple[int, str, int]:
+    return piece.source, piece.file, piece.row
+
+
+def _document_order(steps: list[list], first: int, lane: int, source: int, dropped: set) -> list[tuple[str, int]]:
+    """A lane's documents of a source in the order their pieces are trained from step `first` on, `dropped` left
+    out (each lane reads its own documents: steps' rows are lane by lane, ROWS each)."""
+    rows = [row for step in steps[first - 1 :] for row in step[lane * ROWS : (lane + 1) * ROWS]]
+    keys = [_key(p) for row in rows for p in row.pieces if p.source == source]
+    return [k[1:] for k, _ in itertools.groupby(k for k in keys if k not in dropped)]
+
+
+_BASE: dict[str, tuple] = {}
+
+
+def _base(corpus_dir, tokenizer_dir, packing):
+    """The spec and steps of the run without a list (built once per packing)."""
+    if packing not in _BASE:
+        spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=LANES, packing=packing)
+        _BASE[packing] = spec, _steps(spec)
+    return _BASE[packing]
+
+
+def _write_list(path: str, spec, keys, by_text: set) -> None:
+    """One line per document: by place, or (those in `by_text`) by the SHA-256 of its text."""
+    texts = {}
+    for source in spec.sources:
+        for b in range(source.num_blocks):
+            block = source.read_block(b)
+            texts.update({(block.file, row): text for row, text in zip(block.rows, block.texts)})
+    with open(path, "w") as f:
+        f.write("# documents to leave out\n\n")
+        for s, file, row in keys:
+            if (s, file, row) in by_text:
+                f.write(f"sha256:{text_sha256(texts[(file, row)]).upper()}\n")
+            else:  # a unique ending of the path, spaces or a tab between fields
+                f.write(f"{spec.source_names[s]}\t{os.path.basename(file)}\t{row}\n" if row % 2 else
+                        f"{spec.source_names[s]}  {os.path.basename(file)} {row}\n")  # fmt: skip
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    packing=st.sampled_from(["wrap", "best_fit"]),
+    k=st.integers(1, STEPS),
+    picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=6),
+    by_text=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_excluded_documents_leave_from_step_k_and_nothing_else_moves(
+    tmp_path_factory, corpus_dir, tokenizer_dir, packing, k, picks, by_text
+):
+    spec, before = _base(corpus_dir, tokenizer_dir, packing)
+    # Documents the run trains at step k or later (so that leaving them out is visible).
+    later = sorted({_key(p) for rows in before[k - 1 :] for row in rows for p in row.pieces})
+    listed = sorted({later[i % len(later)] for i in picks})
+    path = str(tmp_path_factory.mktemp("exclude") / "list.txt")
+    _write_list(path, spec, listed, {key for key, text in zip(listed, by_text) if text})
+    after = _steps(make_spec(corpus_dir, tokenizer_dir, num_lanes=LANES, packing=packing, exclude=path,
+                             exclude_from_step=k))  # fmt: skip
+    dropped = set(listed)
+
+    def holds(run) -> bool:
+        unchanged = [r.to_bytes() for rows in run[: k - 1] for r in rows] == [
+            r.to_bytes() for rows in before[: k - 1] for r in rows
+        ]
+        gone = not any(_key(p) in dropped for rows in run[k - 1 :] for row in rows for p in row.pieces)
+        return unchanged and gone
+
+    assert holds(after)
+    assert not holds(before)  # negative control: the listed documents are trained from step k without the list
+    for lane, source in itertools.product(range(LANES), range(len(spec.sources))):
+        # Every other document in its order: the shorter of the two orders is the other's beginning (the run
+        # without the listed documents goes further into each source in the same steps).
+        old, new = (_document_order(run, k, lane, source, dropped) for run in (before, after))
+        n = min(len(old), len(new))
+        assert old[:n] == new[:n], (packing, k, lane, source)
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_a_lane_restores_exactly_around_the_exclusion_step(tmp_path, corpus_dir, tokenizer_dir, packing):
+    """A state taken before, at and after step k (an open unit drawn before k, or under the exclusion) restores to
+    the same rows; the state of a unit drawn under it says so (`excluding`), and without the list it is refused."""
+    small = {"num_lanes": LANES, "packing": packing, "best_fit_window_docs": 4}  # best_fit: windows drawn after k
+    base = make_spec(corpus_dir, tokenizer_dir, **small)
+    rows = [r for rows in _steps(base) for r in rows]
+    path = str(tmp_path / "list.txt")
+    _write_list(path, base, sorted({_key(p) for r in rows[len(rows) // 2 :] for p in r.pieces})[::2], set())
+    k = 3
+
+    excluding = make_spec(corpus_dir, tokenizer_dir, **small, exclude=path, exclude_from_step=k)
+
+    def spec():
+        return excluding  # a spec is immutable: every stream of it starts alike
+
+    clock = StepClock(ROWS)
+    for cut in range((k - 2) * ROWS, (k + 1) * ROWS):  # around step k's first row
+        reference = LaneStream(spec(), 1, clock=clock)
+        reference.take(cut)
+        saved = reference.state().to_dict()
+        expected = [r.to_bytes() for r in reference.take(3)]
+        restored = LaneStream(spec(), 1, LaneState.from_dict(saved), clock=clock)
+        assert [r.to_bytes() for r in restored.take(3)] == expected, cut
+    with pytest.raises(Exception, match="needs the step of its rows"):
+        LaneStream(spec(), 0)
+    assert_restores_exactly(lambda: base, 0, 3, 2)  # unchanged without a list
+    states = []
+    stream = LaneStream(spec(), 1, clock=clock)
+    for _ in range(STEPS * ROWS):
+        stream.next_row()
+        states.append(stream.state())
+    assert any(s.excluding for s in states)
+    assert not any(s.excluding for s in states[: (k - 1) * ROWS])  # nothing is drawn under it before step k
+    marked = next((s for s in states if s.excluding), None)
+    if marked is not None:
+        with pytest.raises(Exception, match="keep the exclude settings"):
+            LaneStream(base, 1, LaneState.from_dict(marked.to_dict()), clock=clock)
+
+
+def test_the_list_syntax_and_its_digest(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    digest = "ab" * 32
+    a.write_text(f"# takedowns\nweb\tdata/part 1.parquet\t12\ncode a.parquet 3\n\nsha256:{digest.upper()}\n")
+    b.write_text(f"sha256:{digest}\ncode   a.parquet   3\nweb data/part 1.parquet 12\ncode a.parquet 3\n")
+    entries = parse_list(str(a))
+    assert [(e.line, e.source, e.file, e.row, e.text_sha256) for e in entries] == [
+        (2, "web", "data/part 1.parquet", 12, ""),
+        (3, "code", "a.parquet", 3, ""),
+        (5, "", "", -1, digest),
+    ]
+    assert list_digest(entries) == list_digest(parse_list(str(b)))  # order, spacing, comments, repeats aside
+    b.write_text("code a.parquet 4\n")
+    assert list_digest(entries) != list_digest(parse_list(str(b)))  # negative control
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("web data.parquet", r"line 2: 'web data.parquet' is not '<source> <file> <row>'"),
+        ("web data.parquet row7", "line 2: 'web data.parquet row7' is not '<source> <file> <row>'"),
+        ("sha256:abc", r"line 2: 'sha256:abc' is not sha256: followed by 64 hex digits"),
+    ],
+)
+def test_a_malformed_line_is_one_line_naming_the_file_and_line(tmp_path, line, message):
+    path = tmp_path / "list.txt"
+    path.write_text(f"web a.parquet 1\n{line}\n")
+    with pytest.raises(ConfigError, match=rf"{path} {message}") as e:
+        parse_list(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_exclude_and_its_step_go_together(corpus_dir, tokenizer_dir):
+    for settings_ in ({"exclude": "list.txt"}, {"exclude_from_step": 3}):
+        with pytest.raises(ConfigError, match="exclude and exclude_from_step go together"):
+            config_from_dict(data_table(corpus_dir, tokenizer_dir, **settings_))

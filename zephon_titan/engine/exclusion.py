@@ -1,0 +1,137 @@
+"""Documents excluded from a step on (`[dataloader] exclude` and `exclude_from_step`).
+
+The list names one document a line, in either form (blank lines and lines starting with # are skipped):
+
+    <source> <file> <row>      e.g.  web data/part-0001.parquet 1234   (fields split on tabs, else on spaces;
+                               the file is everything between the source and the row, so it may hold spaces)
+    sha256:<64 hex digits>     the SHA-256 of the document's UTF-8 text (text sources only)
+
+<file> is the file as `inspect` and `where` print it (the source's path, or a unique ending of it) and <row>
+is the source's row unit (Parquet row; JSONL byte offset). From step k = exclude_from_step on, a listed
+document is skipped where the lane would read it (feed.py): every other document keeps its place in its
+source's order. What was drawn before k is handled by the packers (packing.py): a piece already in a row
+before step k stays; the rest of a document open at step k is dropped (wrap), and the rows of a best_fit
+window drawn before k leave its pieces out (padding in their place) from step k on. Steps before k are
+unchanged, byte for byte.
+
+The list's digest (SHA-256 of its normalized entries: sorted, one per line) is part of what defines the rows
+from step k: the fingerprint keeps it with k (a resume may set or change an exclusion only after the
+checkpoint's step) and the ledger records it at every step from k.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from zephon_titan.errors import ConfigError
+
+_HEX = re.compile(r"[0-9a-f]{64}")
+TEXT_KEY = "sha256:"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of the list: a document by place (source, file, row) or by the SHA-256 of its text."""
+
+    line: int
+    source: str = ""
+    file: str = ""
+    row: int = -1
+    text_sha256: str = ""
+
+    def normalized(self) -> str:
+        return TEXT_KEY + self.text_sha256 if self.text_sha256 else f"{self.source}\t{self.file}\t{self.row}"
+
+
+def parse_list(path: str) -> list[Entry]:
+    """The entries of an exclusion list; ConfigError naming the file and line of a malformed one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"[dataloader] exclude: cannot read {path} ({e}); give a UTF-8 text file") from None
+    return [entry for n, text in enumerate(lines, 1) if (entry := _parse_line(path, n, text)) is not None]
+
+
+def _parse_line(path: str, n: int, text: str) -> Entry | None:
+    line = text.strip()
+    if not line or line.startswith("#"):
+        return None
+    if line.lower().startswith(TEXT_KEY):
+        digest = line[len(TEXT_KEY) :].strip().lower()
+        if not _HEX.fullmatch(digest):
+            raise ConfigError(
+                f"{path} line {n}: {line[:80]!r} is not sha256: followed by 64 hex digits (the SHA-256 of a text)"
+            )
+        return Entry(n, text_sha256=digest)
+    fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+    if len(fields) > 3 and "\t" not in line:  # a file name with spaces: everything between source and row
+        fields = [fields[0], line[len(fields[0]) : line.rindex(fields[-1])].strip(), fields[-1]]
+    if len(fields) != 3 or not all(fields) or not fields[2].isdigit():
+        raise ConfigError(
+            f"{path} line {n}: {line[:80]!r} is not '<source> <file> <row>' (row a whole number >= 0) "
+            "or 'sha256:<64 hex digits>'; fix or remove the line"
+        )
+    return Entry(n, source=fields[0], file=fields[1], row=int(fields[2]))
+
+
+def list_digest(entries: Iterable[Entry]) -> str:
+    """SHA-256 of the list's normalized entries (sorted, without duplicates): the same documents, the same digest,
+    whatever the order, spacing or comments of the file."""
+    text = "\n".join(sorted({e.normalized() for e in entries}))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def resolve_file(paths: list[str], file: str) -> str | None:
+    """The source's path for a listed file: the path as listed, the same path spelled otherwise, or a unique
+    ending (None: no such file, or several)."""
+    if file in paths:
+        return file
+    same = [p for p in paths if "://" not in p and os.path.abspath(p) == os.path.abspath(file)]
+    ending = [p for p in paths if p.endswith("/" + file.lstrip("/"))]
+    found = same or ending
+    return found[0] if len(found) == 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    """The documents skipped from step `from_step` on: per source index, its (file, row) keys; and text digests."""
+
+    from_step: int
+    digest: str
+    places: tuple[frozenset[tuple[str, int]], ...]
+    """Per source (the spec's order), the (path, row) of each listed document (paths as the source lists them)."""
+    texts: frozenset[str]
+    """SHA-256 of the texts listed by digest (matched against every text source)."""
+
+    def excludes(self, source: int, file: str, row: int) -> bool:
+        return (file, row) in self.places[source]
+
+    def describe(self) -> str:
+        """The fingerprint's and the ledger's record: from which step, and which list."""
+        return f"from step {self.from_step}, list sha256 {self.digest}"
+
+
+def build_exclusion(path: str, from_step: int, sources: list[tuple[str, list[str]]]) -> Exclusion:
+    """The exclusion of the list at `path` for `sources` ((name, file paths) each, in the spec's order). Entries
+    naming no document of these sources match nothing (`validate` names them)."""
+    entries = parse_list(path)
+    index = {name: i for i, (name, _) in enumerate(sources)}
+    places: list[set[tuple[str, int]]] = [set() for _ in sources]
+    for e in entries:
+        if e.text_sha256 or e.source not in index:
+            continue
+        i = index[e.source]
+        file = resolve_file(sources[i][1], e.file)
+        if file is not None:
+            places[i].add((file, e.row))
+    texts = frozenset(e.text_sha256 for e in entries if e.text_sha256)
+    return Exclusion(from_step, list_digest(entries), tuple(map(frozenset, places)), texts)
