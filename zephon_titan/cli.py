@@ -359,7 +359,10 @@ def _print_validation(job: Job, count: bool) -> None:
 
 
 def cmd_validate(args) -> int:
+    import numpy as np
+
     from zephon_titan.engine import fingerprint, valid_world_sizes
+    from zephon_titan.engine.feed import check_token_ids
     from zephon_titan.engine.fingerprint import component_text
     from zephon_titan.engine.spec import weight_notes
     from zephon_titan.engine.split import held_out
@@ -409,6 +412,9 @@ def cmd_validate(args) -> int:
             for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
                 documents = source.read_block(block)
                 texts = documents.texts  # surfaces bad lines/rows with file and position
+                if source.specials_in_tokens or source.token_field:  # ids outside the vocabulary, as a lane names them
+                    for ids, row in zip(texts, documents.rows):
+                        check_token_ids(source, np.asarray(ids), documents.file, row, spec.tokenizer.vocab_size)
                 docs += len(texts)
                 tokens += sum(len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens))
                 held += int(

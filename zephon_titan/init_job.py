@@ -2,11 +2,13 @@
 
     zephon-titan init web=data/web code=data/code --tokenizer assets/my_tokenizer --gpus 8,16 -o my_job.toml
 
-Each data argument is a source: a directory (every Parquet / JSONL file under it, one source per format), a
+Each data argument is a source: a directory (every Parquet / JSONL / Megatron / OLMo file under it, one source
+per format), a
 file, or a quoted glob; `NAME=PATH` names it (else the directory's name). Files the shell expanded from one
 directory (`data/code/*.parquet` unquoted) are one source again. For each source it samples a few documents
 from a few files (spread over its list) to pick the text column and to estimate documents and tokens with
-the job's own tokenizer; then it chooses the batch layout for the GPU counts named, writes a commented job
+the job's own tokenizer (token files are counted from their indexes and sizes instead: their ids are the
+documents); then it chooses the batch layout for the GPU counts named, writes a commented job
 TOML and resolves it as the trainer does (so `zephon-titan validate` accepts it).
 """
 
@@ -17,6 +19,8 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,7 +39,8 @@ VOCAB_MULTIPLE = 64  # the model's vocabulary is rounded up to this (as `validat
 MAX_LANES = 64  # num_lanes proposed at most, unless the GPU counts need more
 MAX_LOCAL_TOKENS = 16384  # the proposed local batch holds at most this many tokens (8 rows of 2048)
 MAX_LOCAL_ROWS = 8
-FILE_FORMATS = ("parquet", "jsonl")  # Lance datasets are directories, named by their .lance path
+FILE_FORMATS = ("parquet", "jsonl", "megatron", "olmo")  # Lance datasets are directories, named by their .lance path
+TOKEN_FORMATS = ("megatron", "olmo")  # token ids: no text column, counted from the files, not sampled texts
 
 
 @dataclass
@@ -59,6 +64,8 @@ class SourcePlan:
     why_field: str = ""
     documents: float = 0.0
     tokens: float = 0.0
+    token_settings: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    """Token formats: the source's keys that say how to read the ids (value, why)."""
 
     @property
     def bytes(self) -> int:
@@ -112,14 +119,16 @@ def _format(path: str, argument: str) -> str:
     name = _format_name(path)
     if name not in FILE_FORMATS:
         raise ConfigError(
-            f"{argument}: {path} is not a Parquet or JSONL (.jsonl, .jsonl.gz, .jsonl.zst) file (nor a .lance dataset); "
+            f"{argument}: {path} is not a Parquet, JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Megatron (.bin) or OLMo (.npy) "
+            "file (nor a .lance dataset); "
             "leave it out, or name only the data files"
         )
     return name
 
 
 def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
-    """Every Parquet or JSONL file under `directory`: one source per format, one glob per file ending."""
+    """Every data file (Parquet, JSONL, Megatron .bin, OLMo .npy) under `directory`: one source per format, one
+    glob per file ending."""
     endings: dict[str, set[str]] = {}
     for _, _, files in os.walk(directory):
         for file in files:
@@ -129,7 +138,7 @@ def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
                 endings.setdefault(fmt, set()).add(max((e for e in extensions if file.endswith(e)), key=len))
     if not endings:
         raise ConfigError(
-            f"{directory}: no Parquet or JSONL file (.parquet, .jsonl, .jsonl.gz, .jsonl.zst) under it; "
+            f"{directory}: no data file (.parquet, .jsonl, .jsonl.gz, .jsonl.zst, .bin, .npy) under it; "
             "name the folder that holds your data files"
         )
     base = name or _name_of(directory)
@@ -320,9 +329,47 @@ def estimate(plan: SourcePlan, tokenizer) -> None:
     plan.tokens = plan.documents * (sum(len(i) for i in ids) / max(1, len(ids)))
 
 
+def count_token_files(plan: SourcePlan, tokenizer) -> None:
+    """A token source's documents and tokens: Megatron's from its indexes (exact), OLMo's tokens from the
+    file sizes and documents from the mean length of the documents in the sampled files' first blocks."""
+    from zephon_titan.config import SourceConfig
+    from zephon_titan.engine.sources import open_source
+
+    specials = (tokenizer.bos_id is not None) + (tokenizer.eos_id is not None)
+    if plan.format == "olmo":
+        if tokenizer.eos_id is None:
+            raise ConfigError(
+                f"{', '.join(plan.paths)}: OLMo token files end each document with the tokenizer's EOS, and this "
+                "tokenizer adds none; write the job by hand with eos_token_id (docs/configuration.md)"
+            )
+        dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
+        plan.token_settings = {
+            "eos_token_id": (tokenizer.eos_id, "the tokenizer's EOS: each document of the files ends with it"),
+            "token_dtype": (dtype, f"as OLMo-core picks it for a vocabulary of {tokenizer.vocab_size:,} ids"),
+        }
+    config = SourceConfig(
+        name=plan.name, paths=plan.paths, format=plan.format, **{k: v for k, (v, _) in plan.token_settings.items()}
+    )
+    source = open_source(config)
+    plan.tokens = source.token_count()  # type: ignore[attr-defined]  # MegatronSource, OlmoSource
+    if plan.format == "megatron":
+        plan.documents = sum(f.block_rows[0] for f in source.files)
+    else:
+        starts = list(accumulate(f.num_blocks for f in source.files))  # each file's first block, + its blocks
+        firsts = [start - f.num_blocks for start, f in zip(starts, source.files) if f.num_blocks]
+        sampled = firsts[:: max(1, len(firsts) // SAMPLE_FILES)][:SAMPLE_FILES]
+        lengths = [len(t) for block in map(source.read_block, sampled) for t in block.texts]
+        plan.documents = plan.tokens / max(1.0, sum(lengths) / max(1, len(lengths)))
+    plan.tokens += plan.documents * specials  # BOS/EOS added (a document's own are not doubled: a bound)
+    plan.why_field = "token ids: no tokenization"
+
+
 def inspect_sources(arguments: list[str], tokenizer) -> list[SourcePlan]:
     plans = plan_sources(arguments)
     for plan in plans:
+        if plan.format in TOKEN_FORMATS:
+            count_token_files(plan, tokenizer)
+            continue
         plan.samples = [sample_file(plan.format, f) for f in spread(plan.files)]
         if not any(s.documents for s in plan.samples):
             raise ConfigError(f"{', '.join(plan.paths)}: the sampled files hold no document; check the files")
@@ -505,7 +552,11 @@ def render(c: JobChoices, command: str) -> str:
             "",
             f"[dataloader.sources.{plan.name}]",
             _line("paths", plan.paths, describe(plan)),
-            _line("text_field", plan.text_field, plan.why_field or "the text column"),
+            *(
+                [_line(key, value, why) for key, (value, why) in plan.token_settings.items()]
+                if plan.format in TOKEN_FORMATS
+                else [_line("text_field", plan.text_field, plan.why_field or "the text column")]
+            ),
             _line("weight", c.weights[plan.name], share),
         ]
     return "\n".join(out) + "\n"
@@ -602,9 +653,10 @@ def check_written(path: str, layout: Layout) -> None:
 def report(c: JobChoices) -> None:
     print(f"sources (sampled up to {SAMPLE_FILES} files x {SAMPLE_ROWS} documents each, tokenized with {c.tokenizer}):")
     for plan in c.sources:
+        field = plan.why_field if plan.format in TOKEN_FORMATS else f"text_field {plan.text_field!r}"
         print(
-            f"  {plan.name}: {describe(plan)}; text_field {plan.text_field!r}"
-            + (f" ({plan.why_field})" if plan.why_field else "")
+            f"  {plan.name}: {describe(plan)}; {field}"
+            + (f" ({plan.why_field})" if plan.why_field and plan.format not in TOKEN_FORMATS else "")
         )
     how = "as given" if c.weights_given else "each source's share of the tokens, so all run out at the same step"
     print("weights: " + ", ".join(f"{n} {w:g}" for n, w in c.weights.items()) + f" ({how})")

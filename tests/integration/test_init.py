@@ -158,3 +158,39 @@ def test_the_readme_maps_every_setting_of_torchtitans_hf_loader(tmp_path):
         job.write_text(f'[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n[dataloader]\n{key} = {value}\n')
         with pytest.raises(ConfigError, match=rf"\[dataloader\] {key} is not a loader setting; (set|remove)"):
             load_job(str(job))
+
+
+@pytest.mark.slow  # init and two validates: ~19 s on the shared machine; the formats are covered in the gate
+def test_token_files_megatron_and_olmo(user_folder, prose_docs, capsys):
+    """init reads Megatron datasets and OLMo token files (counts from the indexes and sizes, no text column;
+    OLMo's eos_token_id and token_dtype from the tokenizer), validate accepts the job and counts the same
+    Megatron documents; a token id beyond the vocabulary is a one-line error from validate naming the file."""
+    import numpy as np
+    from token_files import write_megatron, write_olmo
+
+    from zephon_titan.titan.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("assets/my_tokenizer")
+    ids = [e.ids for e in tokenizer.tokenizer.encode_batch(prose_docs[:60], add_special_tokens=False)]
+    os.makedirs("data/meg")
+    os.makedirs("data/olmo")
+    write_megatron("data/meg/part-0", ids[:25])
+    write_megatron("data/meg/part-1", ids[25:40])
+    write_olmo("data/olmo/part-0.npy", ids[40:], tokenizer.eos_id)
+    argv = ["init", "data/meg", "data/olmo", "--tokenizer", "assets/my_tokenizer", "--gpus", "1,2"]
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "meg: megatron, 2 files," in said and "~40 documents" in said and "token ids: no tokenization" in said
+    assert "olmo: olmo, 1 file," in said and "~20 documents" in said, said
+    sources = load_toml("my_job.toml")["dataloader"]["sources"]
+    assert sources["meg"]["paths"] == ["data/meg/**/*.bin"] and "text_field" not in sources["meg"]
+    assert sources["olmo"]["eos_token_id"] == tokenizer.eos_id and sources["olmo"]["token_dtype"] == "uint16"
+    assert main(["validate", "my_job.toml", "--world-sizes", "1,2"]) == 0
+    counted = re.findall(r"(\w+) +weight [\d.]+ .*?, ([\d,]+) documents", capsys.readouterr().out)
+    assert counted == [("meg", "40"), ("olmo", "20")]
+    bad = np.fromfile("data/olmo/part-0.npy", dtype=np.uint16)
+    bad[3] = tokenizer.vocab_size + 1
+    bad.tofile("data/olmo/part-0.npy")
+    assert main(["validate", "my_job.toml", "--world-sizes", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"data/olmo/part-0.npy token offset 0: token id {tokenizer.vocab_size + 1}" in err

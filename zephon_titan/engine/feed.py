@@ -33,7 +33,7 @@ import numpy as np
 from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.shuffle import Permutation, derive_key
-from zephon_titan.engine.sources.base import BlockDocuments
+from zephon_titan.engine.sources.base import BlockDocuments, Source
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
 from zephon_titan.engine.state import FeedState, MixState, SourceCursor, initial_cursors
@@ -271,13 +271,17 @@ class LaneSourceReader:
         return Document(self.source_index, tokens, file, row, 0, len(tokens))
 
     def _check_token_ids(self, ids: np.ndarray, file: str, row: int) -> None:
-        vocab = self.spec.tokenizer.vocab_size
-        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
-            raise DataError(
-                f"{file} {self.source.row_unit} {row}: token id {bad} is outside the tokenizer's vocabulary of {vocab}; "
-                f"source {self.source.name!r} must be pre-tokenized with this run's tokenizer"
-            )
+        check_token_ids(self.source, ids, file, row, self.spec.tokenizer.vocab_size)
+
+
+def check_token_ids(source: Source, ids: np.ndarray, file: str, row: int, vocab: int) -> None:
+    """A pre-tokenized document's ids must be in the vocabulary (the lanes check each; so does `validate`)."""
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise DataError(
+            f"{file} {source.row_unit} {row}: token id {bad} is outside the tokenizer's vocabulary of {vocab}; "
+            f"source {source.name!r} must be pre-tokenized with this run's tokenizer"
+        )
 
 
 class DocumentFeed:

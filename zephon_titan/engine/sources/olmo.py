@@ -68,6 +68,9 @@ class OlmoSource(Source):
             "eos_token_id": self.eos,
         }
 
+    def token_count(self) -> int:
+        return sum(f.size for f in self.files) // self.dtype.itemsize
+
     def _scan(self, file: FileStat) -> FileBlocks:
         if file.size % self.dtype.itemsize:
             raise DataError(
