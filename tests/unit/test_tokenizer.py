@@ -6,6 +6,7 @@ by document (special-token strings inside the text included), on a fixture token
 special tokens and, when present, on the real tokenizers of ../shared/data/tokenizers.
 """
 
+import functools
 import json
 import os
 import shutil
@@ -13,9 +14,12 @@ import shutil
 import pytest
 from corpus import BOS, EOS
 from helpers import REAL_TOKENIZERS, real_tokenizer, special_token_strings, with_special_tokens
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, processors
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
+from zephon_titan.engine.tokenize import DocumentTokenizer
 from zephon_titan.titan.tokenizer import document_tokenizer, load_tokenizer
 
 EXTRA = ["<|im_start|>", "<|image|>", "<|begin_of_text|>"]
@@ -115,3 +119,29 @@ def test_gpt_neox_documents_are_separated_by_one_endoftext():
     endoftext = ours.tokenizer.token_to_id("<|endoftext|>")
     assert ours.bos_id is None and ours.eos_id == endoftext
     assert [t.tolist().count(endoftext) for t in ours.encode(["a", "b"])] == [1, 1]
+
+
+@functools.cache
+def _document_tokenizer(path: str, bos: int | None, eos: int | None, backend: str) -> DocumentTokenizer:
+    return DocumentTokenizer(Tokenizer.from_file(os.path.join(path, "tokenizer.json")), bos, eos, backend=backend)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(st.text(max_size=300), min_size=1, max_size=12),
+    bos=st.sampled_from([None, 0, 7]),
+    eos=st.sampled_from([None, 0, 9]),
+    backend=st.sampled_from(["tokenizers", "auto"]),
+)
+def test_a_batch_gives_each_document_its_own_ids_between_bos_and_eos(tokenizer_dir, texts, bos, eos, backend):
+    """encode() lays each document's ids between its BOS and EOS, whatever the documents that share its batch."""
+    reference = Tokenizer.from_file(os.path.join(tokenizer_dir, "tokenizer.json"))
+    expected = [
+        [bos] * (bos is not None) + reference.encode(text, add_special_tokens=False).ids + [eos] * (eos is not None)
+        for text in texts
+    ]
+    got = _document_tokenizer(tokenizer_dir, bos, eos, backend).encode(texts)
+    assert [ids.tolist() for ids in got] == expected
+    # Control: another EOS choice gives other ids.
+    other = _document_tokenizer(tokenizer_dir, bos, 11 if eos is None else None, backend)
+    assert [ids.tolist() for ids in other.encode(texts)] != expected
