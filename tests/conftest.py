@@ -87,6 +87,26 @@ def gcs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def azure(tmp_path_factory):
+    """Azurite (npm) on loopback behind a logging proxy, reached through AZURE_STORAGE_CONNECTION_STRING."""
+    from azureserver import AzureServer, azurite_binary
+
+    binary, why_not = azurite_binary()
+    if binary is None:
+        pytest.skip(why_not)
+    yield from _serving(AzureServer(str(tmp_path_factory.mktemp("azure")), binary))
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """A stand-in Hugging Face Hub file API on loopback (tests/hubserver.py), reached through HF_ENDPOINT
+    and HF_TOKEN."""
+    from hubserver import HubServer
+
+    yield from _serving(HubServer(str(tmp_path_factory.mktemp("hub"))))
+
+
+@pytest.fixture(scope="session")
 def s3_corpus(s3, corpus_dir) -> str:
     """The test corpus (prose JSONL + code Parquet) uploaded to the bucket; its s3:// URI."""
     return s3.upload(corpus_dir, "corpus")
@@ -96,3 +116,9 @@ def s3_corpus(s3, corpus_dir) -> str:
 def gcs_corpus(gcs, corpus_dir) -> str:
     """The test corpus uploaded to the GCS emulator's bucket; its gs:// URI."""
     return gcs.upload(corpus_dir, "corpus")
+
+
+@pytest.fixture(scope="session")
+def azure_corpus(azure, corpus_dir) -> str:
+    """The test corpus uploaded to Azurite's container; its az:// URI."""
+    return azure.upload(corpus_dir, "corpus")

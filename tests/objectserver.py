@@ -11,9 +11,21 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 BUCKET = "zephon-test"
+
+
+def serve(handler, port: int) -> None:
+    """Serve `handler` (a BaseHTTPRequestHandler class) on 127.0.0.1:port, one thread a request, after
+    telling the parent (`ObjectServer`) it is ready; never returns."""
+    from http.server import ThreadingHTTPServer
+
+    handler.log_message = lambda *args: None  # the request log is the JSON lines, not stderr
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    print("ready", flush=True)
+    httpd.serve_forever()
 
 
 def free_port() -> int:
@@ -50,6 +62,8 @@ class ObjectServer:
         for _ in range(100):
             try:
                 urllib.request.urlopen(self.endpoint + self.health_path, timeout=1)
+                return
+            except urllib.error.HTTPError:  # an answer, even an error, means it serves
                 return
             except OSError:
                 time.sleep(0.05)

@@ -9,10 +9,8 @@ else is a local path.
 S3 settings come from the usual AWS environment (AWS_ENDPOINT_URL, AWS_REGION or
 AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE,
 ~/.aws), or from `[dataloader] s3_endpoint_url / s3_region / s3_anonymous`, which win.
-GCS (`gs://`) goes through pyarrow's GcsFileSystem with Google's application default credentials
-(GOOGLE_APPLICATION_CREDENTIALS, gcloud, the metadata server); STORAGE_EMULATOR_HOST, the variable
-Google's own clients read, points it at an emulator, anonymously. Credentials are never read from
-the job config: it ends up in logs and checkpoints.
+GCS (`gs://`) and Azure Blob Storage (`az://`) are configured like their providers' own clients
+(clouds.py). Credentials are never read from the job config: it ends up in logs and checkpoints.
 """
 
 from __future__ import annotations
@@ -22,14 +20,13 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import cache, lru_cache
 
 import pyarrow as pa
 from pyarrow import fs as pafs
 
 from zephon_titan.config import DataConfig
-from zephon_titan.engine.sources import guards
+from zephon_titan.engine.sources import clouds, guards
 from zephon_titan.errors import ConfigError, DataError
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
@@ -69,32 +66,15 @@ def s3_endpoint(options: StorageOptions) -> str:
     return options.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL", "")
 
 
-def gcs_emulator() -> str:
-    """The GCS emulator's URL from STORAGE_EMULATOR_HOST (what Google's clients read), or ""."""
-    return os.environ.get("STORAGE_EMULATOR_HOST", "")
-
-
 def endpoint_of(scheme: str, options: StorageOptions) -> str:
     """The endpoint a scheme's requests go to when it is not the provider's default, or ""."""
-    return {"s3": s3_endpoint(options), "gs": gcs_emulator()}.get(scheme, "")
-
-
-# Where each provider's clients look for credentials: named in errors, never read from the job config.
-_CREDENTIALS = {
-    "s3": "AWS_* environment variables",
-    "gs": "GOOGLE_APPLICATION_CREDENTIALS or gcloud auth application-default login",
-}
-
-
-def _gcs(endpoint: str) -> pafs.FileSystem:
-    """An emulator at `endpoint` (anonymous; retries for 10 s, not pyarrow's 15 minutes, so a dead
-    emulator is an error, not a hang), else GCS with the application default credentials."""
-    if not endpoint:
-        return pafs.GcsFileSystem()
-    scheme, _, host = endpoint.rpartition("://")
-    return pafs.GcsFileSystem(
-        anonymous=True, endpoint_override=host, scheme=scheme or "http", retry_time_limit=timedelta(seconds=10)
-    )
+    if scheme == "s3":
+        return s3_endpoint(options)
+    if scheme == "gs":
+        return clouds.gcs_emulator()
+    if scheme == "hf":
+        return clouds.hub_endpoint()
+    return clouds.azure_endpoint() if scheme == "az" else ""
 
 
 @cache
@@ -102,7 +82,11 @@ def _filesystem(root: str, options: StorageOptions) -> pafs.FileSystem:
     """One filesystem (and connection pool) per scheme://bucket and settings, per process."""
     scheme = _scheme(root)
     if scheme == "gs":
-        return _gcs(gcs_emulator())
+        return clouds.gcs()
+    if scheme == "az":
+        return clouds.azure(root)
+    if scheme == "hf":
+        return clouds.hub()
     if scheme == "s3":
         kwargs: dict[str, str | bool] = {}
         endpoint = s3_endpoint(options)
@@ -138,6 +122,8 @@ def resolve(path: str, options: StorageOptions = StorageOptions()) -> tuple[pafs
         return _local(), os.path.abspath(path)
     guards.refuse_credentials(path, "path")  # never hand a secret to pyarrow, whose errors echo the URI
     scheme, rest = path.split("://", 1)
+    if scheme.lower() == "hf":
+        clouds.check_pinned(path)
     bucket = rest.split("/", 1)[0]
     return _filesystem(f"{scheme.lower()}://{bucket}", options), rest
 
@@ -179,19 +165,12 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
         return _expand_remote(pattern, filesystem, inner)
     except (OSError, pa.ArrowException) as e:  # a refused credential is ArrowInvalid, not an OSError
         scheme = _scheme(pattern)
-        endpoint = endpoint_of(scheme, options)
+        endpoint, word = endpoint_of(scheme, options), clouds.BUCKET_WORD.get(scheme, "bucket")
         raise ConfigError(
-            f"cannot list {pattern!r}: {one_line(e)}; check the bucket name, the endpoint"
+            f"cannot list {pattern!r}: {clouds.one_line(e)}; check the {word} name, the endpoint"
             + (f" ({guards.redact(endpoint)})" if endpoint else "")
-            + f" and the credentials ({_CREDENTIALS.get(scheme, 'the environment of its filesystem')})"
+            + f" and the credentials ({clouds.CREDENTIALS.get(scheme, 'the environment of its filesystem')})"
         ) from None
-
-
-def one_line(error: BaseException) -> str:
-    """A client library's error message cut to its first line and before the details some append
-    (google-cloud's `error_info={...}`), so the error that quotes it stays one line."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return text.split(" error_info=", 1)[0]
 
 
 def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> list[FileStat]:
@@ -206,8 +185,9 @@ def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> lis
     else:
         prefix, regex = inner[: wildcard.start()].rpartition("/")[0], _glob_regex(inner)
     infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
-    if not infos and filesystem.get_file_info(inner.split("/", 1)[0]).type == pafs.FileType.NotFound:
-        raise FileNotFoundError(f"bucket {inner.split('/', 1)[0]!r} does not exist")
+    top = clouds.top_level(_scheme(pattern), inner)
+    if not infos and filesystem.get_file_info(top).type == pafs.FileType.NotFound:
+        raise FileNotFoundError(f"{clouds.BUCKET_WORD.get(_scheme(pattern), 'bucket')} {top!r} does not exist")
     return [
         FileStat(_uri(pattern, info.path), info.size, _mtime_ns(info))
         for info in infos
