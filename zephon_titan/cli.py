@@ -434,6 +434,7 @@ def cmd_validate(args) -> int:
                 f'index = "<path or URI>" in [dataloader.sources.{source.name}] to read one manifest instead'
             )
     _print_schedule(job)
+    _print_exclusion(job)
     _print_validation(job, count=not args.no_count)
 
     def misfit(w: int) -> str | None:
@@ -459,6 +460,29 @@ def cmd_validate(args) -> int:
         bad += why is not None
         print(f"  {w:>5} ranks: {'ok' if why is None else 'INVALID'} ({detail})")
     return 1 if bad else 0
+
+
+# `validate` names at most this many listed documents it could not find, then says how many more.
+MISSING_SHOWN = 5
+
+
+def _print_exclusion(job: Job) -> None:
+    """How many documents of the `[dataloader] exclude` list the sources hold, and which they do not."""
+    from zephon_titan.engine.exclusion import missing_entries, parse_list
+
+    exclusion = job.spec.exclusion
+    if exclusion is None:
+        return
+    entries = parse_list(job.data.exclude)
+    missing = missing_entries(entries, list(job.spec.sources))
+    print(
+        f"exclude: {job.data.exclude}, from step {exclusion.from_step} (list sha256 {exclusion.digest[:16]}): "
+        f"{len(entries) - len(missing)} of {len(entries)} listed documents found in the sources"
+    )
+    if missing:
+        named = [f"line {e.line} ({e.normalized().replace(chr(9), ' ')}: {why})" for e, why in missing[:MISSING_SHOWN]]
+        more = f" and {len(missing) - MISSING_SHOWN} more" if len(missing) > MISSING_SHOWN else ""
+        print(f"  not found: {'; '.join(named)}{more}")
 
 
 def _check_tokenizer(spec, fast_json: str | None = None) -> int:

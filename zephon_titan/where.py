@@ -10,13 +10,14 @@ lane, and the piece's tokens in the row and in the document.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zephon_titan.engine import LaneState, Row, open_lane_group
+from zephon_titan.engine.exclusion import files_named, text_sha256
 from zephon_titan.engine.lanes import group_steps
-from zephon_titan.engine.sources.base import BlockDocuments, Source
+from zephon_titan.engine.sources.base import Source, file_blocks
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ZephonError
 from zephon_titan.progress import tqdm
 from zephon_titan.titan.job import Job, load_job
@@ -60,6 +61,8 @@ class WhereReport:
     """The last step the data could fill, when a finite run ends before `last`."""
     held_out: set[Document] = field(default_factory=set)
     """The documents held out for validation (eval_fraction): never trained."""
+    excluded_from: dict[Document, int] = field(default_factory=dict)
+    """The documents on the `[dataloader] exclude` list, with the first step that skips them."""
 
     def reached(self) -> list[Document]:
         seen = {p.document for p in self.placements}
@@ -84,6 +87,7 @@ class WhereReport:
                     "file": file,
                     key: row,
                     "held_out": (file, row) in self.held_out,
+                    "excluded_from_step": self.excluded_from.get((file, row)),
                     "placements": [
                         {
                             "step": p.step,
@@ -115,6 +119,16 @@ class WhereReport:
                 f"row tokens {p.row_tokens[0]}-{p.row_tokens[1]}, document tokens {p.doc_tokens[0]}-{p.doc_tokens[1]}"
                 for p in mine
             ]
+        for document, k in self.excluded_from.items():
+            later = [p.step for p in self.placements if p.document == document and p.step >= k]
+            out.append(
+                f"{self.source}: {document[0]} {self.row_unit} {document[1]}: excluded from step {k} ([dataloader] "
+                + (
+                    "exclude): in no step from it"
+                    if not later
+                    else f"exclude), yet in step {later[0]}: a bug, report it)"
+                )
+            )
         if self.ended is not None:
             out.append(f'(the data ends after step {self.ended}: a finite run, exhaustion = "redistribute")')
         return out
@@ -134,26 +148,12 @@ def source_index(job: Job, name: str) -> int:
 def resolve_file(source: Source, file: str) -> str:
     """The source's name for `file`: its path as listed, the same path spelled otherwise, or a unique ending."""
     paths = [f.path for f in source.files]
-    if file in paths:
-        return file
-    same = [p for p in paths if "://" not in p and os.path.abspath(p) == os.path.abspath(file)]
-    ending = [p for p in paths if p.endswith("/" + file.lstrip("/"))]
-    found = same or ending
+    found = files_named(paths, file)
     if len(found) == 1:
         return found[0]
     if not found:
         raise ZephonError(f"--file {file} is not a file of source {source.name} ({len(paths)} files)")
     raise ZephonError(f"--file {file} names {len(found)} files of source {source.name}; give more of its path")
-
-
-def file_blocks(source: Source, path: str) -> Iterator[BlockDocuments]:
-    """The blocks of one file of the source, in file order (each read when asked for)."""
-    first = 0
-    for f in source.files:
-        if f.path == path:
-            yield from map(source.read_block, range(first, first + f.num_blocks))
-            return
-        first += f.num_blocks
 
 
 def check_row(source: Source, path: str, row: int) -> Document:
@@ -184,6 +184,22 @@ def held_out_documents(job: Job, source: int, documents: list[Document]) -> set[
 
     fraction, seed = job.data.sources[source].eval_fraction, job.spec.config.split_seed
     return {(file, row) for file, row in documents if held_out(seed, file, [row], fraction)[0]}
+
+
+def excluded_documents(spec: EngineSpec, source: int, documents: list[Document]) -> dict[Document, int]:
+    """Those of `documents` on the exclusion list (by place, or by the SHA-256 of their text), with its first step."""
+    exclusion = spec.exclusion
+    if exclusion is None:
+        return {}
+    listed = {d for d in documents if exclusion.excludes(source, *d)}
+    if exclusion.texts:
+        wanted = set(documents) - listed
+        for path in sorted({file for file, _ in wanted}):
+            for block in file_blocks(spec.sources[source], path):
+                for row, text in zip(block.rows, block.texts):
+                    if (path, row) in wanted and isinstance(text, str) and text_sha256(text) in exclusion.texts:
+                        listed.add((path, row))
+    return {d: exclusion.from_step for d in documents if d in listed}
 
 
 def find_documents(source: Source, file: str | None, row: int | None, match: str | None) -> list[Document]:
@@ -265,6 +281,7 @@ def where(
     lane_rows = [states[lane].rows if lane in states else 0 for lane in lanes]
     report = WhereReport(source_name, source.row_unit, first, last, documents, [])
     report.held_out = held_out_documents(job, s, documents)
+    report.excluded_from = excluded_documents(spec, s, documents)
     wanted = set(documents)
     group = open_lane_group(
         spec, lanes, rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start

@@ -144,3 +144,33 @@ def test_a_document_held_out_for_validation_is_said_so(tmp_path, corpus_dir, tok
         capsys.readouterr().out
         == f"code: {file} row {row}: in no step of 1-1 (held out for validation: eval_fraction)\n"
     )
+
+
+def test_an_excluded_document_is_in_no_step_from_k_and_validate_counts_the_list(
+    tmp_path, corpus_dir, tokenizer_dir, document, capsys
+):
+    """A document on the `[dataloader] exclude` list from step k: `where` finds its pieces before k only and says
+    it is excluded from k (without the list it has pieces from k on: the control); `validate` counts the listed
+    documents it found and names those it did not (five, then how many more)."""
+    steps = sorted({p["step"] for p in document["placements"]})
+    k = steps[len(steps) // 2]
+    listed = tmp_path / "exclude.txt"
+    missing = [f"code part-00000.parquet {10_000 + i}" for i in range(6)] + ["nosuch part-00000.parquet 1"]
+    listed.write_text("\n".join([f"code {os.path.basename(document['file'])} {document['row']}", *missing]) + "\n")
+    job = write_job(
+        tmp_path / "job.toml", corpus_dir, tokenizer_dir, dataloader=f'exclude = "{listed}"\nexclude_from_step = {k}'
+    )
+    argv = ["--source", "code", "--file", document["file"], "--row", str(document["row"]), "--steps", f"1-{STEPS}"]
+    status, report = _where(capsys, job, *argv)
+    (found,) = report["documents"]
+    assert status == 0 and found["excluded_from_step"] == k
+    assert found["placements"] == [p for p in document["placements"] if p["step"] < k]
+    assert any(p["step"] >= k for p in document["placements"])  # control: trained from k without the list
+    assert main(["where", job, *argv]) == 0
+    assert f"excluded from step {k} ([dataloader] exclude): in no step from it" in capsys.readouterr().out
+
+    assert main(["validate", job, "--no-count"]) == 0
+    out = capsys.readouterr().out
+    assert f"exclude: {listed}, from step {k} (list sha256 " in out and "1 of 8 listed documents found" in out
+    assert "not found: line 2 (code part-00000.parquet 10000: " in out and "has no document at row 10000" in out
+    assert out.count("has no document at row") == 5 and out.rstrip().count("and 2 more") == 1

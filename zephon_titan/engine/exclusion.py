@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.errors import ConfigError
 
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -90,14 +91,18 @@ def text_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def resolve_file(paths: list[str], file: str) -> str | None:
-    """The source's path for a listed file: the path as listed, the same path spelled otherwise, or a unique
-    ending (None: no such file, or several)."""
+def files_named(paths: list[str], file: str) -> list[str]:
+    """The source's paths a user's `file` may name: the path as listed, the same path spelled otherwise, or the
+    paths ending with it (one: found; several: ambiguous)."""
     if file in paths:
-        return file
+        return [file]
     same = [p for p in paths if "://" not in p and os.path.abspath(p) == os.path.abspath(file)]
-    ending = [p for p in paths if p.endswith("/" + file.lstrip("/"))]
-    found = same or ending
+    return same or [p for p in paths if p.endswith("/" + file.lstrip("/"))]
+
+
+def resolve_file(paths: list[str], file: str) -> str | None:
+    """The source's path for a listed file (None: no such file, or several)."""
+    found = files_named(paths, file)
     return found[0] if len(found) == 1 else None
 
 
@@ -135,3 +140,39 @@ def build_exclusion(path: str, from_step: int, sources: list[tuple[str, list[str
             places[i].add((file, e.row))
     texts = frozenset(e.text_sha256 for e in entries if e.text_sha256)
     return Exclusion(from_step, list_digest(entries), tuple(map(frozenset, places)), texts)
+
+
+def missing_entries(entries: list[Entry], sources: list[Source]) -> list[tuple[Entry, str]]:
+    """The listed documents none of `sources` holds, each with why (what `validate` reports). Reads the blocks
+    of the files named by place, and every block when the list names texts."""
+    by_name = {s.name: s for s in sources}
+    wanted: dict[tuple[str, str], set[int]] = {}  # (source, path) -> rows listed
+    missing: list[tuple[Entry, str]] = []
+    placed: list[tuple[Entry, str, str]] = []
+    for e in entries:
+        if e.text_sha256:
+            continue
+        if e.source not in by_name:
+            missing.append((e, f"no source {e.source!r} (sources: {', '.join(by_name)})"))
+            continue
+        path = resolve_file([f.path for f in by_name[e.source].files], e.file)
+        if path is None:
+            missing.append((e, f"no single file {e.file!r} in source {e.source!r}"))
+            continue
+        placed.append((e, e.source, path))
+        wanted.setdefault((e.source, path), set()).add(e.row)
+    texts = {e.text_sha256 for e in entries if e.text_sha256}
+    rows_seen: dict[tuple[str, str], set[int]] = {key: set() for key in wanted}
+    for source in sources:
+        for f in source.files:
+            key = (source.name, f.path)
+            if key not in wanted and not texts:
+                continue
+            for block in file_blocks(source, f.path):
+                rows_seen.get(key, set()).update(r for r in block.rows if r in wanted.get(key, ()))
+                texts -= {text_sha256(t) for t in block.texts if isinstance(t, str)} if texts else set()
+    for e, name, path in placed:
+        if e.row not in rows_seen[(name, path)]:
+            missing.append((e, f"{path} has no document at {by_name[name].row_unit} {e.row}"))
+    missing += [(e, "no text with this SHA-256") for e in entries if e.text_sha256 in texts]
+    return sorted(missing, key=lambda m: m[0].line)

@@ -293,3 +293,13 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         files.update((m.path, m) for m in matches)
     guards.refuse_duplicate_targets(source_name, list(files))
     return [files[path] for path in sorted(files)]
+
+
+def file_blocks(source: Source, path: str) -> Iterator[BlockDocuments]:
+    """The blocks of one file of the source, in file order (each read when asked for)."""
+    first = 0
+    for f in source.files:
+        if f.path == path:
+            yield from map(source.read_block, range(first, first + f.num_blocks))
+            return
+        first += f.num_blocks
