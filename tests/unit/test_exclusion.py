@@ -185,3 +185,21 @@ def test_exclude_and_its_step_go_together(corpus_dir, tokenizer_dir):
     for settings_ in ({"exclude": "list.txt"}, {"exclude_from_step": 3}):
         with pytest.raises(ConfigError, match="exclude and exclude_from_step go together"):
             config_from_dict(data_table(corpus_dir, tokenizer_dir, **settings_))
+
+
+def test_at_a_resume_an_exclusion_may_change_only_the_steps_after_the_checkpoint():
+    from zephon_titan.engine.fingerprint import EXCLUDE_KEY, check_exclusion
+    from zephon_titan.errors import ResumeError
+
+    def fp(k: int | None, digest: str = "aa") -> dict:
+        return {} if k is None else {EXCLUDE_KEY: f"from step {k}, list sha256 {digest}"}
+
+    assert check_exclusion(fp(None), fp(None), 5) == "" and check_exclusion(fp(3), fp(3), 5) == ""
+    assert check_exclusion(fp(None), fp(6), 5) == "documents are excluded from step 6, list sha256 aa"
+    assert "dropped" in check_exclusion(fp(7), fp(None), 5)  # planned, not begun
+    assert check_exclusion(fp(7, "aa"), fp(6, "bb"), 5)  # not begun: the future may change
+    with pytest.raises(ResumeError, match=r"exclude_from_step = 5 is at or before the checkpoint's step 5 .*to 6 or"):
+        check_exclusion(fp(None), fp(5), 5)
+    for changed in (fp(None), fp(3, "bb"), fp(4)):  # an exclusion in force since step 3 stays as it is
+        with pytest.raises(ResumeError, match="the checkpoint's exclusion is in force since step 3, at or before"):
+            check_exclusion(fp(3), changed, 5)
