@@ -6,6 +6,8 @@ import contextlib
 import hashlib
 import os
 
+from hypothesis import strategies as st
+
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneState, LaneStream, build_engine
 from zephon_titan.engine.sources import formats
@@ -73,6 +75,40 @@ def drain_pieces(spec):
         except LaneExhausted:
             pass
     return pieces
+
+
+# What a seq_len change is drawn over (at a resume: test_seq_len_change.py; in the job: test_seq_len_schedule.py):
+# both packers (best_fit also as runs saved before per_step mixed), both label rules, longer and shorter rows.
+SEQ_LEN_CHANGE = {
+    "packing": st.sampled_from(["wrap", "best_fit", "best_fit/per_window"]),
+    "labels": st.sampled_from(["document", "stream"]),
+    "longer": st.booleans(),
+}
+
+
+def engine_checkpoint(spec, steps: int, rows: int = 2, fp=None) -> dict:
+    """A checkpoint's loader entries after `steps` steps of `spec` (as a loader saves them)."""
+    from zephon_titan.engine import LaneGroup, fingerprint
+    from zephon_titan.titan.loader_state import HEADER_VERSION, Header, LaneEntry, encode_state
+
+    group = LaneGroup(spec, range(spec.num_lanes), rows, None, 0)
+    for _ in range(steps):
+        group.next_step()
+    lanes = {lane: LaneEntry(state, [0] * len(spec.sources), 0) for lane, state in group.state().items()}
+    header = Header(HEADER_VERSION, rows * spec.num_lanes, steps, fp or fingerprint(spec))
+    return encode_state(header, lanes, len(spec.sources))
+
+
+def drain(stream) -> list:
+    """Every row left in a finite lane stream (exhaustion = "redistribute"), up to its LaneExhausted."""
+    from zephon_titan.engine import LaneExhausted
+
+    rows = []
+    try:
+        while True:
+            rows.append(stream.next_row())
+    except LaneExhausted:
+        return rows
 
 
 def assert_each_document_once(spec, pieces) -> int:

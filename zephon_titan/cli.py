@@ -302,7 +302,6 @@ def _print_schedule(job: Job) -> None:
     if not job.data.phases:
         return
     last = job.config.training.steps
-    slots = job.global_batch_size * job.seq_len
     starts = [p.start_step for p in job.data.phases] + [last + 1]
     print(f"mixture schedule ({len(job.data.phases)} phases over [training] steps = {last}):")
     for phase, start, end in zip(job.data.phases, starts, starts[1:]):
@@ -314,7 +313,7 @@ def _print_schedule(job: Job) -> None:
         expected = {name: 0.0 for name in job.spec.source_names}
         for step in steps:
             for name, w in job.spec.schedule.weights_by_name(step).items():
-                expected[name] += w * slots
+                expected[name] += w * job.global_batch_size * job.spec.era_of(step).seq_len
         ramp = f", ramped over {phase.ramp_steps} steps" if phase.ramp_steps else ""
         print(
             f"  steps {start}-{steps[-1]}: " + ", ".join(f"{n} {w:g}" for n, w in weights.items()) + ramp
@@ -323,6 +322,13 @@ def _print_schedule(job: Job) -> None:
     resting = [n for n in job.spec.source_names if all(p.weights.get(n, 0) <= 0 for p in job.data.phases)]
     if resting:
         print(f"  resting in every phase (declared for a later phase): {', '.join(resting)}")
+    eras = [e for e in job.spec.seq_len_schedule if e.start <= last]
+    if eras:
+        ends = [e.start - 1 for e in eras[1:]] + [last]
+        print(
+            "seq_len stages ([[dataloader.phases]] seq_len; [training] seq_len is the longest): "
+            + "; ".join(f"steps {e.start}-{end}: rows of {e.seq_len}" for e, end in zip(eras, ends))
+        )
 
 
 def _print_validation(job: Job, count: bool) -> None:
@@ -377,6 +383,7 @@ def cmd_validate(args) -> int:
     tokenizer = job.tokenizer
     job.check_model_vocab()
     job.check_model_seq_len()
+    job.check_seq_len_schedule()
     spec = job.spec
     print(
         f"config: {job.path}  ({spec.num_lanes} lanes, global batch {job.global_batch_size} rows of "

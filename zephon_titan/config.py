@@ -296,6 +296,19 @@ class PhaseConfig:
     ramp_steps: int = setting(0, rows=True, rows_note="the schedule component")
     """Move linearly from the previous phase's weights to these over the phase's first ramp_steps steps."""
 
+    seq_len: int = setting(
+        0,
+        rows=True,
+        rows_note="the schedule component",
+        bounds=(0, 1 << 20, "a row is built in memory"),
+        allowed="0 or a length <= [training] seq_len",
+    )
+    """Rows of this many tokens from this phase's start_step (a sequence-length warm-up, or a long-context stage
+    planned from the start); 0: the previous phase's (the first phase's: [training] seq_len, which must be the
+    schedule's longest: TorchTitan sizes the RoPE cache by it). Each lane continues where it stopped, as at a resume
+    that changes seq_len (docs/changing-a-run.md). The job needs [training] disable_cuda_graphs = true (TorchTitan's
+    CUDA graphs refuse inputs of another shape)."""
+
 
 @dataclass(kw_only=True, slots=True)
 class DataConfig:
@@ -690,6 +703,10 @@ def validate_phases(phases: list[PhaseConfig], names: list[str]) -> None:
                 raise ConfigError(f"{where}: weight of {name!r} must be a finite number >= 0, got {weight!r}")
         if not any(w > 0 for w in phase.weights.values()):
             raise ConfigError(f"{where}: no source has a weight > 0; every phase must read something")
+        if not 0 <= phase.seq_len <= 1 << 20:
+            raise ConfigError(
+                f"{where}: seq_len must be 0 (the previous phase's) or in [1, {1 << 20}], got {phase.seq_len}"
+            )
 
 
 # ---- the TOML table -> dataclass -----------------------------------------------------------------------
@@ -740,8 +757,9 @@ def _phase_from_table(i: int, table: Any) -> PhaseConfig:
         start_step=table["start_step"],
         weights={str(k): v for k, v in weights.items()},
         ramp_steps=table.get("ramp_steps", 0),
+        seq_len=table.get("seq_len", 0),
     )
-    for key in ("start_step", "ramp_steps"):
+    for key in ("start_step", "ramp_steps", "seq_len"):
         if not isinstance(getattr(phase, key), int) or isinstance(getattr(phase, key), bool):
             raise ConfigError(f"{where} {key} must be int, got {short_repr(getattr(phase, key))}")
     return phase

@@ -182,6 +182,7 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
     "PhaseConfig.start_step": lambda job: (job.phased(), _set(job.phased(), "phases.1.start_step", 20)),
     "PhaseConfig.weights": lambda job: (job.phased(), _set(job.phased(), "phases.1.weights.prose", 2.0)),
     "PhaseConfig.ramp_steps": lambda job: (job.phased(), _set(job.phased(), "phases.1.ramp_steps", 5)),
+    "PhaseConfig.seq_len": lambda job: (job.phased(), _set(job.phased(), "phases.1.seq_len", 32)),
 }
 
 

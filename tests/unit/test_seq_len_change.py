@@ -9,12 +9,12 @@ import json
 
 import numpy as np
 import pytest
-from helpers import assert_each_document_once, data_table, make_spec
+from helpers import SEQ_LEN_CHANGE, assert_each_document_once, data_table, drain, engine_checkpoint, make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
-from zephon_titan.engine import LaneExhausted, LaneGroup, LaneState, LaneStream, fingerprint
+from zephon_titan.engine import LaneGroup, LaneState, LaneStream, fingerprint
 from zephon_titan.engine.fingerprint import check_fingerprint
 from zephon_titan.engine.ledger import LedgerEntry, step_seq_len
 from zephon_titan.engine.spec import portable, spec_from_portable
@@ -55,20 +55,9 @@ def _spec(corpus_dir, tokenizer_dir, seq_len, packing, labels, small=True):
     return _SPECS[key]
 
 
-def _drain(stream):
-    rows = []
-    try:
-        while True:
-            rows.append(stream.next_row())
-    except LaneExhausted:
-        return rows
-
-
 @settings(max_examples=6, deadline=None)  # ~0.4 s each: a finite corpus drained through the change
 @given(
-    packing=st.sampled_from(["wrap", "best_fit", "best_fit/per_window"]),
-    labels=st.sampled_from(["document", "stream"]),
-    longer=st.booleans(),
+    **SEQ_LEN_CHANGE,
     cut=st.integers(1, 6),
     rows=st.sampled_from([(2, 1), (2, 2), (1, 3)]),
     again=st.integers(0, 4),
@@ -93,7 +82,7 @@ def test_every_document_is_trained_once_across_a_seq_len_change(
         expected = after.take(2 * r2)
         restored = LaneStream(resumed, lane, saved, StepClock(r2, saved.rows, cut + again))
         assert [x.to_bytes() for x in restored.take(2 * r2)] == [x.to_bytes() for x in expected]
-        rest = _drain(after)
+        rest = drain(after)
         assert all(len(x.inputs) == a for x in first) and all(len(x.inputs) == b for x in middle + expected + rest)
         pieces += [(p, x) for x in first + middle + expected + rest for p in x.pieces]
     assert_each_document_once(spec_a, pieces)  # every document's tokens (or pairs) once, none skipped
@@ -124,7 +113,7 @@ def test_a_window_open_at_the_change_is_packed_again_and_saved_with_resized(corp
     for lane in range(2):
         head = LaneStream(spec_a, lane, clock=StepClock(1))
         rows = head.take(1)
-        rows += _drain(LaneStream(plain, lane, head.state(), StepClock(1, 1, 1)))
+        rows += drain(LaneStream(plain, lane, head.state(), StepClock(1, 1, 1)))
         pieces += [(p, x) for x in rows for p in x.pieces]
     with pytest.raises(AssertionError):
         assert_each_document_once(spec_a, pieces)
@@ -196,21 +185,9 @@ def test_a_resume_with_another_seq_len_continues_as_planned(corpus_dir, tokenize
         check_fingerprint(header["fingerprint"], fingerprint(spec_128))
 
 
-def _checkpoint(spec, steps, rows=2, fp=None):
-    """A checkpoint's loader entries after `steps` steps of `spec` (as a loader saves them)."""
-    from zephon_titan.titan.loader_state import HEADER_VERSION, Header, LaneEntry, encode_state
-
-    group = LaneGroup(spec, range(spec.num_lanes), rows, None, 0)
-    for _ in range(steps):
-        group.next_step()
-    lanes = {lane: LaneEntry(state, [0] * len(spec.sources), 0) for lane, state in group.state().items()}
-    header = Header(HEADER_VERSION, rows * spec.num_lanes, steps, fp or fingerprint(spec))
-    return encode_state(header, lanes, len(spec.sources))
-
-
 def test_what_may_change_with_seq_len_and_what_is_refused(corpus_dir, tokenizer_dir):
     spec_32 = _spec(corpus_dir, tokenizer_dir, 32, "wrap", "document", small=False)
-    saved = _checkpoint(spec_32, 2)
+    saved = engine_checkpoint(spec_32, 2)
     # The same seq_len: the spec stays the config's (no eras, no seq_lens: checkpoints keep their form).
     restored = read_state(saved, range(2), fingerprint(spec_32))
     assert restored.spec(spec_32) is spec_32 and not restored.seq_len_change
@@ -218,7 +195,7 @@ def test_what_may_change_with_seq_len_and_what_is_refused(corpus_dir, tokenizer_
     table = _table(corpus_dir, "wrap", "document")
     set_16 = make_spec(corpus_dir, tokenizer_dir, seq_len=32, mix_chunk_tokens=16, **table)
     long_16 = make_spec(corpus_dir, tokenizer_dir, seq_len=128, mix_chunk_tokens=16, **table)
-    restored = read_state(_checkpoint(set_16, 2), range(2), fingerprint(long_16))
+    restored = read_state(engine_checkpoint(set_16, 2), range(2), fingerprint(long_16))
     assert restored.seq_len_change == "seq_len 32 -> 128 from step 3"
     assert [(e.seq_len, e.chunk) for e in restored.eras] == [(32, 16), (128, 16)]
     # mix_chunk_tokens alone is not a change of the future: refused as before, naming it.
@@ -227,7 +204,7 @@ def test_what_may_change_with_seq_len_and_what_is_refused(corpus_dir, tokenizer_
     # A damaged record of the run's seq_lens is refused in one line (control: the intact one restores above).
     fp = dict(fingerprint(long_16), seq_lens="[[1,32,16],[9,128,16]]")  # a change after the checkpoint's step
     with pytest.raises(ResumeError, match="fingerprint field 'seq_lens' is damaged"):
-        read_state(_checkpoint(long_16, 2, fp=fp), range(2), fingerprint(long_16))
+        read_state(engine_checkpoint(long_16, 2, fp=fp), range(2), fingerprint(long_16))
 
 
 @pytest.mark.slow

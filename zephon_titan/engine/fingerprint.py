@@ -232,7 +232,9 @@ def check_mixture(saved: Fingerprint, current: Fingerprint, step: int) -> str:
 
 
 def _weights(schedule: Schedule, step: int) -> str:
-    return ", ".join(f"{name} {w:g}" for name, w in schedule.weights_by_name(step).items()) or "none"
+    weights = ", ".join(f"{name} {w:g}" for name, w in schedule.weights_by_name(step).items()) or "none"
+    seq_len = schedule.seq_len_at(step)
+    return weights + (f" at seq_len {seq_len}" if seq_len else "")
 
 
 def _split_component(spec: EngineSpec) -> dict[str, str]:

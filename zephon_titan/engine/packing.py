@@ -128,6 +128,8 @@ class Packer(Protocol):
 
     name: ClassVar[str]
 
+    shape: RowShape
+    """The rows it makes (set by the lane for its era: spec.era_of)."""
     boundary: Callable[[], int | None] | None
     """Set by the lane under a mixture schedule: rows from the next one to the next segment's
     first row (None: no later segment). A packer that draws ahead stops drawing there."""

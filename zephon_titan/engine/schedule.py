@@ -25,6 +25,9 @@ class Phase:
     weights: tuple[float, ...]
     """Normalized to sum to 1, in source order (0: the source rests in this phase)."""
     ramp_steps: int = 0
+    seq_len: int = 0
+    """The row length from this phase on (`[[dataloader.phases]] seq_len`); 0: the previous phase's (the first
+    phase's: the job's training.seq_len)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +54,7 @@ class Schedule:
     def phased(self) -> bool:
         """The weights change during the run (more than one phase, or a ramp): the fingerprint keeps the schedule
         and the ledger each step's weights."""
-        return len(self.phases) > 1 or any(p.ramp_steps for p in self.phases)
+        return len(self.phases) > 1 or any(p.ramp_steps or p.seq_len for p in self.phases)
 
     @property
     def scheduled(self) -> bool:
@@ -88,10 +91,15 @@ class Schedule:
 
     def describe(self) -> str:
         """Canonical text of the schedule (the fingerprint keeps it: a resume compares past steps)."""
+        # A phase's seq_len is written only in a schedule that sets one: other schedules keep their text.
+        lengths = any(p.seq_len for p in self.phases)
         return json.dumps(
             {
                 "sources": self.source_names,
-                "phases": [[p.start_step, [round(w, 12) for w in p.weights], p.ramp_steps] for p in self.phases],
+                "phases": [
+                    [p.start_step, [round(w, 12) for w in p.weights], p.ramp_steps, *([p.seq_len] if lengths else [])]
+                    for p in self.phases
+                ],
             },
             separators=(",", ":"),
         )
@@ -99,7 +107,7 @@ class Schedule:
     @classmethod
     def from_description(cls, text: str) -> Schedule:
         data = json.loads(text)
-        return cls(data["sources"], [Phase(start, tuple(weights), ramp) for start, weights, ramp in data["phases"]])
+        return cls(data["sources"], [Phase(start, tuple(weights), *rest) for start, weights, *rest in data["phases"]])
 
     def boundaries(self, last_step: int) -> list[int]:
         """Every step <= last_step where the weights may change (segment starts), ascending."""
@@ -113,9 +121,16 @@ class Schedule:
         """The first step <= last_step whose weights differ between the two schedules (by source name),
         or None: steps 1..last_step mix the same."""
         for step in sorted(set(self.boundaries(last_step)) | set(other.boundaries(last_step))):
-            if self.weights_by_name(step) != other.weights_by_name(step):
+            if self.weights_by_name(step) != other.weights_by_name(step) or self.seq_len_at(step) != other.seq_len_at(
+                step
+            ):
                 return step
         return None
+
+    def seq_len_at(self, step: int) -> int:
+        """The row length the phases set for `step` (0: none set, the job's training.seq_len)."""
+        p = max(bisect.bisect_right(self._starts, step) - 1, 0)
+        return next((q.seq_len for q in reversed(self.phases[: p + 1]) if q.seq_len), 0)
 
     def weights_by_name(self, step: int) -> dict[str, float]:
         """The weights at `step` by source name, resting sources left out (rounded: a saved schedule is text)."""

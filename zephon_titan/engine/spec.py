@@ -49,6 +49,10 @@ class EngineSpec:
     change, is replayed with an earlier one (stream.py); every new row has seq_len."""
     exclusion: Exclusion | None = None
     """The documents skipped from a step on (`[dataloader] exclude`: exclusion.py); None: none."""
+    seq_len_schedule: tuple[Era, ...] = ()
+    """The job's sequence lengths by step (`[[dataloader.phases]] seq_len`; empty: seq_len from step 1): each era's
+    first step, seq_len and mixer piece size; seq_len is their longest. A lane enters an era as a resume at that
+    step with that seq_len would (stream.py)."""
 
     @property
     def num_lanes(self) -> int:
@@ -65,13 +69,14 @@ class EngineSpec:
 
     def era_of(self, step: int) -> Era:
         """The era of `step` (a unit drawn for a row of that step was cut with its seq_len and piece size)."""
-        eras = self.eras or (Era(1, self.seq_len, self.mix_chunk_tokens),)
+        eras = self.eras or self.seq_len_schedule or (Era(1, self.seq_len, self.mix_chunk_tokens),)
         return [e for e in eras if e.start <= step][-1] if step >= eras[0].start else eras[0]
 
-    def eras_from(self, step: int) -> list[Era]:
-        """The era of `step` and every later one, in order."""
+    def eras_from(self, step: int, until: int | None = None) -> list[Era]:
+        """The era of `step` and every later one (that begins by step `until`, if given), in order."""
         first = self.era_of(step)
-        return [first, *(e for e in self.eras if e.start > first.start)]
+        later = (e for e in self.eras or self.seq_len_schedule if e.start > first.start)
+        return [first, *(e for e in later if until is None or e.start <= until)]
 
     def with_eras(self, eras: tuple[Era, ...]) -> EngineSpec:
         """This spec (of the last era's seq_len) continuing a run whose seq_len changed at a resume: the mixer
@@ -169,14 +174,32 @@ def build_engine(
     if config.exclude:
         files = [(s.name, [f.path for f in s.files]) for s in sources]
         exclusion = build_exclusion(config.exclude, config.exclude_from_step, files)
+    eras = seq_len_eras(config, seq_len)
     return EngineSpec(
         config=config,
         sources=sources,
-        schedule=schedule_of(config),
+        schedule=schedule_of(config).with_cuts(tuple(e.start for e in eras[1:])),
         tokenizer=tokenizer,
         seq_len=seq_len,
         exclusion=exclusion,
+        seq_len_schedule=eras,
     )
+
+
+def seq_len_eras(config: DataConfig, seq_len: int) -> tuple[Era, ...]:
+    """The eras of the phases' seq_len (the first phase's default: `seq_len`); empty: `seq_len` throughout."""
+    eras = [Era(1, seq_len, config.mix_chunk_tokens or seq_len)]
+    for i, phase in enumerate(config.phases):
+        if phase.seq_len > seq_len:
+            raise ConfigError(
+                f"[[dataloader.phases]] #{i + 1} (start_step {phase.start_step}) seq_len = {phase.seq_len} is above "
+                f"[training] seq_len = {seq_len}; set [training] seq_len to the schedule's longest (TorchTitan sizes "
+                "the model's RoPE cache by it)"
+            )
+        if phase.seq_len and phase.seq_len != eras[-1].seq_len:
+            era = Era(phase.start_step, phase.seq_len, config.mix_chunk_tokens or phase.seq_len)
+            eras[-1:] = [era] if eras[-1].start == phase.start_step else [eras[-1], era]
+    return tuple(eras) if eras != [Era(1, seq_len, config.mix_chunk_tokens or seq_len)] else ()
 
 
 def schedule_of(config: DataConfig) -> Schedule:
@@ -186,7 +209,7 @@ def schedule_of(config: DataConfig) -> Schedule:
         phases = [Phase(1, _normalized([s.weight for s in config.sources]))]
     else:
         phases = [
-            Phase(p.start_step, _normalized([float(p.weights.get(n, 0.0)) for n in names]), p.ramp_steps)
+            Phase(p.start_step, _normalized([float(p.weights.get(n, 0.0)) for n in names]), p.ramp_steps, p.seq_len)
             for p in config.phases
         ]
     return Schedule(names, phases)

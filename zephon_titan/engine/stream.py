@@ -68,6 +68,11 @@ class LaneStream:
                     "lacks; keep the exclude settings of the run"
                 )
             self.feed.excluding = self._unit_excluding = True
+        # The era of the lane's next row: its row length and the mixer's piece size (spec.py; one era unless the
+        # job schedules seq_len or a resume changed it).
+        self.era = spec.era_of(self.clock.step(self.rows) if self.clock is not None else 1)
+        self.packer.shape = RowShape.of(spec, self.era.seq_len)
+        self.feed.chunk = self.era.chunk
         if spec.schedule.scheduled and self.clock is not None:
             self.packer.boundary = self._rows_to_next_segment
         self._replay: tuple[Replay, object] | None = None
@@ -77,11 +82,11 @@ class LaneStream:
             self.packer.window_rows = state.window_rows
             # The open unit, drawn as it was: with the seq_len and piece size of the step it was drawn for
             # (its segment's first step: a seq_len change starts a segment), then resized (packing.py).
-            eras = spec.eras_from(state.feed.mix.segment) if state.unit_open else []
+            eras = spec.eras_from(state.feed.mix.segment, self.era.start) if state.unit_open else []
             shapes = [RowShape.of(spec, era.seq_len) for era in eras]
-            self.feed.chunk = eras[0].chunk if eras else spec.mix_chunk_tokens
+            self.feed.chunk = eras[0].chunk if eras else self.era.chunk
             self.packer.restore(state.unit_open, state.unit_offset, shapes, state.resized or ())
-            self.feed.chunk = spec.mix_chunk_tokens
+            self.feed.chunk = self.era.chunk
             self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
             if state.replay is not None:  # kept in this lane's states while that unit stays open
                 self._replay = (state.replay, self.packer.unit()[0])
@@ -91,6 +96,10 @@ class LaneStream:
         """The next row; raises LaneExhausted at the end of a finite lane."""
         if self.clock is not None:
             step = self.clock.step(self.rows)
+            if self.spec.seq_len_schedule and self.spec.era_of(step) != self.era:
+                # The job's seq_len changes at this step: the lane goes on exactly as a resume here with the new
+                # seq_len would (its open unit replayed, a best_fit window packed again at the new length).
+                self.__init__(self.spec, self.lane_id, self.state(), self.clock)  # type: ignore[misc]
             self.feed.at_step(step)
             exclusion = self.spec.exclusion
             self.feed.excluding = exclusion is not None and step >= exclusion.from_step

@@ -166,6 +166,7 @@ class ZephonDataLoader(BaseDataLoader):
             if announce_workers:
                 self._announce_workers_backend()
                 announce_workers = False
+            self._announce_seq_len(self._steps_done + 1)
             record = StepRecord.of(self.lanes.of_owned(step), num_sources) if self.config.ledger else None
             mine = self.lanes.mine([row for rows in step for row, _ in rows])
             for start in range(0, len(mine), self.local_batch_size):
@@ -185,6 +186,14 @@ class ZephonDataLoader(BaseDataLoader):
                     self.last_step = record
                 self.last_rows = list(chunk)
                 yield batch
+
+    def _announce_seq_len(self, step: int) -> None:
+        """One line where the job's seq_len schedule changes the row length (at `step`, the step now handed out)."""
+        eras = self.spec.seq_len_schedule
+        era = self.spec.era_of(step)
+        if eras and era.start == step and step > 1:
+            before = self.spec.era_of(step - 1).seq_len
+            logger.info(f"zephon_titan: seq_len {before} -> {era.seq_len} from step {step} (the job's schedule)")
 
     def _consume(self, step: list[list[tuple[Row, LaneState]]], num_sources: int) -> None:
         for lane, rows in zip(self.lane_ids, step):

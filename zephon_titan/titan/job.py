@@ -144,6 +144,30 @@ class Job:
                 f"{most} (its RoPE max_seq_len); use seq_len <= {most} or a model configured for longer sequences"
             )
 
+    def check_seq_len_schedule(self) -> None:
+        """`[[dataloader.phases]] seq_len` (engine/spec.py checks each against training.seq_len): TorchTitan's CUDA
+        graphs (on by default on NVIDIA GPUs) refuse an input of another shape, and context or sequence parallelism
+        needs every length divisible as it checks training.seq_len."""
+        eras = self.spec.seq_len_schedule
+        if not eras:
+            return
+        lengths = ", ".join(f"{e.seq_len} from step {e.start}" for e in eras)
+        if not self.config.training.disable_cuda_graphs:
+            raise ConfigError(
+                f"{self.path}: [[dataloader.phases]] seq_len ({lengths}) needs [training] disable_cuda_graphs = true: "
+                "TorchTitan's CUDA graphs refuse inputs of another shape"
+            )
+        p = self.config.parallelism
+        divisor = (p.tensor_parallel_degree if p.enable_sequence_parallel else 1) * (
+            2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1
+        )
+        odd = [e for e in eras if e.seq_len % divisor]
+        if odd:
+            raise ConfigError(
+                f"{self.path}: [[dataloader.phases]] seq_len {odd[0].seq_len} (from step {odd[0].start}) is not "
+                f"divisible by {divisor}, as the context/sequence parallelism needs (TorchTitan checks training.seq_len)"
+            )
+
     def dp_world_size(self, world_size: int) -> int:
         """Data-parallel size (dp_replicate x dp_shard) of a run on `world_size` processes, as TorchTitan
         computes it; a ConfigError naming the degrees when they do not multiply to world_size."""
@@ -224,6 +248,7 @@ class Job:
             self.trainer_tokenizer()  # TorchTitan builds it from hf_assets_path in any case
         self.check_model_vocab()  # loads the loader's tokenizer: a wrong path is named here
         self.check_model_seq_len()
+        self.check_seq_len_schedule()
 
 
 _STEP_FOLDER = re.compile(r"step-(\d+)")

@@ -323,6 +323,12 @@ class Restored:
     def spec(self, spec: EngineSpec) -> EngineSpec:
         """`spec` (this run's) as it continues the checkpoint's run."""
         offsets = tuple(self.phase_offsets[n] for n in spec.source_names)
+        if self.eras and spec.seq_len_schedule:
+            raise ResumeError(
+                "the job schedules seq_len ([[dataloader.phases]] seq_len) and its checkpoint's run changed "
+                f"[training] seq_len at a resume ({self.seq_len_change or 'recorded in its seq_lens'}); both at once "
+                "are not supported yet: keep [training] seq_len as the checkpoint's, or drop the phases' seq_len"
+            )
         return spec.resumed(self.best_fit_mixing, offsets).with_eras(self.eras)
 
 
