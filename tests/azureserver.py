@@ -69,13 +69,20 @@ def main() -> None:
         except OSError:
             time.sleep(0.05)
     log, lock = open(args.log, "a", buffering=1), threading.Lock()
+    connections = threading.local()
+
+    def _upstream() -> http.client.HTTPConnection:
+        """This thread's kept-alive connection to Azurite (one per client connection)."""
+        if not hasattr(connections, "one"):
+            connections.one = http.client.HTTPConnection("127.0.0.1", upstream, timeout=60)
+        return connections.one
 
     class Proxy(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as the client expects of Azure
 
         def _forward(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            connection = http.client.HTTPConnection("127.0.0.1", upstream, timeout=60)
+            connection = _upstream()
             connection.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
             response = connection.getresponse()
             data = response.read()
@@ -98,7 +105,6 @@ def main() -> None:
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
-            connection.close()
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = _forward
 

@@ -299,3 +299,23 @@ def assert_same_lane_rows(local, remote, other_seed, lanes=(0, 5), rows: int = 2
         expected = rows_digest(LaneStream(local, lane).take(rows))
         assert rows_digest(LaneStream(remote, lane).take(rows)) == expected
         assert rows_digest(LaneStream(other_seed, lane).take(rows)) != expected
+
+
+def listing_error(path: str) -> str:
+    """The one-line ConfigError of listing `path` with the environment as it is now (the filesystems
+    cached for the old environment are dropped before and after)."""
+    import pytest
+
+    from zephon_titan.engine.sources import storage
+    from zephon_titan.engine.sources.base import expand_paths
+    from zephon_titan.errors import ConfigError
+
+    storage._filesystem.cache_clear()
+    try:
+        with pytest.raises(ConfigError) as error:
+            expand_paths("s", [path])
+    finally:
+        storage._filesystem.cache_clear()
+    message = str(error.value)
+    assert "\n" not in message, message
+    return message
