@@ -68,7 +68,7 @@ def _write_list(path: str, spec, keys, by_text: set) -> None:
 
 
 @settings(
-    max_examples=5,
+    max_examples=4,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture],
