@@ -442,3 +442,26 @@ def test_token_files_in_the_bucket_equal_them_on_disk_read_by_ranges(s3, tmp_pat
         with pytest.raises(ResumeError, match=r"locations.web"):
             check_fingerprint(on_disk, in_bucket)
         check_fingerprint(on_disk, in_bucket, allow=["locations", "mtimes"])
+
+
+@pytest.mark.parametrize("fmt", ["megatron", "olmo"])
+def test_an_index_gives_the_same_source_and_names_a_changed_setting(tmp_path, fmt):
+    from zephon_titan.errors import ConfigError
+
+    docs = [[1 + (i + j) % 90 for j in range(3 + i % 40)] for i in range(200)]
+    if fmt == "megatron":
+        path, options, changed = write_megatron(str(tmp_path / "d"), docs)[0], {"block_rows": 16}, {"block_rows": 8}
+    else:
+        path, options = write_olmo(str(tmp_path / "d.npy"), docs, eos=0), {"eos_token_id": 0, "block_bytes": 1024}
+        changed = {"token_dtype": "uint8"}
+    index = str(tmp_path / "index.json")
+    listed = _open(path, index=index, **options)  # lists the files and writes the index
+    assert os.path.exists(index)
+    indexed = _open(path, index=index, **options)  # reads it (no scan)
+    assert indexed.files == listed.files and indexed.fingerprint() == listed.fingerprint()
+    blocks = range(listed.num_blocks)
+    assert [list(map(list, indexed.read_block(b).texts)) for b in blocks] == [list(map(list, listed.read_block(b).texts)) for b in blocks]  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        _open(path, index=index, **{**options, **changed})
+    key = next(iter(changed))
+    _one_line(e, index, f"was written for other settings ({key}: ")

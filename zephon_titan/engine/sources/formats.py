@@ -34,6 +34,10 @@ class Format:
     token_field: bool = False
     """Reads pre-tokenized columns (`token_field`)."""
 
+    index_keys: tuple[str, ...] = ()
+    """The source settings its block numbering depends on: an index records them, and one written for
+    other values is refused naming the change (sources/index.py)."""
+
     datasets: bool = False
     """Paths name dataset directories (listed by `list_datasets`), not files; blocks carry their own names."""
 

@@ -26,6 +26,7 @@ import socket
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks, Source
+from zephon_titan.engine.sources.formats import format_names, get_format
 from zephon_titan.engine.sources.index_records import check_records
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.errors import ConfigError
@@ -37,10 +38,8 @@ log = logging.getLogger("zephon_titan")
 def _key(source: SourceConfig, fmt: str) -> dict[str, object]:
     """What the block numbering depends on besides the files themselves."""
     key: dict[str, object] = {"paths": list(source.paths), "format": fmt}
-    if fmt == "jsonl":
-        key["block_bytes"] = source.block_bytes
-    if fmt == "lance":
-        key["block_rows"] = source.block_rows
+    if fmt in format_names():  # an unknown one is refused by check_records, naming it
+        key.update((name, getattr(source, name)) for name in get_format(fmt, "index").index_keys)
     return key
 
 

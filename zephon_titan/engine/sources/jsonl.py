@@ -291,4 +291,5 @@ JSONL = Format(
         source.name, files, source.text_field, source.block_bytes, max_chars, options
     ),
     check_record=_check_record,
+    index_keys=("block_bytes",),
 )

@@ -191,4 +191,5 @@ LANCE = Format(
     token_field=True,
     datasets=True,
     list_datasets=expand_datasets,
+    index_keys=("block_rows",),
 )

@@ -245,4 +245,5 @@ MEGATRON = Format(
     extensions=(".bin",),
     open=lambda source, files, max_chars, options: MegatronSource(source.name, files, source.block_rows, options),
     check_record=_check_record,
+    index_keys=("block_rows",),
 )

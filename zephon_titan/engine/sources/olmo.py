@@ -163,4 +163,6 @@ def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     return "block_rows must be empty for OLMo token files (their blocks are byte ranges)" if f.block_rows else ""
 
 
-OLMO = Format(name="olmo", extensions=(".npy",), open=_open, check_record=_check_record)
+OLMO = Format(
+    name="olmo", extensions=(".npy",), open=_open, check_record=_check_record, index_keys=("block_bytes", "token_dtype")
+)
