@@ -21,7 +21,7 @@ from zephon_titan.engine import (
 )
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.lane_digests import PlanProcesses, step_digests
-from zephon_titan.engine.ledger import LedgerEntry, step_exclusion, step_seq_len, step_weights
+from zephon_titan.engine.ledger import LedgerEntry, step_exclusion, step_mixing, step_seq_len, step_weights
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import Job, load_job
@@ -71,9 +71,17 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
             digests = step_digests(group, len(names), start, steps)
         for step, lane_digests, counts in digests:
             weights, seq_len = step_weights(spec, step), step_seq_len(spec, step)
-            excluded = step_exclusion(spec, step)
+            excluded, mixing = step_exclusion(spec, step), step_mixing(spec)
             yield LedgerEntry.of(
-                step, batch_digest(lane_digests), job.global_batch_size, names, counts, weights, seq_len, excluded
+                step,
+                batch_digest(lane_digests),
+                job.global_batch_size,
+                names,
+                counts,
+                weights,
+                seq_len,
+                excluded,
+                mixing,
             )
 
 

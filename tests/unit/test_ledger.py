@@ -136,3 +136,27 @@ def test_a_short_write_leaves_no_half_line(tmp_path):
     assert "refused:" in out.stdout and "only 40 of the" in out.stdout, out.stdout + out.stderr
     assert open(path, "rb").read() == (_entry(1).to_json() + "\n").encode()
     assert json.loads(open(path).read())["step"] == 1
+
+
+def test_a_best_fit_run_resumed_from_a_per_window_checkpoint_says_its_mixing_rule(corpus_dir, tokenizer_dir, tmp_path):
+    """A checkpoint saved before per_step mixing existed resumes mixing per window (loader_state.read_state); its
+    ledger entries say "best_fit_mixing": "per_window", and read back. Control: a per_step run, and wrap, say nothing."""
+    from helpers import engine_checkpoint, make_spec
+
+    from zephon_titan.engine import fingerprint
+    from zephon_titan.engine.ledger import step_mixing
+    from zephon_titan.titan.loader_state import read_state
+
+    small = {"packing": "best_fit", "best_fit_window_docs": 8, "num_lanes": 2}
+    old = make_spec(corpus_dir, tokenizer_dir, best_fit_mixing="per_window", **small)
+    new = make_spec(corpus_dir, tokenizer_dir, **small)
+    resumed = read_state(engine_checkpoint(old, 2), range(2), fingerprint(new)).spec(new)
+    assert step_mixing(resumed) == "per_window"
+    assert step_mixing(new) is None and step_mixing(make_spec(corpus_dir, tokenizer_dir, num_lanes=2)) is None
+    path = str(tmp_path / "ledger.jsonl")
+    writer = LedgerWriter(path, 0)
+    entry = LedgerEntry.of(3, "0" * 64, 4, ["code", "prose"], [10, 20, 0], None, None, None, step_mixing(resumed))
+    writer.write(entry)
+    writer.write(LedgerEntry.of(4, "1" * 64, 4, ["code", "prose"], [10, 20, 0]))  # as a run without it writes
+    assert '"best_fit_mixing": "per_window"' in open(path).readline()
+    assert read_ledger(path) == [entry, LedgerEntry.of(4, "1" * 64, 4, ["code", "prose"], [10, 20, 0])]

@@ -110,6 +110,7 @@ def test_the_ledger_and_workers_know_the_schedule_and_its_past_is_fixed(corpus_d
 def test_validate_prints_the_stages_and_inspect_each_steps_length(tmp_path, corpus_dir, tokenizer_dir, capsys):
     from zephon_titan.cli import main
     from zephon_titan.errors import EXIT_USER_ERROR
+    from zephon_titan.titan.job import load_job
 
     head = f'hf_assets_path = "{tokenizer_dir}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
     sources = (
@@ -134,6 +135,14 @@ def test_validate_prints_the_stages_and_inspect_each_steps_length(tmp_path, corp
     error = capsys.readouterr().err
     assert "seq_len (64 from step 1, 128 from step 3) needs [training] disable_cuda_graphs = true" in error
     assert error.count("\n") == 1
+    # Under context parallelism (2) every scheduled length must divide by 4, as TorchTitan checks training.seq_len.
+    cp = tmp_path / "cp.toml"
+    cp.write_text(
+        head + training + "disable_cuda_graphs = true\n[parallelism]\ncontext_parallel_degree = 2\n"
+        "[dataloader]\nnum_lanes = 4\n" + sources + phases.replace("seq_len = 64", "seq_len = 62")
+    )
+    with pytest.raises(ConfigError, match=r"seq_len 62 \(from step 1\) is not divisible by 4, as the context"):
+        load_job(str(cp)).check_seq_len_schedule()
 
 
 def test_a_scheduled_run_resumes_by_the_resume_sequence_and_refuses_a_new_training_seq_len(corpus_dir, tokenizer_dir):

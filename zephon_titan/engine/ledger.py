@@ -30,7 +30,9 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # weights: runs with a mixture schedule, the weights in force at the step; seq_len: runs whose seq_len changed at
 # a resume (EngineSpec.eras), the step's row length, from the first resume that changed it.
 # excluded: runs with `[dataloader] exclude`, the SHA-256 of the exclusion list, at each step from exclude_from_step.
-_OPTIONAL = {"weights": dict, "seq_len": int, "excluded": str}
+# best_fit_mixing: best_fit runs that mix per window (resumed from a checkpoint saved before per_step existed, or
+# set so): "per_window" at each step, so the ledger alone says which rule made its rows (docs/mixture.md).
+_OPTIONAL = {"weights": dict, "seq_len": int, "excluded": str, "best_fit_mixing": str}
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,7 @@ class LedgerEntry:
     weights: dict[str, float] | None = None
     seq_len: int | None = None
     excluded: str | None = None
+    best_fit_mixing: str | None = None
 
     @classmethod
     def of(
@@ -55,6 +58,7 @@ class LedgerEntry:
         weights: dict[str, float] | None = None,
         seq_len: int | None = None,
         excluded: str | None = None,
+        best_fit_mixing: str | None = None,
     ) -> LedgerEntry:
         """From `tally()` counts: per source, then padding (last)."""
         tokens = dict(zip(source_names, counts[:-1]))
@@ -67,11 +71,12 @@ class LedgerEntry:
             weights=weights,
             seq_len=seq_len,
             excluded=excluded,
+            best_fit_mixing=best_fit_mixing,
         )
 
     def to_json(self) -> str:
         data = asdict(self)
-        for key in ("weights", "seq_len", "excluded"):
+        for key in ("weights", "seq_len", "excluded", "best_fit_mixing"):
             if data[key] is None:
                 del data[key]
         return json.dumps(data, sort_keys=True)
@@ -93,6 +98,13 @@ def step_exclusion(spec: EngineSpec, step: int) -> str | None:
     nothing."""
     exclusion = spec.exclusion
     return exclusion.digest if exclusion is not None and step >= exclusion.from_step else None
+
+
+def step_mixing(spec: EngineSpec) -> str | None:
+    """What the ledger records of best_fit's mixing rule: "per_window" where it applies (a run resumed from a
+    checkpoint saved before per_step existed keeps it: EngineSpec.resumed), else nothing (ledgers keep their form)."""
+    config = spec.config
+    return "per_window" if config.packing == "best_fit" and config.best_fit_mixing == "per_window" else None
 
 
 def _entry(raw: bytes) -> LedgerEntry:

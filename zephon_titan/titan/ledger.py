@@ -11,7 +11,15 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.engine import batch_digest
 from zephon_titan.engine.jsonl_log import read_entries
-from zephon_titan.engine.ledger import LEDGER, LedgerEntry, LedgerWriter, step_exclusion, step_seq_len, step_weights
+from zephon_titan.engine.ledger import (
+    LEDGER,
+    LedgerEntry,
+    LedgerWriter,
+    step_exclusion,
+    step_mixing,
+    step_seq_len,
+    step_weights,
+)
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.rank_lanes import digest_table, lane_table
 
@@ -43,6 +51,7 @@ def gather_ledger_entry(
         weights,
         seq_len,
         step_exclusion(spec, step),
+        step_mixing(spec),
     )
 
 
