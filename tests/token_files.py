@@ -69,3 +69,21 @@ def write_olmo(path: str, documents: Sequence[Sequence[int]], eos: int, dtype: t
     out.flush()
     del out
     return path
+
+
+def write_dolma_metadata(npy_path: str, documents: Sequence[Sequence[int]], ids: Sequence[str] = ()) -> str:
+    """The `<name>.csv.gz` `dolma tokens` writes beside `<name>.npy` for documents written by write_olmo
+    (each followed by its EOS): per document, start,end (token offsets, end exclusive),id,src,loc."""
+    import csv
+    import gzip
+    import io
+
+    out, at = io.StringIO(), 0
+    rows = csv.writer(out)
+    for i, doc in enumerate(documents):
+        rows.writerow([at, at + len(doc) + 1, ids[i] if ids else f"doc-{i}", "fixture.jsonl", i])
+        at += len(doc) + 1
+    path = npy_path[: -len(".npy")] + ".csv.gz"
+    with open(path, "wb") as f:
+        f.write(gzip.compress(out.getvalue().encode("utf-8")))
+    return path

@@ -11,7 +11,7 @@ import pytest
 from helpers import data_table, make_spec, rows_digest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from token_files import write_megatron, write_olmo
+from token_files import write_dolma_metadata, write_megatron, write_olmo
 
 from zephon_titan.config import SourceConfig, config_from_dict
 from zephon_titan.engine import DataError, LaneStream
@@ -465,3 +465,24 @@ def test_an_index_gives_the_same_source_and_names_a_changed_setting(tmp_path, fm
         _open(path, index=index, **{**options, **changed})
     key = next(iter(changed))
     _one_line(e, index, f"was written for other settings ({key}: ")
+
+
+def test_dolma_metadata_is_checked_against_its_token_file(tmp_path):
+    docs = [[1 + (i + j) % 90 for j in range(3 + i % 40)] for i in range(50)]
+    docs += [[]] * (sum(len(d) + 1 for d in docs) % 2)  # an even token count (an empty document is its EOS)
+    path = write_olmo(str(tmp_path / "d.npy"), docs, eos=0)
+    plain = _open(path, eos_token_id=0, block_bytes=1024)
+    metadata = write_dolma_metadata(path, docs)
+    checked = _open(path, eos_token_id=0, block_bytes=1024)  # agrees: the same source (metadata is only checked)
+    assert checked.files == plain.files and checked.fingerprint() == plain.fingerprint()
+    with pytest.raises(DataError) as e:  # uint16 tokens read as uint32: half as many
+        _open(path, eos_token_id=0, token_dtype="uint32")
+    _one_line(e, metadata, "another token_dtype")
+    write_dolma_metadata(path, docs[:-1])  # one document short of the file
+    with pytest.raises(DataError) as e:
+        _open(path, eos_token_id=0)
+    _one_line(e, metadata, path, "its documents end at token")
+    write_dolma_metadata(path, [docs[0], *docs[2:]], ids=["a"] * len(docs))  # a gap is not a tiling either
+    with pytest.raises(DataError) as e:
+        _open(path, eos_token_id=0)
+    _one_line(e, metadata, path)

@@ -9,10 +9,19 @@ The block count is known from the file size alone, so startup reads only each fi
 a real `.npy`, whose header would be read as tokens), and a block reads its byte range plus the tail of the
 document crossing its end. No tokenization: a document is its ids, its own EOS included; BOS/EOS are added
 as configured and never doubled (Source.specials_in_tokens). Rows are the token offsets of the documents.
+
+Metadata: `dolma tokens` writes `<name>.csv.gz` beside each `<name>.npy`, one line per document whose first
+two columns are its start and end token (end exclusive; then its id and origin). Where that file is present,
+startup reads it (the whole file: ~20 bytes a document, compressed) and checks that its documents tile the
+token file exactly, which a wrong `token_dtype` or a truncated file cannot pass. Documents still end at
+their EOS (the metadata is not needed to read them, and is not in the fingerprint).
 """
 
 from __future__ import annotations
 
+import csv
+import gzip
+import io
 from typing import Any
 
 import numpy as np
@@ -29,6 +38,11 @@ from zephon_titan.errors import ConfigError, DataError
 NUMPY_MAGIC = b"\x93NUMPY"
 # The document crossing a block's end is completed in reads of this many bytes (as JSONL's last line).
 TAIL_READ_BYTES = 64 << 10
+
+
+def metadata_path(npy_path: str) -> str:
+    """Where `dolma tokens` writes a token file's metadata."""
+    return npy_path[: -len(".npy")] + ".csv.gz" if npy_path.endswith(".npy") else npy_path + ".csv.gz"
 
 
 def tokens_per_block(block_bytes: int, dtype: np.dtype[Any]) -> int:
@@ -87,7 +101,34 @@ class OlmoSource(Source):
                     f"{file.path}: a NumPy .npy file with a header, not an OLMo token file (a raw np.memmap of "
                     f"token ids); write the ids with np.memmap, or load it and save arr.tofile()"
                 )
+        self._check_metadata(file)
         return FileBlocks(file.path, file.size, file.mtime_ns, num_blocks(file.size, self.block_bytes, self.dtype))
+
+    def _check_metadata(self, file: FileStat) -> None:
+        """Dolma's metadata, where present: its documents must run from token 0 to the file's last token."""
+        path = metadata_path(file.path)
+        data = storage.read_bytes(path, self.storage_options)
+        if data is None:
+            return
+        tokens = file.size // self.dtype.itemsize
+        try:
+            text = gzip.decompress(data).decode("utf-8")
+            spans = [(int(row[0]), int(row[1])) for row in csv.reader(io.StringIO(text)) if row]
+        except (OSError, EOFError, UnicodeDecodeError, ValueError, IndexError) as e:
+            raise DataError(f"{path}: not dolma metadata (gzip CSV of start,end,...: {e}); remove or fix it") from None
+        at = 0
+        for line, (start, end) in enumerate(spans, 1):
+            if start != at or end < start:
+                raise DataError(
+                    f"{path} line {line}: a document from token {start:,} to {end:,}, but the previous one ended at "
+                    f"{at:,}; the metadata does not describe {file.path}"
+                )
+            at = end
+        if at != tokens:
+            raise DataError(
+                f"{path}: its documents end at token {at:,}, but {file.path} holds {tokens:,} {self.token_dtype} "
+                "tokens (another token_dtype, or a truncated file?); set token_dtype to the files' type"
+            )
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
