@@ -203,3 +203,33 @@ def test_at_a_resume_an_exclusion_may_change_only_the_steps_after_the_checkpoint
     for changed in (fp(None), fp(3, "bb"), fp(4)):  # an exclusion in force since step 3 stays as it is
         with pytest.raises(ResumeError, match="the checkpoint's exclusion is in force since step 3, at or before"):
             check_exclusion(fp(3), changed, 5)
+
+
+@pytest.mark.slow  # starts worker processes (~5 s)
+def test_worker_processes_give_the_same_rows_under_an_exclusion_and_across_a_restore(
+    tmp_path, corpus_dir, tokenizer_dir
+):
+    """Worker processes rebuild the spec (the list read again) and carry the lane states (`excluding` included)."""
+    from zephon_titan.engine.lanes import open_lane_group
+
+    small = {"num_lanes": LANES, "packing": "best_fit", "best_fit_window_docs": 4}
+    base = make_spec(corpus_dir, tokenizer_dir, **small)
+    rows = [r for rows in _steps(base) for r in rows]
+    path = str(tmp_path / "list.txt")
+    _write_list(path, base, sorted({_key(p) for r in rows[len(rows) // 2 :] for p in r.pieces})[::3], set())
+    spec = make_spec(corpus_dir, tokenizer_dir, **small, exclude=path, exclude_from_step=3)
+    in_process = LaneGroup(spec, range(LANES), ROWS)
+    expected = [in_process.next_step() for _ in range(3)]
+    states = in_process.state()
+    expected += [in_process.next_step() for _ in range(2)]
+    assert any(s.excluding for s in states.values())
+
+    def digest(steps) -> list[bytes]:
+        return [row.to_bytes() for step in steps for lane in step for row in lane]
+
+    with open_lane_group(spec, range(LANES), ROWS, num_workers=2) as workers:
+        assert digest([workers.next_step() for _ in range(5)]) == digest(expected)
+    with open_lane_group(spec, range(LANES), ROWS, num_workers=2, states=states, first_step=3) as workers:
+        assert digest([workers.next_step() for _ in range(2)]) == digest(expected[3:])
+    unlisted = [row.to_bytes() for step in _steps(base)[3:] for row in step]
+    assert digest(expected[3:]) != unlisted  # control: the list changes those steps
