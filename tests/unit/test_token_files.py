@@ -486,3 +486,24 @@ def test_dolma_metadata_is_checked_against_its_token_file(tmp_path):
     with pytest.raises(DataError) as e:
         _open(path, eos_token_id=0)
     _one_line(e, metadata, path)
+
+
+@pytest.mark.parametrize(
+    "name, dtype",
+    [("gpt_neox_20b", "uint16"), pytest.param("olmo2_dolma2", "uint32", marks=pytest.mark.slow)],  # dolma2: ~4 s
+)
+def test_real_tokenizers_files_as_olmo_and_megatron_write_them(tmp_path, plain, corpus_dir, name, dtype):
+    """Tokenizers OLMo trained with (GPT-NeoX's ids fit uint16; dolma2's 100k ids need uint32): the JSONL
+    documents written as the tools write them (each ending with the tokenizer's EOS) give the JSONL's rows."""
+    from helpers import real_tokenizer
+
+    directory = real_tokenizer(name)
+    reference = make_spec(corpus_dir, directory, sources=_plain_sources(plain))
+    eos = reference.tokenizer.eos_id
+    assert eos is not None
+    tokenized = _tokenized(plain, reference.tokenizer.tokenizer)
+    olmo = _write_olmo_all(tmp_path / "o", tokenized, eos, dtype=np.dtype(dtype).type)
+    megatron = _write_all(tmp_path / "m", tokenized, lambda ids: [*ids, eos], dtype=np.int32)  # --append-eod
+    want = _ledger(reference)
+    assert _ledger(make_spec(corpus_dir, directory, sources=_olmo_sources(olmo, eos, token_dtype=dtype))) == want
+    assert _ledger(make_spec(corpus_dir, directory, sources=_megatron_sources(megatron))) == want
