@@ -507,3 +507,24 @@ def test_real_tokenizers_files_as_olmo_and_megatron_write_them(tmp_path, plain, 
     want = _ledger(reference)
     assert _ledger(make_spec(corpus_dir, directory, sources=_olmo_sources(olmo, eos, token_dtype=dtype))) == want
     assert _ledger(make_spec(corpus_dir, directory, sources=_megatron_sources(megatron))) == want
+
+
+def test_worker_processes_read_token_files_as_the_process_does(tmp_path, plain, corpus_dir, tokenizer_dir):
+    """A Megatron and an OLMo source mixed, the lanes in 2 worker processes (the files handed over as
+    records): the same steps as in process; another seed differs."""
+    from zephon_titan.engine import open_lane_group
+
+    tokenizer = make_spec(corpus_dir, tokenizer_dir).tokenizer
+    tokenized = _tokenized(plain, tokenizer.tokenizer)
+    megatron = _megatron_sources(_write_all(tmp_path / "m", tokenized), block_rows=5)["web"]
+    olmo = _olmo_sources(_write_olmo_all(tmp_path / "o", tokenized, tokenizer.eos_id), tokenizer.eos_id)["web"]
+    sources = {"meg": {**megatron, "weight": 0.3}, "olmo": {**olmo, "block_bytes": 2048, "weight": 0.7}}
+
+    def steps(workers, seed=7):
+        spec = make_spec(corpus_dir, tokenizer_dir, sources=sources, seed=seed)
+        with open_lane_group(spec, range(8), 2, num_workers=workers) as group:
+            return [[rows_digest(rows) for rows in group.next_step()] for _ in range(3)]
+
+    in_process = steps(0)
+    assert steps(2) == in_process
+    assert steps(0, seed=8) != in_process
