@@ -77,7 +77,7 @@ def test_an_unknown_format_is_named_when_the_engine_is_built(corpus_dir, tokeniz
     with pytest.raises(
         ConfigError,
         match=r"\[dataloader.sources.prose\] format must be one of auto, jsonl, lance, "
-        r"parquet, got 'csv'",
+        r"megatron, olmo, parquet, got 'csv'",
     ):
         spec_of(config_from_dict(table), 64)
 
