@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,8 +15,9 @@ import pytest
 from helpers import make_spec, rows_digest
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine import LaneStream, feed
+from zephon_titan.engine import LaneStream, feed, open_lane_group
 from zephon_titan.engine.sources import jsonl, open_source
+from zephon_titan.engine.sources.parquet import ParquetSource
 from zephon_titan.errors import DataError
 
 
@@ -89,5 +92,73 @@ def test_rows_do_not_depend_on_the_process_budgets(corpus_dir, tokenizer_dir, mo
     assert rows() == expected
     monkeypatch.setattr(feed, "TOKENIZE_BATCH_CHARS", (1 << 30, 1 << 30))  # batches end at TOKENIZE_BATCH docs
     monkeypatch.setattr(jsonl, "_held_bytes", jsonl._ByteBudget(1 << 40))
+    assert rows() == expected
+    assert rows(seed=8) != expected
+
+
+def _counting_reads(monkeypatch, source, pause: float = 0.0):
+    """Count the source's block reads (the real read runs, after `pause`: reads of several threads overlap)."""
+    reads: list[int] = []
+    real = source._read
+
+    def read(file_index, local_block):
+        reads.append(local_block)
+        time.sleep(pause)
+        return real(file_index, local_block)
+
+    monkeypatch.setattr(source, "_read", read)
+    return reads
+
+
+def test_lanes_asking_for_a_block_being_read_wait_for_that_read(tmp_path, monkeypatch):
+    """Lanes started together read their first Parquet windows in threads (feed.py): a row group is
+    decoded once however many lanes (threads) ask for it at once. Negative control: once no lane holds
+    it, the next request reads it again."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": [f"doc {i}" for i in range(100)]}), path, row_group_size=50)
+    source = open_source(SourceConfig(name="pq", paths=[str(path)]))
+    assert source.decodes_in_threads
+    reads = _counting_reads(monkeypatch, source, pause=0.05)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        soon = [source.read_block_soon(1, pool) for _ in range(3)]
+        now = list(pool.map(source.read_block, [1] * 4))
+        blocks = [f.result() for f in soon] + now
+    assert reads == [1] and all(b is blocks[0] for b in blocks) and blocks[0].texts[0] == "doc 50"
+    del blocks, soon, now
+    gc.collect()
+    assert source.read_block(1).texts[0] == "doc 50" and reads == [1, 1]
+
+
+def test_a_failed_read_reaches_every_lane_waiting_for_it_and_the_next_request_reads_again(tmp_path, monkeypatch):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"]}), path)
+    source = open_source(SourceConfig(name="pq", paths=[str(path)]))
+    reads = _counting_reads(monkeypatch, source)
+    counted = source._read
+
+    def unreadable(file_index, local_block):
+        counted(file_index, local_block)
+        raise DataError("unreadable")
+
+    monkeypatch.setattr(source, "_read", unreadable)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [source.read_block_soon(0, pool) for _ in range(2)]
+        for future in futures:
+            with pytest.raises(DataError, match="unreadable"):
+                future.result()
+    monkeypatch.setattr(source, "_read", counted)
+    assert list(source.read_block(0).texts) == ["a", "b"] and reads == [0, 0]
+
+
+def test_rows_do_not_depend_on_reading_the_first_windows_in_threads(corpus_dir, tokenizer_dir, monkeypatch):
+    """Negative control: another seed differs."""
+
+    def rows(seed=7):
+        spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=3, seed=seed)
+        group = open_lane_group(spec, range(3), 1)
+        return rows_digest([row for _ in range(8) for lane in group.next_step() for row in lane])
+
+    expected = rows()
+    monkeypatch.setattr(ParquetSource, "decodes_in_threads", False)
     assert rows() == expected
     assert rows(seed=8) != expected

@@ -157,17 +157,13 @@ def test_a_lane_reads_only_its_own_blocks(corpus_dir, tokenizer_dir):
     read_by_lane = {}
     for lane in range(spec.num_lanes):
         calls = []
+        for s, source in enumerate(spec.sources):  # record, then forward to the real source (reads now or in threads)
+            cls = type(source)
+            source.read_block = lambda b, c=calls, s=s, src=source, cls=cls: c.append((s, b)) or cls.read_block(src, b)
+            source.read_block_soon = lambda b, pool, c=calls, s=s, src=source, cls=cls: (
+                c.append((s, b)) or cls.read_block_soon(src, b, pool)
+            )
         stream = LaneStream(spec, lane)
-        for reader in stream.feed.readers:  # record, then forward to the real reader
-            original = reader.source.read_block
-            reader.source = type(
-                "Recorder",
-                (),
-                {
-                    "read_block": lambda self, b, o=original, s=reader.source_index, c=calls: c.append((s, b)) or o(b),
-                    "__getattr__": lambda self, name, src=reader.source: getattr(src, name),
-                },
-            )()
         try:
             while True:
                 stream.next_row()

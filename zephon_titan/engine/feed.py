@@ -22,6 +22,7 @@ it is read, the rest of it too if it was partly read (exclusion.py); the other d
 from __future__ import annotations
 
 import bisect
+import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,6 +76,14 @@ def _pool() -> ThreadPoolExecutor:
     if _read_pool is None:
         _read_pool = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="zephon-read")
     return _read_pool
+
+
+def _forget_pool() -> None:
+    global _read_pool
+    _read_pool = None  # a forked child has none of the parent's threads: a new pool, if it needs one
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +190,11 @@ class LaneSourceReader:
         return f" in the {self.spec.config.split} part of its split (eval_fraction = {fraction})"
 
     def prefetch(self, w: int) -> None:
-        """Start fetching window w in the background (remote sources), unless something is ahead."""
-        if self._read_ahead and self._ahead is None:
+        """Start fetching window w in the background, unless something is ahead: remote sources, and the
+        first windows of sources that decode without the GIL (Parquet: the first step waits for their row
+        groups, read in parallel threads and once per process; the memory is that of the blocks the first
+        step reads anyway)."""
+        if (self._read_ahead or self.source.decodes_in_threads) and self._ahead is None:
             self._ahead = (w, self._fetch(w))
 
     def _window_block_ids(self, w: int) -> list[int]:
@@ -197,7 +209,7 @@ class LaneSourceReader:
 
     def _fetch(self, w: int) -> list[Future[BlockDocuments]]:
         """Start reading window w's blocks in the background."""
-        return [_pool().submit(self.source.read_block, b) for b in self._window_block_ids(w)]
+        return [self.source.read_block_soon(b, _pool()) for b in self._window_block_ids(w)]
 
     def _read_window_blocks(self, w: int) -> list[BlockDocuments] | None:
         """The documents of each block of window w (None if it has none), read ahead or now."""
@@ -301,8 +313,9 @@ class DocumentFeed:
         self.chunk = spec.mix_chunk_tokens
         self.excluding = False
         """The next pieces are for a row at or after exclude_from_step: listed documents are skipped."""
-        for reader, cursor in zip(self.readers, self.cursors):
-            reader.prefetch(cursor.window)  # lanes created together fetch their first windows together
+        for reader, cursor, weight in zip(self.readers, self.cursors, self.weights):
+            if weight > 0:  # lanes created together fetch their first windows together (next_document's)
+                reader.prefetch(cursor.window)
 
     def state(self) -> FeedState:
         return FeedState(tuple(self.cursors), self.mix)

@@ -16,7 +16,7 @@ import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeAlias, overload
 
@@ -129,6 +129,9 @@ class Source(ABC):
     row_unit: str = "row"
     token_field: str = ""
     """Columnar formats: a column of token-id lists used instead of text_field."""
+    decodes_in_threads: bool = False
+    """Reading a block is mostly work that releases the GIL (Parquet's decoding): lanes started together
+    read their first windows in threads (feed.py), which uses every core where one thread would be slower."""
     specials_in_tokens: bool = False
     """Token-file formats (Megatron, OLMo): a document may already start with the configured BOS or end
     with the configured EOS (written by the tool that tokenized it); it gets none added where it has one,
@@ -159,6 +162,9 @@ class Source(ABC):
         # does). Lanes whose windows meet the same block (a source with fewer blocks than lanes' windows,
         # or lanes in different epochs) share one copy instead of reading and holding it once each.
         self._held: weakref.WeakValueDictionary[int, BlockDocuments] = weakref.WeakValueDictionary()
+        # Blocks being read now, by any thread: a second lane asking for one waits for that read instead
+        # of reading (and decoding, and holding) the block a second time.
+        self._reading: dict[int, Future[BlockDocuments]] = {}
         self._held_lock = threading.Lock()
 
     def _scan_all(self, files: Listing) -> list[FileBlocks]:
@@ -185,18 +191,48 @@ class Source(ABC):
         return bool(self.files) and storage.is_uri(self.files[0].path)
 
     def read_block(self, block_id: int) -> BlockDocuments:
+        """The documents of a block: read now, or the copy another lane holds or is reading."""
+        future, mine = self._claim(block_id)
+        if mine:
+            self._fill(block_id, future)
+        return future.result()
+
+    def read_block_soon(self, block_id: int, pool: Executor) -> Future[BlockDocuments]:
+        """The documents of a block, read by a thread of `pool` unless held or being read already."""
+        future, mine = self._claim(block_id)
+        if mine:
+            pool.submit(self._fill, block_id, future)
+        return future
+
+    def _claim(self, block_id: int) -> tuple[Future[BlockDocuments], bool]:
+        """The block's future (done if a lane holds the block), and whether the caller must read it."""
         if not 0 <= block_id < self.num_blocks:
             raise IndexError(f"source {self.name!r} has {self.num_blocks} blocks, asked for {block_id}")
-        with self._held_lock:  # read-ahead threads share the cache (remote sources)
+        with self._held_lock:  # lanes' threads share the cache and the reads under way
             held = self._held.get(block_id)
-        if held is not None:
-            return held
+            if held is not None:
+                done: Future[BlockDocuments] = Future()
+                done.set_result(held)
+                return done, False
+            if block_id in self._reading:
+                return self._reading[block_id], False
+            future = self._reading[block_id] = Future()
+            return future, True
+
+    def _fill(self, block_id: int, future: Future[BlockDocuments]) -> None:
         # The last file starting at or before block_id (binary search: a source may have many files).
         file_index = bisect.bisect_right(self._first_block, block_id) - 1
-        block = self._read(file_index, block_id - self._first_block[file_index])
+        try:
+            block = self._read(file_index, block_id - self._first_block[file_index])
+        except BaseException as e:  # every caller waiting for this read gets its error; a later call reads again
+            with self._held_lock:
+                del self._reading[block_id]
+            future.set_exception(e)
+            return
         with self._held_lock:
             self._held[block_id] = block
-        return block
+            del self._reading[block_id]
+        future.set_result(block)
 
     @property
     def column(self) -> str:

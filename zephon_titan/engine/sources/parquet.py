@@ -46,6 +46,7 @@ def _open(
 
 class ParquetSource(Source):
     format_name = "parquet"
+    decodes_in_threads = True  # pyarrow decodes a row group without the GIL
 
     def __init__(
         self,
