@@ -193,7 +193,12 @@ def test_every_numeric_setting_has_an_upper_bound(corpus_dir, tokenizer_dir, key
         rf"^\[dataloader\] {key} must be >= {low}, got {low - 1}$",
     )
     for value in (low, high):  # the bounds themselves are valid
-        assert getattr(config_from_dict(data_table(corpus_dir, tokenizer_dir, **{key: value})), key) == value
+        table = data_table(corpus_dir, tokenizer_dir, **{key: value}, **_PARTNERS.get((key, value > 0), {}))
+        assert getattr(config_from_dict(table), key) == value
+
+
+# A setting valid only beside another: exclude_from_step >= 1 needs its list (and 0 needs none).
+_PARTNERS = {("exclude_from_step", True): {"exclude": "excluded.txt"}}
 
 
 @pytest.mark.parametrize("key", sorted(SOURCE_BOUNDS))
