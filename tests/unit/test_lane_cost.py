@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import make_spec, rows_digest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine import LaneStream, feed, open_lane_group
@@ -162,3 +164,38 @@ def test_rows_do_not_depend_on_reading_the_first_windows_in_threads(corpus_dir, 
     monkeypatch.setattr(ParquetSource, "decodes_in_threads", False)
     assert rows() == expected
     assert rows(seed=8) != expected
+
+
+_LINES = st.one_of(
+    st.text(max_size=300).map(lambda t: json.dumps({"text": t})),
+    st.text(" \t\r\x0b\x0c", max_size=3),  # blank: not a document
+    st.text(" \t", min_size=1, max_size=2).map(lambda pad: pad + json.dumps({"text": "padded"}) + pad),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(_LINES, max_size=12), newline_at_end=st.booleans(), block_bytes=st.sampled_from([1024, 1 << 20]))
+def test_a_jsonl_block_finds_the_lines_split_finds(tmp_path_factory, lines, newline_at_end, block_bytes):
+    """A block's documents are found without copying each line out; they must be exactly the non-blank
+    lines that bytes.split(b"\\n") gives (byte offsets and texts), whatever the blocks' size. Negative
+    control: the blank lines are there to be skipped (counting every line would differ when one is)."""
+    data = ("\n".join(lines) + ("\n" if newline_at_end else "")).encode()
+    path = tmp_path_factory.mktemp("lines") / "a.jsonl"
+    path.write_bytes(data)
+    expected, offset = [], 0
+    for line in data.split(b"\n"):
+        if line.strip():
+            expected.append((offset, json.loads(line)["text"]))
+        offset += len(line) + 1
+    if not expected:
+        return  # an empty source is refused elsewhere (test_sources.py)
+    source = open_source(SourceConfig(name="web", paths=[str(path)], block_bytes=block_bytes))
+    found = [(row, text) for b in range(source.num_blocks) for row, text in zip(*_rows_and_texts(source, b))]
+    assert found == expected
+    if any(not line.strip() for line in lines):
+        assert len(found) < len(data.split(b"\n"))
+
+
+def _rows_and_texts(source, block):
+    docs = source.read_block(block)
+    return docs.rows, list(docs.texts)
