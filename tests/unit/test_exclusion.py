@@ -233,3 +233,21 @@ def test_worker_processes_give_the_same_rows_under_an_exclusion_and_across_a_res
         assert digest([workers.next_step() for _ in range(2)]) == digest(expected[3:])
     unlisted = [row.to_bytes() for step in _steps(base)[3:] for row in step]
     assert digest(expected[3:]) != unlisted  # control: the list changes those steps
+
+
+def test_entries_naming_no_source_or_file_of_the_job_are_said_at_start(tmp_path, corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=LANES)
+    block = spec.sources[0].read_block(0)
+    good = f"{spec.source_names[0]} {os.path.basename(block.file)} {block.rows[0]}\n"
+    listed = tmp_path / "list.txt"
+    listed.write_text(good + "nosuch part-0.parquet 3\n" + f"{spec.source_names[0]} missing.parquet 1\n")
+    with_list = {"num_lanes": LANES, "exclude": str(listed), "exclude_from_step": 2}
+    exclusion = make_spec(corpus_dir, tokenizer_dir, **with_list).exclusion
+    assert exclusion.excludes(0, block.file, block.rows[0])  # the entry that names a document still counts
+    assert exclusion.unplaced_note == (
+        f"[dataloader] exclude: 2 of 3 entries of {listed} name no source or single file of this job and exclude "
+        "nothing (first: line 2, nosuch part-0.parquet 3); `zephon-titan validate JOB` names every entry it cannot "
+        "find"
+    )
+    listed.write_text(good)  # control: every entry placed, nothing to say
+    assert make_spec(corpus_dir, tokenizer_dir, **with_list).exclusion.unplaced_note == ""

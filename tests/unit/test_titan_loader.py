@@ -192,3 +192,28 @@ def test_source_names_of_any_printable_characters_round_trip_through_save_and_re
     resumed.load_state_dict({k: saved[k] for k in resumed.state_dict()})
     assert all(torch.equal(a, b) for a, b in zip(_steps([resumed], 2), reference[2:]))
     assert not torch.equal(reference[2], reference[3])  # control: the comparison tells steps apart
+
+
+def test_the_loader_warns_at_start_of_exclude_entries_that_match_nothing(corpus_dir, tokenizer_dir, tmp_path):
+    import logging
+
+    from torchtitan.tools.logging import logger
+
+    listed = tmp_path / "list.txt"
+    listed.write_text("nosuch part-0.parquet 3\n")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        _build(_config(corpus_dir, tokenizer_dir, exclude=str(listed), exclude_from_step=2), 1, 0)
+        listed.write_text("")  # control: an empty list names nothing missing
+        _build(_config(corpus_dir, tokenizer_dir, exclude=str(listed), exclude_from_step=2), 1, 0)
+    finally:
+        logger.removeHandler(handler)
+    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING and "exclude:" in r.getMessage()]
+    assert warned == [
+        f"zephon_titan: [dataloader] exclude: 1 of 1 entries of {listed} name no source or single file of this job "
+        "and exclude nothing (first: line 1, nosuch part-0.parquet 3); `zephon-titan validate JOB` names every "
+        "entry it cannot find"
+    ]

@@ -116,6 +116,8 @@ class Exclusion:
     """Per source (the spec's order), the (path, row) of each listed document (paths as the source lists them)."""
     texts: frozenset[str]
     """SHA-256 of the texts listed by digest (matched against every text source)."""
+    unplaced_note: str = ""
+    """A warning when some entries name no source or file of this job (they match nothing); empty: none."""
 
     def excludes(self, source: int, file: str, row: int) -> bool:
         return (file, row) in self.places[source]
@@ -127,19 +129,30 @@ class Exclusion:
 
 def build_exclusion(path: str, from_step: int, sources: list[tuple[str, list[str]]]) -> Exclusion:
     """The exclusion of the list at `path` for `sources` ((name, file paths) each, in the spec's order). Entries
-    naming no document of these sources match nothing (`validate` names them)."""
+    naming no source or file of these sources match nothing: `unplaced_note` says so (a list shared by several
+    jobs may name other jobs' sources; a typo must not pass unheard), and `validate` names every one."""
     entries = parse_list(path)
     index = {name: i for i, (name, _) in enumerate(sources)}
     places: list[set[tuple[str, int]]] = [set() for _ in sources]
+    unplaced: list[Entry] = []
     for e in entries:
-        if e.text_sha256 or e.source not in index:
+        if e.text_sha256:
             continue
-        i = index[e.source]
-        file = resolve_file(sources[i][1], e.file)
-        if file is not None:
-            places[i].add((file, e.row))
+        file = resolve_file(sources[index[e.source]][1], e.file) if e.source in index else None
+        if file is None:
+            unplaced.append(e)
+        else:
+            places[index[e.source]].add((file, e.row))
     texts = frozenset(e.text_sha256 for e in entries if e.text_sha256)
-    return Exclusion(from_step, list_digest(entries), tuple(map(frozenset, places)), texts)
+    note = ""
+    if unplaced:
+        first = unplaced[0]
+        note = (
+            f"[dataloader] exclude: {len(unplaced)} of {len(entries)} entries of {path} name no source or single "
+            f"file of this job and exclude nothing (first: line {first.line}, {first.source} {first.file} "
+            f"{first.row}); `zephon-titan validate JOB` names every entry it cannot find"
+        )
+    return Exclusion(from_step, list_digest(entries), tuple(map(frozenset, places)), texts, note)
 
 
 def missing_entries(entries: list[Entry], sources: list[Source]) -> list[tuple[Entry, str]]:

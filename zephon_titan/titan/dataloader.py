@@ -99,6 +99,8 @@ class ZephonDataLoader(BaseDataLoader):
         self.fingerprint = fingerprint(self.spec)
         for note in weight_notes(data):
             logger.info(f"zephon_titan: {note}")
+        if self.spec.exclusion and self.spec.exclusion.unplaced_note:
+            logger.warning(f"zephon_titan: {self.spec.exclusion.unplaced_note}")
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self.restored: Restored | None = None  # what the last load_state_dict restored
         self.load_sizes: tuple[int, int] | None = None  # set by loader_state.restore() during one DCP load
