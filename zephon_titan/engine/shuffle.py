@@ -53,10 +53,16 @@ class Permutation:
         self._keys = _round_keys(key)
 
     def _encrypt(self, x: int) -> int:
-        left, right = x >> self._half_bits, x & self._half_mask
+        half, mask = self._half_bits, self._half_mask
+        left, right = x >> half, x & mask
         for k in self._keys:
-            left, right = right, left ^ (_mix64(right ^ k) & self._half_mask)
-        return (left << self._half_bits) | right
+            # _mix64(right ^ k), written out: every document a lane takes and every block it is dealt
+            # passes here several times, and the call was a third of the time.
+            y = right ^ k
+            y = (y ^ (y >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+            y = (y ^ (y >> 27)) * 0x94D049BB133111EB & _MASK64
+            left, right = right, left ^ ((y ^ (y >> 31)) & mask)
+        return (left << half) | right
 
     def __getitem__(self, i: int) -> int:
         if not 0 <= i < self.n:
