@@ -148,6 +148,14 @@ SHARED_TOKENIZERS = os.environ.get("ZEPHON_SHARED_TOKENIZERS") or os.path.join(
 REAL_TOKENIZERS = ("gpt2", "gpt_neox_20b", "olmo2_dolma2", "torchtitan_test")
 
 
+def gate_real_tokenizers():
+    """REAL_TOKENIZERS as pytest params for the slower tests: GPT-2 in the gate, the others in the slow tier
+    (the fixture tokenizer, with special tokens, covers the same properties in the gate)."""
+    import pytest
+
+    return [name if name == "gpt2" else pytest.param(name, marks=pytest.mark.slow) for name in REAL_TOKENIZERS]
+
+
 def real_tokenizer(name: str) -> str:
     """The directory of a real tokenizer, or a skip naming what is missing."""
     import pytest

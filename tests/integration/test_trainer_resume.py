@@ -55,18 +55,28 @@ def uninterrupted(workdir):
 
 @pytest.fixture(scope="module")
 def resumed(workdir, uninterrupted):
+    """Resumed on more ranks, then back (a chain). One rank: the slow tier's test_a_resume_on_one_rank."""
     copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_to_w4")
-    copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_to_w1")
-    runs = {
-        "2 -> 4": train(workdir, "runs/w2_to_w4", 4),
-        "2 -> 1": train(workdir, "runs/w2_to_w1", 1),
-    }
+    runs = {"2 -> 4": train(workdir, "runs/w2_to_w4", 4)}
     copy_checkpoint(workdir, "runs/w2_to_w4", 4, "runs/w4_to_w2")
     runs["2 -> 4 -> 2"] = train(workdir, "runs/w4_to_w2", 2)
     return runs
 
 
 def test_resume_on_other_world_sizes_gives_identical_batches(uninterrupted, resumed):
+    assert_resumes_equal(uninterrupted, resumed)
+
+
+@pytest.mark.slow
+def test_a_resume_on_one_rank(workdir, uninterrupted):
+    """2 -> 1 rank: the batches, losses, token counts and shares of the uninterrupted run."""
+    copy_checkpoint(workdir, "runs/w2", 2, "runs/w2_to_w1")
+    assert_resumes_equal(uninterrupted, {"2 -> 1": train(workdir, "runs/w2_to_w1", 1)})
+    assert train.tokens["runs/w2_to_w1"] == train.tokens["runs/w2"]
+    assert_shares_are_the_ledgers(workdir, "runs/w2_to_w1", None)
+
+
+def assert_resumes_equal(uninterrupted, resumed):
     ref_ledger, ref_losses = uninterrupted
     assert sorted(ref_ledger) == list(range(1, STEPS + 1))
     assert len(set(ref_ledger.values())) == STEPS
@@ -91,7 +101,7 @@ def test_plan_predicts_every_run(workdir, uninterrupted, resumed, monkeypatch, t
 
     planned = {e.step: e.sha256 for e in plan_ledger(CPU_CONFIG, STEPS)}
     assert planned == uninterrupted[0]  # 2 ranks
-    for name, (got_ledger, _) in resumed.items():  # 4 and 1 ranks, across resumes
+    for name, (got_ledger, _) in resumed.items():  # 4 ranks, then 2 again, across resumes
         assert got_ledger == planned, name
     # From a checkpoint, and through the command line, compared with `verify`.
     out = str(tmp_path / "from_step4.jsonl")
@@ -120,7 +130,7 @@ def test_token_accounting_is_global_and_survives_resizes(workdir, resumed):
     prose = sum(e.tokens["prose"] for e in entries)
     assert code > 0 and prose > 0
     assert train.tokens["runs/w2"] == (code, prose, code + prose)
-    for run in ("runs/w2_to_w4", "runs/w2_to_w1", "runs/w4_to_w2"):
+    for run in ("runs/w2_to_w4", "runs/w4_to_w2"):
         assert train.tokens[run] == train.tokens["runs/w2"], run
 
 
@@ -145,15 +155,19 @@ def test_fingerprint_mismatch_fails_before_the_first_step(workdir, uninterrupted
 
 def test_per_step_shares_are_global_and_survive_resizes(workdir, resumed):
     # zephon/share/<source> with log_freq = 1: each logged step's share equals the ledger's, on any W.
+    for run, first in (("runs/w2", 1), ("runs/w2_to_w4", None), ("runs/w4_to_w2", None)):
+        assert_shares_are_the_ledgers(workdir, run, first)
+
+
+def assert_shares_are_the_ledgers(workdir, run, first):
     entries = {e.step: e for e in read_ledger(os.path.join(workdir, "runs/w2", "checkpoint", "ledger.jsonl"))}
-    for run, first in (("runs/w2", 1), ("runs/w2_to_w4", None), ("runs/w2_to_w1", None), ("runs/w4_to_w2", None)):
-        shares = train.shares[run]
-        steps = range(STEPS - len(shares) + 1, STEPS + 1)
-        assert shares and (first is None or steps[0] == first), run
-        for step, (code, prose) in zip(steps, shares):
-            tokens = entries[step].tokens
-            assert code == pytest.approx(tokens["code"] / (tokens["code"] + tokens["prose"]), abs=1e-4), (run, step)
-            assert code + prose == pytest.approx(1, abs=2e-4)
+    shares = train.shares[run]
+    steps = range(STEPS - len(shares) + 1, STEPS + 1)
+    assert shares and (first is None or steps[0] == first), run
+    for step, (code, prose) in zip(steps, shares):
+        tokens = entries[step].tokens
+        assert code == pytest.approx(tokens["code"] / (tokens["code"] + tokens["prose"]), abs=1e-4), (run, step)
+        assert code + prose == pytest.approx(1, abs=2e-4)
 
 
 @pytest.mark.slow

@@ -18,9 +18,9 @@ import threading
 
 import pytest
 from helpers import (
-    REAL_TOKENIZERS,
     SHARED_TOKENIZERS,
     data_table,
+    gate_real_tokenizers,
     make_spec,
     real_tokenizer,
     special_token_strings,
@@ -65,7 +65,7 @@ def _corpus_with_specials(root, tokenizer_path, prose_docs):
     return {"web": {"paths": [os.path.join(root, "*.jsonl")], "block_bytes": 8192}}
 
 
-@pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
+@pytest.mark.parametrize("name", ["fixture", *gate_real_tokenizers()])
 def test_both_backends_give_the_same_rows_and_resume_each_other(name, special_dir, tmp_path, prose_docs, caplog):
     path = _tokenizer_path(name, special_dir)
     sources = _corpus_with_specials(str(tmp_path / "data"), path, prose_docs)
@@ -241,7 +241,7 @@ def test_the_backend_is_chosen_from_the_files_never_by_sampling(tokenizer_dir, d
     assert fast_eligibility(load_tokenizer(tokenizer_dir).tokenizer.to_str()) is None
 
 
-@pytest.mark.parametrize("name", ["fixture", *REAL_TOKENIZERS])
+@pytest.mark.parametrize("name", ["fixture", *gate_real_tokenizers()])
 def test_the_verified_list_admits_the_fields_tokenizers(name, special_dir):
     data = json.loads(load_tokenizer(_tokenizer_path(name, special_dir)).tokenizer.to_str())
     assert fast_eligibility(json.dumps(data)) is None
