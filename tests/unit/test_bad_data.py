@@ -167,3 +167,50 @@ def test_data_moved_elsewhere_is_named_and_can_be_allowed(tmp_path, corpus_dir, 
     os.rename(os.path.join(moved, "prose", "part-00002.jsonl"), os.path.join(moved, "prose", "part-00009.jsonl"))
     with pytest.raises(ResumeError, match=r"layout.prose: "):  # a renamed file is not a move
         check_fingerprint(saved, fingerprint(make_spec(moved, tokenizer_dir)), allow=["locations", "mtimes"])
+
+
+def _jsonl_with_an_empty_tail_block(path, block_bytes, full_blocks):
+    """Lines filling `full_blocks` blocks, the last of them running on into one more block, in which no line
+    starts: that block holds no document (a file's tail block often does not)."""
+    lines, size, i = [], 0, 0
+    while size < (full_blocks - 1) * block_bytes:
+        lines.append(json.dumps({"text": f"document {i} " + "word " * 20}).encode() + b"\n")
+        size += len(lines[-1])
+        i += 1
+    lines.append(json.dumps({"text": "x" * (full_blocks * block_bytes - size + block_bytes // 2)}).encode() + b"\n")
+    path.write_bytes(b"".join(lines))
+
+
+def test_lanes_whose_window_is_only_empty_blocks_read_on(tmp_path, corpus_dir, tokenizer_dir):
+    """256 lanes over a source of 3 blocks whose last holds no document: some lanes' first window is that
+    block twice (2-block windows). They read on to the next window instead of calling the source empty
+    (counting blocks as if every lane's window were one lane's made that an error at once)."""
+    path = tmp_path / "web.jsonl"
+    _jsonl_with_an_empty_tail_block(path, 1024, 2)
+    spec = make_spec(
+        corpus_dir,
+        tokenizer_dir,
+        sources={"web": {"paths": [str(path)], "block_bytes": 1024}},
+        num_lanes=256,
+        shuffle_window_blocks=2,
+    )
+    assert spec.sources[0].num_blocks == 3
+    assert len(spec.sources[0].read_block(2).texts) == 0  # the tail block: no line starts in it
+    streams = [LaneStream(spec, lane) for lane in range(256)]
+    empty_first = [s for s in streams if set(s.feed.readers[0]._window_block_ids(0)) == {2}]
+    assert empty_first, "the fixture should give some lane a first window of the empty block only"
+    for stream in streams:
+        (row,) = stream.take(1)
+        assert row.pieces and row.pieces[0].file == str(path)
+
+
+def test_a_source_of_only_empty_blocks_is_an_error_naming_it(tmp_path, corpus_dir, tokenizer_dir):
+    """The guard still stops a source with no document in any block (blank lines only), once every block
+    was met empty, rather than reading on forever."""
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b"\n \n" * 2000)
+    spec = make_spec(
+        corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(path)], "block_bytes": 1024}}, num_lanes=4
+    )
+    with pytest.raises(DataError, match=r"source 'web': lane 0 found no document in its blocks \(all 6 of"):
+        LaneStream(spec, 0).take(1)

@@ -61,8 +61,13 @@ def tokenize_batch_chars() -> int:
     return max(floor, min(ceiling, TOKENIZE_AHEAD_CHARS // max(1, len(_live_readers))))
 
 
-# A repeating source whose lane meets no document for this many epochs is empty.
-MAX_EMPTY_EPOCHS = 100
+# A lane that meets only blocks without a document (a file's tail block often holds no line start) reads on
+# until it finds one. The source holds none when every one of its B blocks was met empty (exact), or when the
+# lane met MAX_EMPTY_STREAK x B of its blocks in a row without one: with even one block of B holding a document
+# that happens with probability below (1 - 1/B)^(100 B) < e^-100 (block orders are keyed shuffles), and
+# unshuffled it means the lane's share of the blocks holds none. Counted in the lane's own blocks: with
+# thousands of lanes and a few blocks, one lane's window may well be 4 empty blocks (issue 28).
+MAX_EMPTY_STREAK = 100
 # Sources in object storage: while a lane tokenizes window w, the blocks of window w+1 are
 # fetched by background threads (all of a window's blocks at once), hiding request latency.
 # Rows are unchanged (blocks are pure functions of the files); memory grows by one window.
@@ -226,7 +231,8 @@ class LaneSourceReader:
         """The cursor moved past finished windows, and whether a document is there
         (False: the source is exhausted for this lane)."""
         w, p = cursor.window, cursor.position
-        empty_windows = 0
+        empty_blocks: set[int] = set()  # the distinct blocks of the empty windows met in a row
+        streak = 0  # and how many of the lane's blocks they were
         while True:
             window = self.window(w)
             if window is not None and p > len(window):  # a run only ever moves a cursor to a window's end
@@ -239,12 +245,15 @@ class LaneSourceReader:
                 moved = cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
                 return moved, window is not None
             if not len(window):
-                empty_windows += 1
-                blocks_seen = empty_windows * self.spec.config.shuffle_window_blocks * self.spec.num_lanes
-                if blocks_seen > MAX_EMPTY_EPOCHS * self.source.num_blocks:
+                ids = self._window_block_ids(w)
+                empty_blocks.update(ids)
+                streak += len(ids)
+                num_blocks = self.source.num_blocks
+                if len(empty_blocks) == num_blocks or streak > MAX_EMPTY_STREAK * num_blocks:
+                    met = f"all {num_blocks}" if len(empty_blocks) == num_blocks else f"{streak} in a row"
                     raise DataError(
-                        f"source {self.source.name!r}: lane {self.lane_id} found no document in "
-                        f"{MAX_EMPTY_EPOCHS} epochs of blocks; its files hold (almost) no non-empty "
+                        f"source {self.source.name!r}: lane {self.lane_id} found no document in its blocks ({met} of "
+                        f"the source's {num_blocks} met empty); its files hold (almost) no non-empty "
                         f"lines/rows in field {self.source.text_field!r}{self._split_note()}"
                     )
             w, p = w + 1, 0
