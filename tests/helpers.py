@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import signal
 
 from hypothesis import strategies as st
 
@@ -327,3 +328,19 @@ def listing_error(path: str) -> str:
     message = str(error.value)
     assert "\n" not in message, message
     return message
+
+
+@contextlib.contextmanager
+def within_seconds(seconds: int):
+    """A hang in the block is a failure (TimeoutError), not a stuck suite (main thread only: SIGALRM)."""
+
+    def stop(*_):
+        raise TimeoutError(f"no answer in {seconds} s: the loader hangs")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

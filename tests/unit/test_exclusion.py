@@ -4,10 +4,11 @@ byte, no listed document in a row from k on, every other document in its order; 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 
 import pytest
-from helpers import assert_restores_exactly, data_table, make_spec
+from helpers import assert_restores_exactly, data_table, make_spec, within_seconds
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,7 @@ from zephon_titan.engine import LaneState, LaneStream
 from zephon_titan.engine.exclusion import list_digest, parse_list, text_sha256
 from zephon_titan.engine.lanes import LaneGroup
 from zephon_titan.engine.stream import StepClock
-from zephon_titan.errors import ConfigError
+from zephon_titan.errors import ConfigError, DataError
 
 LANES, ROWS, STEPS = 4, 2, 5
 
@@ -251,3 +252,28 @@ def test_entries_naming_no_source_or_file_of_the_job_are_said_at_start(tmp_path,
     )
     listed.write_text(good)  # control: every entry placed, nothing to say
     assert make_spec(corpus_dir, tokenizer_dir, **with_list).exclusion.unplaced_note == ""
+
+
+def test_a_source_excluded_whole_is_an_error_at_k_not_a_hang(tmp_path, corpus_dir, tokenizer_dir):
+    """Every document of a weighted source on the list: from step k an endless lane would look for one forever.
+    It stops with one line naming the source; the steps before k are produced as always."""
+    docs = tmp_path / "small"
+    docs.mkdir()
+    (docs / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 30}) + "\n" for i in range(12)))
+    sources = {
+        "prose": {"paths": [os.path.join(corpus_dir, "prose", "*.jsonl")], "block_bytes": 16384},
+        "small": {"paths": [str(docs / "*.jsonl")], "block_bytes": 1024},
+    }
+    base = make_spec(corpus_dir, tokenizer_dir, sources=sources, num_lanes=1)
+    path = str(tmp_path / "list.txt")
+    small = base.sources[1]
+    keys = [(1, b.file, row) for b in map(small.read_block, range(small.num_blocks)) for row in b.rows]
+    _write_list(path, base, keys, set())
+    spec = make_spec(corpus_dir, tokenizer_dir, sources=sources, num_lanes=1, exclude=path, exclude_from_step=3)
+    stream = LaneStream(spec, 0, clock=StepClock(ROWS))
+    stream.take(2 * ROWS)  # steps 1 and 2
+    with (
+        within_seconds(60),
+        pytest.raises(DataError, match=r"source 'small': lane 0 met all \d+ of its blocks .*or excluded"),
+    ):
+        stream.take(4 * ROWS)

@@ -149,6 +149,8 @@ class LaneSourceReader:
         self._texts = spec.exclusion.texts if spec.exclusion is not None else frozenset()
         self.listed_by_text: set[tuple[str, int]] = set()
         """(file, row) of the documents read so far whose text's SHA-256 is on the exclusion list."""
+        self.barren: set[int] = set()
+        """Blocks the lane met whole since this source last gave it a token it can place (a guard only)."""
         _live_readers.add(self)
 
     def _order(self, n: int, *path: object) -> Permutation | range:
@@ -256,7 +258,24 @@ class LaneSourceReader:
                         f"the source's {num_blocks} met empty); its files hold (almost) no non-empty "
                         f"lines/rows in field {self.source.text_field!r}{self._split_note()}"
                     )
+                self.met_barren(w)  # beside windows of documents without a token (DocumentFeed._watch_barren)
             w, p = w + 1, 0
+
+    def met_barren(self, w: int) -> None:
+        """Window w was read whole without a document that gives the lane a token it can place (empty texts
+        without BOS/EOS, one-token documents under labels = "document", excluded ones). An endless run raises once every
+        block of the source was met so: the lane would read on forever (it is never more than a guard: rows
+        never depend on it)."""
+        if not self.spec.repeat:
+            return  # a finite source ends by itself
+        self.barren.update(self._window_block_ids(w))
+        if len(self.barren) == self.source.num_blocks:
+            raise DataError(
+                f"source {self.source.name!r}: lane {self.lane_id} met all {self.source.num_blocks} of its blocks "
+                "without a document that gives a row a token (every text empty, one token long under labels = "
+                f'"document", or excluded){self._split_note()}; check field {self.source.text_field!r} and the '
+                "add_bos/add_eos settings, or give this source weight 0"
+            )
 
     def document(self, cursor: SourceCursor) -> Document:
         """The document at a normalized cursor."""
@@ -320,6 +339,10 @@ class DocumentFeed:
         self.weights = spec.schedule.segment(self.mix.segment).weights
         self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
         self.chunk = spec.mix_chunk_tokens
+        # Tokens a document needs to put anything in a row: an (input, label) pair under labels = "document".
+        self.placeable = 2 if spec.config.labels == "document" else 1
+        self._barren_since: list[tuple[int, int] | None] = [None] * len(spec.sources)
+        """Per source, the (window, position) where its run of documents that place nothing began."""
         self.excluding = False
         """The next pieces are for a row at or after exclude_from_step: listed documents are skipped."""
         for reader, cursor, weight in zip(self.readers, self.cursors, self.weights):
@@ -344,6 +367,20 @@ class DocumentFeed:
             return False
         return exclusion.excludes(source, file, row) or (file, row) in self.readers[source].listed_by_text
 
+    def _watch_barren(self, s: int, cursor: SourceCursor, n: int) -> None:
+        """Count the windows of source s read whole while its documents place nothing (met_barren's guard)."""
+        if n >= self.placeable:
+            if self._barren_since[s] is not None or self.readers[s].barren:
+                self._barren_since[s] = None
+                self.readers[s].barren.clear()
+            return
+        since = self._barren_since[s]
+        if since is None:
+            since = self._barren_since[s] = (cursor.window, cursor.position)
+        window = self.readers[s].window(cursor.window)
+        if window is not None and cursor.position == len(window) - 1 and (since[0] != cursor.window or since[1] == 0):
+            self.readers[s].met_barren(cursor.window)  # the whole window, from its first document, placed nothing
+
     def next_document(self) -> Document | None:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
         or None when every source with a weight in the current segment is exhausted."""
@@ -366,7 +403,9 @@ class DocumentFeed:
                     f"{doc.file} {self.readers[s].source.row_unit} {doc.row}: the lane's state is {cursor.offset} "
                     f"tokens into this document, which has {n}; was the data changed?"
                 )
-            if self.excluding and self.dropped(s, doc.file, doc.row):  # the document, or its rest, is skipped
+            dropped = self.excluding and self.dropped(s, doc.file, doc.row)
+            self._watch_barren(s, cursor, 0 if dropped else n)
+            if dropped:  # the document, or its rest, is skipped
                 self.cursors[s] = SourceCursor(window=cursor.window, position=cursor.position + 1, tokens=cursor.tokens)
                 continue
             stop = min(cursor.offset + self.chunk, n)
