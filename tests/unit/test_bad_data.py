@@ -220,21 +220,19 @@ def _lines(texts):
     return [json.dumps({"text": t}).encode() + b"\n" for t in texts]
 
 
+def _bare_texts_spec(tmp_path, corpus_dir, tokenizer_dir, texts, **overrides):
+    """One source "web" of `texts` in 1 KiB blocks, without BOS/EOS (an empty text gives no token)."""
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b"".join(_lines(texts)))
+    sources = {"web": {"paths": [str(path)], "block_bytes": 1024}}
+    return make_spec(corpus_dir, tokenizer_dir, sources=sources, add_bos=False, add_eos=False, **overrides)
+
+
 @pytest.mark.parametrize("packing", ["wrap", "best_fit"])
 def test_a_source_whose_documents_give_no_token_is_an_error_not_a_hang(tmp_path, corpus_dir, tokenizer_dir, packing):
     """Empty texts without BOS/EOS give no token: an endless lane would read that source forever (its count of
     tokens never grows, so the mixer keeps choosing it). One line naming the source, once all its blocks met."""
-    path = tmp_path / "web.jsonl"
-    path.write_bytes(b"".join(_lines([""] * 300)))
-    spec = make_spec(
-        corpus_dir,
-        tokenizer_dir,
-        sources={"web": {"paths": [str(path)], "block_bytes": 1024}},
-        num_lanes=2,
-        add_bos=False,
-        add_eos=False,
-        packing=packing,
-    )
+    spec = _bare_texts_spec(tmp_path, corpus_dir, tokenizer_dir, [""] * 300, num_lanes=2, packing=packing)
     with (
         within_seconds(60),
         pytest.raises(DataError, match=r"source 'web': lane 1 met all 4 of its blocks without a doc"),
@@ -263,17 +261,8 @@ def test_a_weighted_source_of_one_token_documents_is_named(tmp_path, corpus_dir,
 def test_many_empty_documents_before_a_real_one_are_read_past(tmp_path, corpus_dir, tokenizer_dir):
     """Control for the guard: a long run of empty texts, over several blocks and windows, is no error while one
     document of the source gives tokens."""
-    path = tmp_path / "web.jsonl"
-    path.write_bytes(b"".join(_lines([""] * 600 + ["the one document with words in it"] + [""] * 600)))
-    spec = make_spec(
-        corpus_dir,
-        tokenizer_dir,
-        sources={"web": {"paths": [str(path)], "block_bytes": 1024}},
-        num_lanes=1,
-        add_bos=False,
-        add_eos=False,
-        shuffle_window_blocks=1,
-    )
+    texts = [""] * 600 + ["the one document with words in it"] + [""] * 600
+    spec = _bare_texts_spec(tmp_path, corpus_dir, tokenizer_dir, texts, num_lanes=1, shuffle_window_blocks=1)
     with within_seconds(60):
         rows = LaneStream(spec, 0).take(3)
     at = 600 * len(_lines([""])[0])  # a JSONL document's row is its line's byte offset
