@@ -267,3 +267,21 @@ def test_many_empty_documents_before_a_real_one_are_read_past(tmp_path, corpus_d
         rows = LaneStream(spec, 0).take(3)
     at = 600 * len(_lines([""])[0])  # a JSONL document's row is its line's byte offset
     assert {p.row for r in rows for p in r.pieces} == {at}  # the one document, again and again
+
+
+def test_an_unshuffled_lane_whose_share_of_blocks_gives_no_token_is_an_error(tmp_path, corpus_dir, tokenizer_dir):
+    """shuffle = false: lane 0 of 2 meets blocks 0 and 2 only. Both hold only empty texts (blocks 1 and 3 real
+    ones), so the lane never meets every block; the count of its own blocks in a row stops it instead of a hang."""
+    texts, size = [], 0
+    for boundary, text in ((1024, ""), (2048, "a real document " * 4), (3072, ""), (4096, "another one " * 4)):
+        while size < boundary and (boundary < 4096 or size + len(_lines([text])[0]) <= boundary):  # 4 blocks
+            texts.append(text)
+            size += len(_lines([text])[0])
+    spec = _bare_texts_spec(tmp_path, corpus_dir, tokenizer_dir, texts, num_lanes=2, shuffle=False)
+    assert spec.sources[0].num_blocks == 4
+    with (
+        within_seconds(60),
+        pytest.raises(DataError, match=r"source 'web': lane 0 met 40[0-9] of its 4 blocks in a row without a doc"),
+    ):
+        LaneStream(spec, 0).take(1)
+    assert LaneStream(spec, 1).take(1)[0].pieces  # control: lane 1 meets blocks 1 and 3

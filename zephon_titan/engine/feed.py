@@ -151,6 +151,8 @@ class LaneSourceReader:
         """(file, row) of the documents read so far whose text's SHA-256 is on the exclusion list."""
         self.barren: set[int] = set()
         """Blocks the lane met whole since this source last gave it a token it can place (a guard only)."""
+        self.barren_streak = 0
+        """And how many of the lane's blocks that was (a block met again counts again)."""
         _live_readers.add(self)
 
     def _order(self, n: int, *path: object) -> Permutation | range:
@@ -263,15 +265,24 @@ class LaneSourceReader:
 
     def met_barren(self, w: int) -> None:
         """Window w was read whole without a document that gives the lane a token it can place (empty texts
-        without BOS/EOS, one-token documents under labels = "document", excluded ones). An endless run raises once every
-        block of the source was met so: the lane would read on forever (it is never more than a guard: rows
-        never depend on it)."""
+        without BOS/EOS, one-token documents under labels = "document", excluded ones). An endless run raises once
+        every block of the source was met so, or MAX_EMPTY_STREAK x B of the lane's blocks in a row (unshuffled, a
+        lane meets only its share of the blocks): the lane would read on forever. Only a guard: rows never depend
+        on it."""
         if not self.spec.repeat:
             return  # a finite source ends by itself
-        self.barren.update(self._window_block_ids(w))
-        if len(self.barren) == self.source.num_blocks:
+        ids = self._window_block_ids(w)
+        self.barren.update(ids)
+        self.barren_streak += len(ids)
+        num_blocks = self.source.num_blocks
+        if len(self.barren) == num_blocks or self.barren_streak > MAX_EMPTY_STREAK * num_blocks:
+            met = (
+                f"all {num_blocks} of its blocks"
+                if len(self.barren) == num_blocks
+                else f"{self.barren_streak} of its {num_blocks} blocks in a row"
+            )
             raise DataError(
-                f"source {self.source.name!r}: lane {self.lane_id} met all {self.source.num_blocks} of its blocks "
+                f"source {self.source.name!r}: lane {self.lane_id} met {met} "
                 "without a document that gives a row a token (every text empty, one token long under labels = "
                 f'"document", or excluded){self._split_note()}; check field {self.source.text_field!r} and the '
                 "add_bos/add_eos settings, or give this source weight 0"
@@ -373,6 +384,7 @@ class DocumentFeed:
             if self._barren_since[s] is not None or self.readers[s].barren:
                 self._barren_since[s] = None
                 self.readers[s].barren.clear()
+                self.readers[s].barren_streak = 0
             return
         since = self._barren_since[s]
         if since is None:
