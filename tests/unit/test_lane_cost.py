@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.engine import LaneStream, feed, open_lane_group
 from zephon_titan.engine.sources import jsonl, open_source
 from zephon_titan.engine.sources.parquet import ParquetSource
+from zephon_titan.engine.state import SourceCursor
 from zephon_titan.errors import DataError
 
 
@@ -137,14 +139,17 @@ def test_a_failed_read_reaches_every_lane_waiting_for_it_and_the_next_request_re
     source = open_source(SourceConfig(name="pq", paths=[str(path)]))
     reads = _counting_reads(monkeypatch, source)
     counted = source._read
+    both_asked = threading.Event()
 
     def unreadable(file_index, local_block):
         counted(file_index, local_block)
+        both_asked.wait(10)  # the second lane asks while this read is under way (not after it failed)
         raise DataError("unreadable")
 
     monkeypatch.setattr(source, "_read", unreadable)
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = [source.read_block_soon(0, pool) for _ in range(2)]
+        both_asked.set()
         for future in futures:
             with pytest.raises(DataError, match="unreadable"):
                 future.result()
@@ -199,3 +204,100 @@ def test_a_jsonl_block_finds_the_lines_split_finds(tmp_path_factory, lines, newl
 def _rows_and_texts(source, block):
     docs = source.read_block(block)
     return docs.rows, list(docs.texts)
+
+
+def _counting_encode_calls(monkeypatch, spec) -> list[int]:
+    """The texts of each of the spec's encode calls (the real encode runs)."""
+    calls: list[int] = []
+    real = spec.tokenizer.encode
+
+    def encode(texts, *args):
+        calls.append(len(texts))
+        return real(texts, *args)
+
+    monkeypatch.setattr(spec.tokenizer, "encode", encode)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory):
+    """Two JSONL sources of 3,000 short documents each: a row of 256 tokens takes several, so lanes encode often."""
+    root = tmp_path_factory.mktemp("short_documents")
+    words = "data loader lanes rows tokens batch shuffle window mixture packing resume checkpoint".split()
+    sources = {}
+    for name, stride in (("a", 3), ("b", 5)):
+        texts = [" ".join(words[(i * stride + k) % len(words)] for k in range(3 + i % 9)) for i in range(3000)]
+        (root / f"{name}.jsonl").write_text(
+            "".join(json.dumps({"text": f"{i} {t}"}) + "\n" for i, t in enumerate(texts))
+        )
+        sources[name] = {"paths": [str(root / f"{name}.jsonl")], "block_bytes": 1 << 20}
+    return sources
+
+
+def _group_rows(spec, num_lanes: int, steps: int) -> list[str]:
+    with open_lane_group(spec, range(num_lanes), 2) as group:
+        produced = [group.next_step() for _ in range(steps)]
+    return [rows_digest(row for step in produced for row in step[lane]) for lane in range(num_lanes)]
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    num_lanes=st.sampled_from([1, 3, 8, 16]),
+    batch_chars=st.sampled_from([1, 300, 1 << 30]),
+    call_chars=st.sampled_from([0, 2_000, 1 << 20]),
+)
+def test_lanes_of_a_group_encode_in_shared_calls_and_the_rows_stay_each_lanes_own(
+    corpus_dir, tokenizer_dir, short_documents, num_lanes, batch_chars, call_chars
+):
+    """The readers of a lane group whose batch runs out encode together (EncodeBatcher): a reader's next batch
+    rides along in another reader's call, so thousands of lanes still make calls of ~1 MiB. Rows must be what
+    each lane gives alone, in any group, with any budgets. Negative control: another seed differs."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(feed, "TOKENIZE_BATCH_CHARS", (batch_chars, batch_chars))
+        patch.setattr(feed, "ENCODE_CALL_CHARS", call_chars)
+        spec = make_spec(corpus_dir, tokenizer_dir, seq_len=256, num_lanes=num_lanes, sources=short_documents)
+        together = _group_rows(spec, num_lanes, 3)
+        patch.setattr(feed, "ENCODE_CALL_CHARS", 0)  # each reader's own calls
+        alone = [rows_digest(LaneStream(spec, lane).take(6)) for lane in range(num_lanes)]
+        assert together == alone
+        other = make_spec(corpus_dir, tokenizer_dir, seq_len=256, num_lanes=num_lanes, sources=short_documents, seed=8)
+        assert rows_digest(LaneStream(other, 0).take(6)) != alone[0]
+
+
+def test_thousands_of_lanes_make_few_large_encode_calls(corpus_dir, tokenizer_dir, short_documents, monkeypatch):
+    """What the shared calls are for: with many lanes, each reader's batch (its share of the process's budget)
+    lasts it several rows, and a call of its own per batch would be a call of a few documents. 64 lanes encode in
+    a fraction of the calls, each about a reader's batch or more (and the same rows: the test above)."""
+    monkeypatch.setattr(feed, "TOKENIZE_BATCH_CHARS", (400, 400))  # ~10 short documents: a few rows of 64 tokens
+    calls = {}
+    for call_chars in (0, 1 << 20):
+        monkeypatch.setattr(feed, "ENCODE_CALL_CHARS", call_chars)
+        spec = make_spec(corpus_dir, tokenizer_dir, seq_len=64, num_lanes=64, sources=short_documents)
+        calls[call_chars] = _counting_encode_calls(monkeypatch, spec)
+        with open_lane_group(spec, range(64), 1) as group:
+            for _ in range(48):
+                group.next_step()
+    alone, shared = calls[0], calls[1 << 20]
+    assert len(shared) < len(alone) / 4, (len(shared), len(alone))
+    assert sum(shared) / len(shared) > 4 * sum(alone) / len(alone)
+
+
+def test_a_document_read_ahead_for_a_shared_call_fails_only_when_its_lane_reaches_it(
+    tmp_path, corpus_dir, tokenizer_dir
+):
+    """Reading a reader's next batch for another reader's call must not raise that batch's bad line early (a run
+    whose last step comes before it would fail for a line it never uses): the lane raises it when it reads that
+    batch itself."""
+    path = tmp_path / "web.jsonl"
+    lines = [json.dumps({"text": f"document {i}"}) for i in range(6)]
+    lines[4] = json.dumps({"text": 5})
+    path.write_text("\n".join(lines) + "\n")
+    spec = make_spec(corpus_dir, tokenizer_dir, sources={"web": {"paths": [str(path)]}}, num_lanes=1, shuffle=False)
+    offsets = [sum(len(line) + 1 for line in lines[:i]) for i in range(len(lines))]
+    reader = feed.DocumentFeed(spec, 0).readers[0]
+    at = [SourceCursor(window=0, position=p, tokens=0) for p in range(len(lines))]
+    assert reader.normalize(at[0]) == (at[0], True)
+    assert [reader.document(at[p]).row for p in range(3)] == offsets[:3]  # batches of 1 and 2 documents
+    assert reader.next_batch_texts() is None  # its next batch holds the bad line: not read ahead, no error
+    with pytest.raises(DataError, match=r"web.jsonl line 5 .*field 'text' is int"):
+        reader.document(at[3])  # the lane's own batch from there (documents 3-6), as without shared calls

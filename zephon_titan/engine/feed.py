@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import os
 import weakref
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,18 +48,19 @@ from zephon_titan.errors import DataError, ResumeError
 TOKENIZE_BATCH = 64
 FIRST_TOKENIZE_BATCH = 1
 # A batch also ends once its texts reach a number of characters: every lane holds its current batch of
-# every source as token ids, so the readers of a process share a budget of characters tokenized ahead.
-# A few lanes get large batches (fewer, longer encode calls: ~15 % more tokens/s at 8 lanes than with
-# the floor), thousands of lanes the floor (issue 28).
+# every source as token ids, and the next one once encoded ahead (EncodeBatcher), so the readers of a process
+# share a budget of characters tokenized ahead, two batches each. A few lanes get large batches (fewer, longer
+# encode calls: ~15 % more tokens/s at 8 lanes than with the floor), thousands of lanes the floor, and their
+# batches are encoded together in calls of ENCODE_CALL_CHARS (issue 28).
 TOKENIZE_AHEAD_CHARS = 64 << 20
-TOKENIZE_BATCH_CHARS = (32 << 10, 1 << 20)  # (floor, ceiling) per reader
+TOKENIZE_BATCH_CHARS = (16 << 10, 1 << 20)  # (floor, ceiling) per reader and batch
 _live_readers: weakref.WeakSet[LaneSourceReader] = weakref.WeakSet()
 
 
 def tokenize_batch_chars() -> int:
     """Characters one reader tokenizes in a batch: its share of the process's budget, within bounds."""
     floor, ceiling = TOKENIZE_BATCH_CHARS
-    return max(floor, min(ceiling, TOKENIZE_AHEAD_CHARS // max(1, len(_live_readers))))
+    return max(floor, min(ceiling, TOKENIZE_AHEAD_CHARS // (2 * max(1, len(_live_readers)))))
 
 
 # A lane that meets only blocks without a document (a file's tail block often holds no line start) reads on
@@ -132,18 +134,94 @@ def _block_order(seed: int, shuffle: bool, source: str, num_blocks: int, epoch: 
     return Permutation(num_blocks, derive_key(seed, "blocks", source, epoch)) if shuffle else range(num_blocks)
 
 
+# Readers that step together (one lane group, one thread) encode in shared calls: a reader whose batch runs
+# out takes along the next batches of other readers (the ones waiting longest first), up to this many
+# characters in all. Thousands of lanes each tokenize a few documents at a time (their share of
+# TOKENIZE_AHEAD_CHARS); with fastokens' threads, a call of a few KiB costs more per token: 1,024 lanes ran
+# 12-13 % faster with shared calls (issue 28). A document's ids never depend on its batch.
+ENCODE_CALL_CHARS = 1 << 20
+
+
+_Text = tuple[str | np.ndarray, str, int]
+"""A document as a reader reads it: its text (or token ids), file and row."""
+
+
+class EncodeBatcher:
+    """The readers of one lane group without a next batch (a FIFO, weakly held: the longest waiting is the
+    nearest to running out): the next reader that encodes takes their next batches along. Not thread-safe:
+    one per group of lanes stepped in one thread (LaneGroup, a worker process); a lane alone has its own."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[weakref.ref[LaneSourceReader]] = deque()
+
+    def wants(self, reader: LaneSourceReader) -> None:
+        if not reader.queued:
+            reader.queued = True
+            self._waiting.append(reader.ref)
+
+    def join(self, reader: LaneSourceReader, docs: list[_Text]) -> list[tuple[LaneSourceReader, int, list[_Text]]]:
+        """Batches of waiting readers (each: reader, its first window position, its documents) to encode with
+        `docs`."""
+        chars = sum(len(item) for item, _, _ in docs)
+        out = []
+        while self._waiting and chars < ENCODE_CALL_CHARS:
+            other = self._waiting.popleft()()
+            if other is None:
+                continue
+            other.queued = False
+            if other is reader:
+                continue
+            ahead = other.next_batch_texts()
+            if ahead is not None:
+                out.append((other, *ahead))
+                chars += sum(len(item) for item, _, _ in ahead[1])
+        return out
+
+
+_Batch = tuple[int, tuple[np.ndarray, ...], tuple[str, ...], tuple[int, ...]]
+"""A reader's batch: its first window position, and each document's tokens, file and row. Plain tuples (of
+arrays, strings and ints), which the garbage collector stops tracking: a batch lives for many rows, and at
+thousands of lanes tracked objects that live that long made it run full collections (issue 28)."""
+_NO_BATCH: _Batch = (0, (), (), ())
+
+
+def _batch_of(start: int, docs: list[_Text], encoded: list[np.ndarray]) -> _Batch:
+    return (start, tuple(encoded), tuple(file for _, file, _ in docs), tuple(int(row) for _, _, row in docs))
+
+
+def _index_in(batch: _Batch, p: int) -> int:
+    """Where window position p is in the batch, or -1."""
+    i = p - batch[0]
+    return i if 0 <= i < len(batch[1]) else -1
+
+
+def _own_buffer(documents: list[np.ndarray]) -> list[np.ndarray]:
+    """The documents as views into a buffer of their own. An encode call's documents are views into one buffer
+    (tokenize.py), which lives while any of them does: a shared call's buffer would stay while the slowest of
+    its readers holds a document, tens of times the tokens held ahead at thousands of lanes."""
+    if not documents:
+        return documents
+    bounds = [0, *accumulate(len(d) for d in documents)]
+    buffer = np.concatenate(documents)
+    return [buffer[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
 class LaneSourceReader:
     """The documents one lane reads from one source, in order."""
 
-    def __init__(self, spec: EngineSpec, source_index: int, lane_id: int):
+    def __init__(self, spec: EngineSpec, source_index: int, lane_id: int, batcher: EncodeBatcher | None = None):
         self.spec = spec
         self.source = spec.sources[source_index]
         self.source_index = source_index
         self.lane_id = lane_id
         self._window: _Window | None = None
-        self._tokens: dict[int, np.ndarray] = {}
-        self._where: dict[int, tuple[str, int]] = {}  # window position -> (file, row), for _tokens
+        self._current: _Batch = _NO_BATCH
         self._batch = FIRST_TOKENIZE_BATCH
+        self._ahead_batch: _Batch | None = None
+        """The next batch's tokens and (file, row), when it was encoded with another reader's batch."""
+        self.batcher = batcher if batcher is not None else EncodeBatcher()
+        self.queued = False
+        self.ref = weakref.ref(self)  # one for the reader's life (EncodeBatcher): not one object per batch
         self._read_ahead = READ_AHEAD_REMOTE and self.source.remote
         self._ahead: tuple[int, list[Future[BlockDocuments]]] | None = None
         self._texts = spec.exclusion.texts if spec.exclusion is not None else frozenset()
@@ -171,7 +249,7 @@ class LaneSourceReader:
         """Window w of this lane (None if it has no block: the source is exhausted)."""
         if self._window is not None and self._window.index == w:
             return self._window
-        self._tokens, self._where = {}, {}
+        self._current, self._ahead_batch = _NO_BATCH, None
         self._window = None
         blocks = self._read_window_blocks(w)
         if blocks is None:
@@ -293,36 +371,90 @@ class LaneSourceReader:
         window = self.window(cursor.window)
         assert window is not None, "document() needs a normalized cursor"  # normalize() checked it has a window
         p = cursor.position
-        if p not in self._tokens:
-            self._tokens, self._where = {}, {}  # the previous batch is consumed: let it go
-            stop = min(p + self._batch, len(window))
-            self._batch = min(2 * self._batch, TOKENIZE_BATCH)
-            docs = []
-            chars, most = 0, tokenize_batch_chars()
-            for i in range(p, stop):  # the next documents, up to `most` characters of text
-                docs.append(window.document(window.order[i]))
-                chars += len(docs[-1][0])
-                if chars >= most:
-                    stop = i + 1
-                    break
-            for item, file, row in docs:
-                if not isinstance(item, str):
-                    self._check_token_ids(item, file, row)
-                elif self._texts and text_sha256(item) in self._texts:  # hashed only when the list names texts
-                    self.listed_by_text.add((file, row))
-            try:
-                encoded = self.spec.tokenizer.encode([item for item, _, _ in docs], self.source.specials_in_tokens)
-            except BackendMismatch as e:  # the e.index-th text of the batch
-                _, file, row = [doc for doc in docs if isinstance(doc[0], str)][e.index]
-                raise DataError(f"{file} {self.source.row_unit} {row} (source {self.source.name!r}): {e}") from None
-            self._tokens = dict(zip(range(p, stop), encoded))
-            self._where = {i: (file, row) for i, (_, file, row) in zip(range(p, stop), docs)}
-        file, row = self._where[p]
-        tokens = self._tokens[p]
-        return Document(self.source_index, tokens, file, row, 0, len(tokens))
+        i = _index_in(self._current, p)
+        if i < 0:
+            ahead, self._ahead_batch = self._ahead_batch, None
+            if ahead is not None and _index_in(ahead, p) >= 0:
+                self._current = ahead  # encoded with another reader's batch
+            else:
+                self._current = _NO_BATCH  # the previous batch is consumed: let it go
+                self._current = self._encode_batch(window, p)
+            if self._batch >= 4 * FIRST_TOKENIZE_BATCH and self.batch_end < len(window):
+                # Its next batch may join another reader's encode call; not the first two (a lane's first rows
+                # wait for its first documents only).
+                self.batcher.wants(self)
+            i = _index_in(self._current, p)
+        _, tokens, files, rows = self._current
+        return Document(self.source_index, tokens[i], files[i], rows[i], 0, len(tokens[i]))
 
-    def _check_token_ids(self, ids: np.ndarray, file: str, row: int) -> None:
-        check_token_ids(self.source, ids, file, row, self.spec.tokenizer.vocab_size)
+    @property
+    def batch_end(self) -> int:
+        """The window position after the current batch's last document."""
+        start, tokens, _, _ = self._current
+        return start + len(tokens)
+
+    def _read_batch(self, window: _Window, p: int) -> list[_Text]:
+        """The window's next documents from position p: up to the batch size, and up to the characters a
+        reader tokenizes at a time."""
+        stop = min(p + self._batch, len(window))
+        self._batch = min(2 * self._batch, TOKENIZE_BATCH)
+        docs = []
+        chars, most = 0, tokenize_batch_chars()
+        for i in range(p, stop):
+            docs.append(window.document(window.order[i]))
+            chars += len(docs[-1][0])
+            if chars >= most:
+                break
+        for item, file, row in docs:  # a listed text is noted when read (a set: reading ahead changes nothing)
+            if isinstance(item, str) and self._texts and text_sha256(item) in self._texts:
+                self.listed_by_text.add((file, row))
+        return docs
+
+    def next_batch_texts(self) -> tuple[int, list[_Text]] | None:
+        """The batch after the current one (its first window position, its texts), read now for another
+        reader's encode call; None
+        when there is none to read ahead (the window's end, or a document that is not text, or one that
+        cannot be read: its error comes when the lane reaches it)."""
+        window = self._window
+        if window is None or self._ahead_batch is not None or not self._current[1] or self.batch_end >= len(window):
+            return None
+        start = self.batch_end
+        try:
+            docs = self._read_batch(window, start)
+        except Exception:  # read again, and raised, when the lane reaches that document
+            return None
+        return (start, docs) if all(isinstance(item, str) for item, _, _ in docs) else None
+
+    def take_ahead(self, start: int, docs: list[_Text], encoded: list[np.ndarray]) -> None:
+        """Keep the next batch (documents from window position `start`), encoded in another reader's call."""
+        self._ahead_batch = _batch_of(start, docs, encoded)
+
+    def _encode_batch(self, window: _Window, p: int) -> _Batch:
+        """Read and encode the batch from position p, with the next batches of readers about to need theirs."""
+        docs = self._read_batch(window, p)
+        for item, file, row in docs:
+            if not isinstance(item, str):
+                check_token_ids(self.source, item, file, row, self.spec.tokenizer.vocab_size)
+        others = self.batcher.join(self, docs) if all(isinstance(d[0], str) for d in docs) else []
+        texts = [item for item, _, _ in docs] + [item for _, _, more in others for item, _, _ in more]
+        try:
+            encoded = self.spec.tokenizer.encode(texts, self.source.specials_in_tokens)
+        except BackendMismatch as e:  # the e.index-th text of the batch
+            if e.index < len(docs) or not others:  # one of this reader's documents
+                raise self._mismatch(e, docs) from None
+            encoded = self.spec.tokenizer.encode([item for item, _, _ in docs], self.source.specials_in_tokens)
+            others = []  # the other readers meet their document when it is due
+        at = len(docs)
+        for reader, start, more in others:
+            reader.take_ahead(start, more, _own_buffer(encoded[at : at + len(more)]))
+            at += len(more)
+        if others:
+            encoded = _own_buffer(encoded[: len(docs)])
+        return _batch_of(p, docs, encoded)
+
+    def _mismatch(self, e: BackendMismatch, docs: list[_Text]) -> DataError:
+        _, file, row = [doc for doc in docs if isinstance(doc[0], str)][e.index]
+        return DataError(f"{file} {self.source.row_unit} {row} (source {self.source.name!r}): {e}")
 
 
 def check_token_ids(source: Source, ids: np.ndarray, file: str, row: int, vocab: int) -> None:
@@ -339,10 +471,14 @@ class DocumentFeed:
     """One lane's mixed stream of document pieces; its state is the per-source cursors and, under a
     mixture schedule, the segment it mixes (FeedState)."""
 
-    def __init__(self, spec: EngineSpec, lane_id: int, state: FeedState | None = None):
+    def __init__(
+        self, spec: EngineSpec, lane_id: int, state: FeedState | None = None, batcher: EncodeBatcher | None = None
+    ):
+        """`batcher`: shared by the lanes of a group (their readers encode together); None: the lane's own."""
         self.spec = spec
         self.lane_id = lane_id
-        self.readers = [LaneSourceReader(spec, s, lane_id) for s in range(len(spec.sources))]
+        batcher = batcher if batcher is not None else EncodeBatcher()
+        self.readers = [LaneSourceReader(spec, s, lane_id, batcher) for s in range(len(spec.sources))]
         if state is None:
             state = FeedState(initial_cursors(len(spec.sources)), MixState.initial(len(spec.sources)))
         self.cursors = list(state.cursors)
@@ -397,12 +533,13 @@ class DocumentFeed:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
         or None when every source with a weight in the current segment is exhausted."""
         while True:
-            # Keep normalized cursors so no finished window is ever read again.
-            checked = [
-                r.normalize(c) if w > 0 else (c, False) for r, c, w in zip(self.readers, self.cursors, self.weights)
-            ]
-            self.cursors = [c for c, _ in checked]
-            active = [has_next for _, has_next in checked]
+            # Keep normalized cursors so no finished window is ever read again. In place: a list made per
+            # document would live until the lane's next row, and at thousands of lanes objects that live that
+            # long make the garbage collector run full collections (issue 28).
+            active = [False] * len(self.readers)
+            for i, (reader, weight) in enumerate(zip(self.readers, self.weights)):
+                if weight > 0:
+                    self.cursors[i], active[i] = reader.normalize(self.cursors[i])
             taken = [c.tokens - base for c, base in zip(self.cursors, self.mix.bases)]
             s = choose_source(self.weights, taken, active, self.phases, self.chunk)
             if s < 0:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_titan.engine.feed import EncodeBatcher
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
@@ -147,8 +148,9 @@ class LaneGroup:
         """`first_step`: steps completed before `states` (the step of each row matters under a schedule)."""
         states = states or {}
         self.rows_per_step = rows_per_step
+        batcher = EncodeBatcher()  # the group's readers encode in shared calls
         self.streams = [
-            LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step))
+            LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step), batcher)
             for lane in lane_ids
         ]
 

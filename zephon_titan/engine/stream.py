@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zephon_titan.engine.feed import DocumentFeed
+from zephon_titan.engine.feed import DocumentFeed, EncodeBatcher
 from zephon_titan.engine.mixing import lane_phases
 from zephon_titan.engine.packing import Row, RowShape, packer_class
 from zephon_titan.engine.spec import EngineSpec
@@ -41,7 +41,16 @@ class LaneStream:
     continues with exactly the rows the original would have produced.
     """
 
-    def __init__(self, spec: EngineSpec, lane_id: int, state: LaneState | None = None, clock: StepClock | None = None):
+    def __init__(
+        self,
+        spec: EngineSpec,
+        lane_id: int,
+        state: LaneState | None = None,
+        clock: StepClock | None = None,
+        batcher: EncodeBatcher | None = None,
+    ):
+        """`batcher`: shared by lanes stepped together in one thread, so that their readers encode in shared
+        calls (a speed knob: rows never depend on it); None: the lane's own."""
         if not 0 <= lane_id < spec.num_lanes:
             raise ValueError(f"lane_id must be in [0, {spec.num_lanes}), got {lane_id}")
         stepped = spec.schedule.scheduled or spec.exclusion is not None
@@ -56,7 +65,8 @@ class LaneStream:
             _check_state(spec, lane_id, state)
             feed_state = state.feed
             self.rows = state.rows
-        self.feed = DocumentFeed(spec, lane_id, feed_state)
+        self.batcher = batcher
+        self.feed = DocumentFeed(spec, lane_id, feed_state, batcher)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
         # Whether the open unit was drawn with the exclusion in force: a restore replays it the same way.
         self._unit_start: object = None
@@ -99,7 +109,7 @@ class LaneStream:
             if self.spec.seq_len_schedule and self.spec.era_of(step) != self.era:
                 # The job's seq_len changes at this step: the lane goes on exactly as a resume here with the new
                 # seq_len would (its open unit replayed, a best_fit window packed again at the new length).
-                self.__init__(self.spec, self.lane_id, self.state(), self.clock)  # type: ignore[misc]
+                self.__init__(self.spec, self.lane_id, self.state(), self.clock, self.batcher)  # type: ignore[misc]
             self.feed.at_step(step)
             exclusion = self.spec.exclusion
             self.feed.excluding = exclusion is not None and step >= exclusion.from_step

@@ -89,6 +89,7 @@ def _worker_main(
     limit_threads(threads)
     fd, lane = writer.fileno(), None
     try:
+        from zephon_titan.engine.feed import EncodeBatcher
         from zephon_titan.engine.stream import LaneStream, lane_clock
 
         try:
@@ -106,8 +107,9 @@ def _worker_main(
                 return
         states: dict[int, LaneState]
         states, first_step = start.recv()
+        batcher = EncodeBatcher()  # the group's readers encode in shared calls
         streams = [
-            LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step))
+            LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step), batcher)
             for lane in lanes
         ]
         while not stop.is_set():
