@@ -488,6 +488,9 @@ class DocumentFeed:
         self.chunk = spec.mix_chunk_tokens
         # Tokens a document needs to put anything in a row: an (input, label) pair under labels = "document".
         self.placeable = 2 if spec.config.labels == "document" else 1
+        self._has_document: list[bool | None] = [None] * len(spec.sources)
+        """Per source, whether its cursor (normalized) stands at a document; None: not normalized since it moved.
+        Only the source a piece came from moves, so a piece normalizes one cursor, not every source's."""
         self._barren_since: list[tuple[int, int] | None] = [None] * len(spec.sources)
         """Per source, the (window, position) where its run of documents that place nothing began."""
         self.excluding = False
@@ -533,13 +536,15 @@ class DocumentFeed:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
         or None when every source with a weight in the current segment is exhausted."""
         while True:
-            # Keep normalized cursors so no finished window is ever read again. In place: a list made per
-            # document would live until the lane's next row, and at thousands of lanes objects that live that
-            # long make the garbage collector run full collections (issue 28).
-            active = [False] * len(self.readers)
+            # Keep normalized cursors so no finished window is ever read again; only a cursor that moved to
+            # another document since is normalized again. In place: a list made per document would live until
+            # the lane's next row, and at thousands of lanes objects that live that long make the garbage
+            # collector run full collections (issue 28).
+            has = self._has_document
             for i, (reader, weight) in enumerate(zip(self.readers, self.weights)):
-                if weight > 0:
-                    self.cursors[i], active[i] = reader.normalize(self.cursors[i])
+                if weight > 0 and has[i] is None:
+                    self.cursors[i], has[i] = reader.normalize(self.cursors[i])
+            active = [weight > 0 and bool(h) for weight, h in zip(self.weights, has)]
             taken = [c.tokens - base for c, base in zip(self.cursors, self.mix.bases)]
             s = choose_source(self.weights, taken, active, self.phases, self.chunk)
             if s < 0:
@@ -555,10 +560,13 @@ class DocumentFeed:
             dropped = self.excluding and self.dropped(s, doc.file, doc.row)
             self._watch_barren(s, cursor, 0 if dropped else n)
             if dropped:  # the document, or its rest, is skipped
+                self._has_document[s] = None  # its cursor moves to the next document
                 self.cursors[s] = SourceCursor(window=cursor.window, position=cursor.position + 1, tokens=cursor.tokens)
                 continue
             stop = min(cursor.offset + self.chunk, n)
             done = stop == n  # the document's last piece: the cursor moves to the next document
+            if done:
+                self._has_document[s] = None
             self.cursors[s] = SourceCursor(
                 window=cursor.window,
                 position=cursor.position + done,
