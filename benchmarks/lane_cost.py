@@ -2,7 +2,8 @@
 
     python benchmarks/lane_cost.py [--lanes 8 --lanes 1024 ...] [--baseline-ref REF] [--sources jsonl]
 
-One rank produces every lane (`open_lane_group(spec, range(L), rows_per_step=1)`, in process), with the
+One rank produces every lane (`open_lane_group(spec, range(L), rows_per_step=1)`, in process, its rows with
+the lane states as the trainer's loader takes them: `next_step_with_states`), with the
 default windows (1 MiB JSONL blocks, 4-block shuffle windows) and rows of 2,048 tokens. The corpus is
 written here: 2 JSONL sources (the Python documentation topics and the standard library's modules, each
 `--jsonl-mib` MiB) and 2 Parquet sources with row groups of `--row-group-mib` MiB of text (the same texts),
@@ -16,7 +17,9 @@ one invocation, so the ratios are comparable on a noisy machine:
 - `tokens/s`: input tokens per second over `--rows` rows (at least `--rows-per-lane` per lane), after as
   many rows of warm-up (the first documents of the fast tokenizer are checked against the reference, and
   each lane's first batches of documents are tokenized ahead of its rows), per wall second and per CPU
-  second. `--rows 0 --rows-per-lane 0` measures the first step only.
+  second. `--rows 0 --rows-per-lane 0` measures the first step only. `--gc torchtitan` times them under
+  the garbage-collection policy of TorchTitan's trainer, the process a rank's lanes run in by default
+  (`num_workers = 0`): automatic collection off, a young collection every 50 steps (`training.gc_freq`).
 
 `--repeat N` runs every (code, L) N times, the codes alternating, so that before and after meet the same load.
 
@@ -27,6 +30,7 @@ tables. A process is stopped when its RSS passes `--max-rss-gb` (reported as ">"
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -36,6 +40,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 2048
+TITAN_GC_FREQ = 50  # TorchTitan's [training] gc_freq default
 
 
 def _rss_kb(field: str, pid: int | str = "self") -> int:
@@ -96,14 +101,20 @@ def child(args: argparse.Namespace) -> None:
     started, started_cpu = time.perf_counter(), time.process_time()
     spec = build_engine(DataConfig(sources=sources, num_lanes=args.num_lanes, seed=1), SEQ_LEN, tokenizer)
     group = open_lane_group(spec, range(args.num_lanes), 1)
-    group.next_step()
+    group.next_step_with_states()
     first, first_cpu = time.perf_counter() - started, time.process_time() - started_cpu
     rows = 0
     while rows < args.rows:  # warm-up: the fast tokenizer's first documents are checked against the reference
-        rows += sum(len(lane) for lane in group.next_step())
-    rows, started, started_cpu = 0, time.perf_counter(), time.process_time()
-    while rows < args.rows:
-        rows += sum(len(lane) for lane in group.next_step())
+        rows += sum(len(lane) for lane in group.next_step_with_states())
+    if args.gc == "torchtitan":
+        gc.disable()  # what TorchTitan's trainer does (tools/utils.py GarbageCollection)...
+        gc.collect(1)
+    rows, steps, started, started_cpu = 0, 0, time.perf_counter(), time.process_time()
+    while rows < args.rows:  # what the trainer's loader calls: rows with the lane states it checkpoints
+        rows += sum(len(lane) for lane in group.next_step_with_states())
+        steps += 1
+        if args.gc == "torchtitan" and steps % TITAN_GC_FREQ == 0:
+            gc.collect(1)  # ...then a young collection every training.gc_freq steps
     steady, steady_cpu = time.perf_counter() - started, time.process_time() - started_cpu
     print(
         json.dumps(
@@ -119,8 +130,9 @@ def child(args: argparse.Namespace) -> None:
     )
 
 
-def run_case(args: argparse.Namespace, code: str, lanes: int) -> dict:
-    """One configuration in its own process (code: the repository whose zephon_titan is imported)."""
+def run_case(args: argparse.Namespace, code: str, lanes: int, cpu: int | None = None) -> dict:
+    """One configuration in its own process (code: the repository whose zephon_titan is imported); `cpu`: pinned
+    to that core, with one tokenizer thread."""
     cmd = [sys.executable, __file__, "--child", "--root", args.root, "--num-lanes", str(lanes)]
     cmd += [
         "--rows",
@@ -129,8 +141,13 @@ def run_case(args: argparse.Namespace, code: str, lanes: int) -> dict:
         args.sources,
         "--backend",
         args.backend,
+        "--gc",
+        args.gc,
     ]
     env = {**os.environ, "PYTHONPATH": code}
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+        env["RAYON_NUM_THREADS"] = "1"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=code)
     peak = 0
     while proc.poll() is None:
@@ -160,6 +177,18 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=2048, help="rows of warm-up, then rows timed")
     p.add_argument("--rows-per-lane", type=int, default=8, help="at least this many rows per lane, each phase")
     p.add_argument("--backend", default="auto", help="[dataloader] tokenizer_backend")
+    p.add_argument(
+        "--gc",
+        choices=["python", "torchtitan"],
+        default="python",
+        help="the timed rows under Python's default garbage collection, or TorchTitan's trainer's (automatic "
+        "collection off, a young collection every 50 steps): a rank's lanes run in the trainer's process",
+    )
+    p.add_argument(
+        "--pinned",
+        action="store_true",
+        help="two --lanes counts run at the same time, one core each, then swapped (this tree only)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (code, L), the codes alternating")
     p.add_argument("--max-rss-gb", type=float, default=8.0, help="stop a configuration above this RSS")
     p.add_argument("--root", help="corpus directory (default: written to a temporary directory)")
@@ -168,6 +197,8 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         return child(args)
+    if args.pinned and (len(args.lanes or []) != 2 or args.baseline_ref):
+        p.error("--pinned runs two --lanes counts of this tree side by side: give --lanes twice, no --baseline-ref")
     if not args.root:
         args.root = tempfile.mkdtemp(prefix="lane_cost_")
     if not os.path.exists(f"{args.root}/tokenizer/tokenizer.json"):
@@ -185,22 +216,43 @@ def main() -> None:
             "| code | lanes | peak RSS above the interpreter | first step, wall (CPU) "
             "| steady tokens per wall s (per CPU s) |\n|---|---|---|---|---|"
         )
+        if args.pinned:
+            return run_pinned_pairs(args)
         for lanes in args.lanes or [8, 64, 256, 1024, 4096]:
             for _ in range(args.repeat):
                 for name, code in codes:
-                    r = run_case(args, code, lanes)
-                    if "stopped" in r:
-                        print(f"| {name} | {lanes:,} | stopped: {r['stopped']} | | |", flush=True)
-                    else:
-                        print(
-                            f"| {name} | {lanes:,} | {r['peak_mb']:,.0f} MB "
-                            f"| {r['first_s']:.2f} s ({r['first_cpu_s']:.2f} s) "
-                            f"| {r['tokens_per_s'] / 1e6:.2f} M ({r['tokens_per_cpu_s'] / 1e6:.2f} M) |",
-                            flush=True,
-                        )
+                    print(_row(name, lanes, run_case(args, code, lanes)), flush=True)
     finally:
         if worktree:
             subprocess.run(["git", "-C", REPO, "worktree", "remove", "--force", worktree], check=False)
+
+
+def _row(name: str, lanes: int, r: dict) -> str:
+    if "stopped" in r:
+        return f"| {name} | {lanes:,} | stopped: {r['stopped']} | | |"
+    return (
+        f"| {name} | {lanes:,} | {r['peak_mb']:,.0f} MB | {r['first_s']:.2f} s ({r['first_cpu_s']:.2f} s) "
+        f"| {r['tokens_per_s'] / 1e6:.2f} M ({r['tokens_per_cpu_s'] / 1e6:.2f} M) |"
+    )
+
+
+def run_pinned_pairs(args: argparse.Namespace) -> None:
+    """Two lane counts at the same time, one core each (one tokenizer thread each), then the cores swapped: both
+    meet the same load, and a core faster than the other favours neither. Prints each pair's ratio."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    first, second = args.lanes
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(args.repeat):
+            for cpus in ((0, 1), (1, 0)):
+                a = pool.submit(run_case, args, REPO, first, cpus[0])
+                b = pool.submit(run_case, args, REPO, second, cpus[1])
+                ra, rb = a.result(), b.result()
+                print(_row(f"core {cpus[0]}", first, ra), flush=True)
+                print(_row(f"core {cpus[1]}", second, rb), flush=True)
+                if "stopped" not in ra and "stopped" not in rb:
+                    ratio = rb["tokens_per_cpu_s"] / ra["tokens_per_cpu_s"]
+                    print(f"| {second:,} / {first:,} lanes | | | | {ratio:.0%} per CPU s |", flush=True)
 
 
 if __name__ == "__main__":

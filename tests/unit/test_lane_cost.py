@@ -18,11 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine import LaneStream, feed, open_lane_group
+from zephon_titan.engine import LaneGroup, LaneStream, feed, open_lane_group
 from zephon_titan.engine.sources import jsonl, open_source
 from zephon_titan.engine.sources.parquet import ParquetSource
 from zephon_titan.engine.state import SourceCursor
-from zephon_titan.errors import DataError
+from zephon_titan.errors import DataError, LaneExhausted
 
 
 def _jsonl(tmp_path, texts, name="a"):
@@ -301,3 +301,61 @@ def test_a_document_read_ahead_for_a_shared_call_fails_only_when_its_lane_reache
     assert reader.next_batch_texts() is None  # its next batch holds the bad line: not read ahead, no error
     with pytest.raises(DataError, match=r"web.jsonl line 5 .*field 'text' is int"):
         reader.document(at[3])  # the lane's own batch from there (documents 3-6), as without shared calls
+
+
+def _alone_with_states(spec, lane: int, rows_per_step: int, steps: int) -> list[list[tuple[str, object]]]:
+    stream = LaneStream(spec, lane)
+    return [[(row.to_bytes(), state) for row, state in stream.take_with_states(rows_per_step)] for _ in range(steps)]
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    num_lanes=st.integers(1, 5),
+    rows_per_step=st.integers(1, 3),
+    steps=st.integers(1, 5),
+    packing=st.sampled_from(["wrap", "best_fit"]),
+)
+def test_a_group_producing_steps_ahead_hands_out_each_lanes_rows_and_states(
+    corpus_dir, tokenizer_dir, num_lanes, rows_per_step, steps, packing
+):
+    """A group of lanes with fewer than ROWS_PER_VISIT rows per step produces each lane's rows of several steps in
+    one visit and holds them. Every step handed out must be each lane's own rows with the state after each row,
+    state() must say where the last step handed out left the lanes (not where production stands), and a group
+    resumed from it goes on with the same rows. Negative control: another seed differs."""
+    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=num_lanes, packing=packing, best_fit_window_docs=8)
+    alone = [_alone_with_states(spec, lane, rows_per_step, steps + 1) for lane in range(num_lanes)]
+    group = LaneGroup(spec, range(num_lanes), rows_per_step)
+    for t in range(steps):
+        step = group.next_step_with_states()
+        assert [[(row.to_bytes(), state) for row, state in rows] for rows in step] == [a[t] for a in alone]
+        assert group.state() == {lane: alone[lane][t][-1][1] for lane in range(num_lanes)}
+    resumed = LaneGroup(spec, range(num_lanes), rows_per_step, group.state(), steps)
+    assert [[row.to_bytes() for row in rows] for rows in resumed.next_step()] == [
+        [row for row, _ in a[steps]] for a in alone
+    ]
+    assert [[row.to_bytes() for row in rows] for rows in group.next_step()] == [
+        [row for row, _ in a[steps]] for a in alone
+    ]
+    other = make_spec(corpus_dir, tokenizer_dir, num_lanes=num_lanes, packing=packing, best_fit_window_docs=8, seed=9)
+    assert _alone_with_states(other, 0, rows_per_step, 1)[0][0][0] != alone[0][0][0][0]
+
+
+@pytest.mark.parametrize("rows_per_step", [1, 2])
+def test_a_finite_group_producing_steps_ahead_ends_at_the_same_step(corpus_dir, tokenizer_dir, rows_per_step):
+    """Lanes run out (exhaustion = redistribute) at different rows; a step that one lane cannot fill ends the run.
+    Produced ahead, the group hands out the same full steps as stepping every lane once per step, then raises
+    LaneExhausted, and again after that."""
+    spec = make_spec(corpus_dir, tokenizer_dir, num_lanes=3, exhaustion="redistribute")
+    direct = LaneGroup(spec, range(3), rows_per_step)
+    expected = []
+    with pytest.raises(LaneExhausted):
+        while True:
+            expected.append([[row.to_bytes() for row in rows] for rows in direct.next_step()])
+    ahead = LaneGroup(spec, range(3), rows_per_step)
+    handed = []
+    with pytest.raises(LaneExhausted):
+        while True:
+            handed.append([[row.to_bytes() for row, _ in rows] for rows in ahead.next_step_with_states()])
+    assert expected and handed == expected
+    with pytest.raises(LaneExhausted):
+        ahead.next_step_with_states()
