@@ -2,7 +2,7 @@
 
     python benchmarks/lane_cost.py [--lanes 8 --lanes 1024 ...] [--baseline-ref REF] [--sources jsonl]
 
-One rank produces every lane (`open_lane_group(spec, range(L), rows_per_step=1)`, in process, its rows with
+One rank produces every lane (`open_lane_group(spec, range(L), rows_per_step)`, in process, its rows with
 the lane states as the trainer's loader takes them: `next_step_with_states`), with the
 default windows (1 MiB JSONL blocks, 4-block shuffle windows) and rows of 2,048 tokens. The corpus is
 written here: 2 JSONL sources (the Python documentation topics and the standard library's modules, each
@@ -20,6 +20,8 @@ one invocation, so the ratios are comparable on a noisy machine:
   second. `--rows 0 --rows-per-lane 0` measures the first step only. `--gc torchtitan` times them under
   the garbage-collection policy of TorchTitan's trainer, the process a rank's lanes run in by default
   (`num_workers = 0`): automatic collection off, a young collection every 50 steps (`training.gc_freq`).
+  `--global-batch G` gives every lane count the same job: G rows per step, G / L per lane (the default, one
+  row per lane and step, makes a step of L rows).
 
 `--repeat N` runs every (code, L) N times, the codes alternating, so that before and after meet the same load.
 
@@ -100,7 +102,8 @@ def child(args: argparse.Namespace) -> None:
     base = _rss_kb("VmRSS")
     started, started_cpu = time.perf_counter(), time.process_time()
     spec = build_engine(DataConfig(sources=sources, num_lanes=args.num_lanes, seed=1), SEQ_LEN, tokenizer)
-    group = open_lane_group(spec, range(args.num_lanes), 1)
+    per_lane = args.global_batch // args.num_lanes if args.global_batch else 1
+    group = open_lane_group(spec, range(args.num_lanes), per_lane)
     group.next_step_with_states()
     first, first_cpu = time.perf_counter() - started, time.process_time() - started_cpu
     rows = 0
@@ -143,6 +146,8 @@ def run_case(args: argparse.Namespace, code: str, lanes: int, cpu: int | None = 
         args.backend,
         "--gc",
         args.gc,
+        "--global-batch",
+        str(args.global_batch or 0),
     ]
     env = {**os.environ, "PYTHONPATH": code}
     if cpu is not None:
@@ -188,6 +193,11 @@ def main() -> None:
         "--pinned",
         action="store_true",
         help="two --lanes counts run at the same time, one core each, then swapped (this tree only)",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        help="rows per step, G / L rows per lane (the same job at every lane count); default: one row per lane",
     )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (code, L), the codes alternating")
     p.add_argument("--max-rss-gb", type=float, default=8.0, help="stop a configuration above this RSS")

@@ -1,6 +1,8 @@
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 from helpers import make_spec
+from hypothesis import given, settings
 
 from zephon_titan.engine import IGNORE_INDEX, LaneExhausted, LaneStream
 from zephon_titan.engine.feed import Document
@@ -35,6 +37,61 @@ def test_document_rule_row_layout_with_literal_tokens():
 def test_full_stream_row_has_no_ignored_label():
     row = RowShape(slots=4, within_document=False, pad_id=0).make_row([(np.array([1, 2, 3, 4]), _piece(0, 4))])
     assert row.inputs.tolist() == [1, 2, 3] and row.labels.tolist() == [2, 3, 4] and row.positions.tolist() == [0, 1, 2]
+
+
+def _reference_row(parts, slots, within_document, pad_id):
+    """make_row's layout, written out with lists: inputs, labels, positions (the contract, independently)."""
+    inputs, labels, positions = [], [], []
+    for tokens, p in parts:
+        inputs += tokens[p.doc_offset : p.doc_offset + p.length].tolist()
+        labels += tokens[p.doc_offset + 1 : p.doc_offset + p.length + 1].tolist()
+        positions += list(range(p.length))
+    used = len(inputs)
+    inputs += [pad_id] * (slots - used)
+    positions += list(range(slots - used))
+    if within_document:
+        return inputs, labels + [IGNORE_INDEX] * (slots - used), positions
+    stream_labels = (inputs[1:used] + [IGNORE_INDEX] * (slots - used))[: slots - 1]
+    return inputs[:-1], stream_labels, positions[:-1]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    within_document=st.booleans(),
+    slots=st.integers(2, 40),
+    docs=st.lists(st.tuples(st.integers(1, 30), st.integers(0, 30), st.integers(0, 30)), min_size=1, max_size=6),
+    pad_id=st.integers(0, 9),
+    data=st.data(),
+)
+def test_make_row_matches_the_layout_written_out(within_document, slots, docs, pad_id, data):
+    # Random pieces (any offsets, lengths summing to at most `slots`, padding or none) in both label rules: the
+    # row's three arrays (views of one buffer) hold exactly the reference's values, and the rows made one after
+    # another share no memory (a row never sees the next one's writes).
+    parts, room, base = [], slots, 1000
+    for n, offset, want in docs:
+        tokens = np.arange(base, base + n + 1, dtype=np.int32)
+        base += 1000
+        offset = min(offset, n - 1)
+        length = min(want, n - offset - (1 if within_document else 0), room)
+        if length <= 0:
+            continue
+        parts.append((tokens, Piece(0, "f", 0, offset, length)))
+        room -= length
+    shape = RowShape(slots=slots, within_document=within_document, pad_id=pad_id)
+    row = shape.make_row(parts)
+    again = shape.make_row(parts[::-1])
+    expected = _reference_row(parts, slots, within_document, pad_id)
+    got = (row.inputs.tolist(), row.labels.tolist(), row.positions.tolist())
+    assert got == expected
+    assert row.padding == room and row.inputs.dtype == np.int32
+    assert not any(
+        np.shares_memory(a, b)
+        for a in (row.inputs, row.labels, row.positions)
+        for b in (again.inputs, again.labels, again.positions)
+    )
+    if parts and data.draw(st.booleans()):  # negative control: one token changed is seen
+        parts[0][0][parts[0][1].doc_offset] += 1
+        assert _reference_row(parts, slots, within_document, pad_id) != got
 
 
 def _expected_positions(row, within_document):
