@@ -106,6 +106,10 @@ def child(args: argparse.Namespace) -> None:
     group = open_lane_group(spec, range(args.num_lanes), per_lane)
     group.next_step_with_states()
     first, first_cpu = time.perf_counter() - started, time.process_time() - started_cpu
+    if args.prefetch:  # as the trainer's loader runs the lanes in process: a thread produces the steps ahead
+        from zephon_titan.titan.prefetch import PrefetchedSteps
+
+        group = PrefetchedSteps(group, 2)
     rows = 0
     while rows < args.rows:  # warm-up: the fast tokenizer's first documents are checked against the reference
         rows += sum(len(lane) for lane in group.next_step_with_states())
@@ -148,6 +152,7 @@ def run_case(args: argparse.Namespace, code: str, lanes: int, cpu: int | None = 
         args.gc,
         "--global-batch",
         str(args.global_batch or 0),
+        *(["--prefetch"] if args.prefetch else []),
     ]
     env = {**os.environ, "PYTHONPATH": code}
     if cpu is not None:
@@ -198,6 +203,11 @@ def main() -> None:
         "--global-batch",
         type=int,
         help="rows per step, G / L rows per lane (the same job at every lane count); default: one row per lane",
+    )
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="steps produced by a background thread, 2 ahead (torchdata's Prefetcher), as the trainer's loader does",
     )
     p.add_argument("--repeat", type=int, default=1, help="runs of each (code, L), the codes alternating")
     p.add_argument("--max-rss-gb", type=float, default=8.0, help="stop a configuration above this RSS")

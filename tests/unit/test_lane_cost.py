@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine import LaneGroup, LaneStream, feed, open_lane_group
+from zephon_titan.engine.lanes import TOKENS_PER_VISIT, steps_per_visit
 from zephon_titan.engine.sources import jsonl, open_source
 from zephon_titan.engine.sources.parquet import ParquetSource
 from zephon_titan.engine.state import SourceCursor
@@ -301,6 +302,14 @@ def test_a_document_read_ahead_for_a_shared_call_fails_only_when_its_lane_reache
     assert reader.next_batch_texts() is None  # its next batch holds the bad line: not read ahead, no error
     with pytest.raises(DataError, match=r"web.jsonl line 5 .*field 'text' is int"):
         reader.document(at[3])  # the lane's own batch from there (documents 3-6), as without shared calls
+
+
+def test_a_visit_makes_a_few_rows_of_a_lane_and_fewer_when_they_are_long():
+    # Rows of 2,048 tokens: 4 per visit (4 steps at R = 1, 2 at R = 2 or 3); long rows: one step per visit, so
+    # the rows held ahead stay ~TOKENS_PER_VISIT tokens per lane whatever the seq_len.
+    assert [steps_per_visit(r, 2048) for r in (1, 2, 3, 4, 64)] == [4, 2, 2, 1, 1]
+    assert [steps_per_visit(1, n) for n in (1, 512, 4096, 8192, 131072)] == [4, 4, 2, 1, 1]
+    assert all(r * (steps_per_visit(r, n) - 1) * n < TOKENS_PER_VISIT for r in (1, 2, 3) for n in (128, 2048, 8192))
 
 
 def _alone_with_states(spec, lane: int, rows_per_step: int, steps: int) -> list[list[tuple[str, object]]]:

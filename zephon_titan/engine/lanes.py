@@ -134,12 +134,21 @@ def divisors(n: int, limit: int = 16) -> list[int]:
     return sorted(small + large)[:limit] if len(small) < limit else small
 
 
-# A lane visited for one row at a time runs slower than one visited for two in a row: at thousands of lanes a
+# A lane visited for one row at a time runs slower than one visited for several in a row: at thousands of lanes a
 # lane's objects and token batches are out of the CPU's caches by the time the round comes back to it (1,024
-# lanes on one rank: ~10 % more tokens per CPU second with two rows per visit, issue 28). So a group handing out
-# fewer rows per lane and step than this produces the lanes' rows of several steps in one visit, and holds the
-# steps ahead (one more step of rows in memory at R = 1). Rows never depend on it: each lane is its own stream.
-ROWS_PER_VISIT = 2
+# lanes on one rank: ~10 % more tokens per CPU second with two rows per visit, another ~5 % with four; issue 28).
+# So a group handing out fewer rows per lane and step than ROWS_PER_VISIT produces the lanes' rows of several
+# steps in one visit, and holds the steps ahead. Long rows need fewer (a lane works on a row of 8,192 tokens long
+# enough): at most TOKENS_PER_VISIT tokens per lane are made ahead, ~100 KB of row arrays per lane (at R = 1 and
+# rows of 2,048 tokens, 3 more steps of rows in memory). Rows never depend on it: each lane is its own stream.
+ROWS_PER_VISIT = 4
+TOKENS_PER_VISIT = 8192
+
+
+def steps_per_visit(rows_per_step: int, seq_len: int) -> int:
+    """Steps whose rows a lane produces in one visit of its group."""
+    rows = max(1, min(ROWS_PER_VISIT, TOKENS_PER_VISIT // max(seq_len, 1)))
+    return -(-rows // rows_per_step)
 
 
 class LaneGroup:
@@ -162,7 +171,8 @@ class LaneGroup:
             LaneStream(spec, lane, states.get(lane), lane_clock(rows_per_step, states.get(lane), first_step), batcher)
             for lane in lane_ids
         ]
-        self._steps_per_visit = -(-ROWS_PER_VISIT // rows_per_step)
+        self._steps_per_visit = 1  # the first step alone: it is waited for (start-up, a resume)
+        self._later_visits = steps_per_visit(rows_per_step, spec.seq_len)
         self._ahead: deque[list[list[tuple[Row, LaneState]]] | None] = deque()
         """Steps produced ahead (None: the step no lane could fill, LaneExhausted when it is due)."""
         self._handed: dict[int, LaneState] = {}
@@ -187,7 +197,7 @@ class LaneGroup:
         return step
 
     def _visit_lanes(self) -> None:
-        """The next steps, each lane's rows of all of them produced in one visit (ROWS_PER_VISIT)."""
+        """The next steps, each lane's rows of all of them produced in one visit (steps_per_visit)."""
         steps: list[list[list[tuple[Row, LaneState]]]] = [[] for _ in range(self._steps_per_visit)]
         filled = len(steps)
         for stream in self.streams:
@@ -200,6 +210,7 @@ class LaneGroup:
         self._ahead.extend(steps[:filled])
         if filled < len(steps):
             self._ahead.append(None)
+        self._steps_per_visit = self._later_visits
 
     def state(self) -> dict[int, LaneState]:
         if self._ahead and self._handed:  # steps were produced ahead: where the last step handed out left the lanes
