@@ -219,6 +219,8 @@ def main() -> None:
         return child(args)
     if args.pinned and (len(args.lanes or []) != 2 or args.baseline_ref):
         p.error("--pinned runs two --lanes counts of this tree side by side: give --lanes twice, no --baseline-ref")
+    if args.global_batch and any(args.global_batch % lanes for lanes in args.lanes or [8, 64, 256, 1024, 4096]):
+        p.error(f"--global-batch {args.global_batch} must be a multiple of every --lanes count (rows per lane)")
     if not args.root:
         args.root = tempfile.mkdtemp(prefix="lane_cost_")
     if not os.path.exists(f"{args.root}/tokenizer/tokenizer.json"):
