@@ -32,6 +32,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from zephon_titan.engine.buffers import lasting_array
 from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.shuffle import Permutation, derive_key
@@ -202,7 +203,7 @@ def _own_buffer(documents: list[np.ndarray]) -> list[np.ndarray]:
     if not documents:
         return documents
     bounds = [0, *accumulate(len(d) for d in documents)]
-    buffer = np.concatenate(documents)
+    buffer = np.concatenate(documents, out=lasting_array(bounds[-1], documents[0].dtype))
     return [buffer[a:b] for a, b in zip(bounds, bounds[1:])]
 
 

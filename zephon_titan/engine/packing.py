@@ -28,6 +28,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from zephon_titan.config import DataConfig
+from zephon_titan.engine.buffers import lasting_array
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import MAX_RESIZED, FeedState
@@ -102,9 +103,9 @@ class RowShape:
         used = sum(p.length for _, p in parts)
         padding = self.slots - used
         # The row's arrays are views of one buffer, and positions are slices of a shared ramp: one allocation
-        # per row, not three plus one per piece. At thousands of lanes a step's rows are thousands of buffers
-        # freed together, and the allocator's time per call grew with them (issue 28).
-        inputs, labels, positions = np.empty((3, self.slots), dtype=_ROW_DTYPE)
+        # per row, not three plus one per piece, and outside the C heap (buffers.py): at thousands of lanes a
+        # step's rows are thousands of buffers, held ahead and freed together (issue 28).
+        inputs, labels, positions = lasting_array(3 * self.slots, _ROW_DTYPE).reshape(3, self.slots)
         ramp = _ramp(self.slots)
         at = 0
         for tokens, p in parts:

@@ -19,6 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from zephon_titan.engine import tokenizer_backends
+from zephon_titan.engine.buffers import lasting_array
 from zephon_titan.engine.tokenizer_backends import Backend, ReferenceBackend
 from zephon_titan.errors import ConfigError, ZephonError
 
@@ -184,7 +185,7 @@ class DocumentTokenizer:
         few documents at a time (issue 28)."""
         before, after = len(self._prefix), len(self._suffix)
         bounds = offsets.tolist()
-        out = np.empty(len(ids) + (len(bounds) - 1) * (before + after), dtype=TOKEN_DTYPE)
+        out = lasting_array(len(ids) + (len(bounds) - 1) * (before + after), np.dtype(TOKEN_DTYPE))
         documents, at = [], 0
         for start, stop in zip(bounds, bounds[1:]):
             end = at + before + stop - start + after
