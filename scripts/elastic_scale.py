@@ -3,7 +3,7 @@ processes (gloo, data only, no model) and real DCP checkpoints, on one CPU machi
 
     python scripts/elastic_scale.py                      # 64 lanes: 16 -> 8, 32, 64 and 16 -> 8 -> 64 -> 32
     python scripts/elastic_scale.py --lanes 8 --global-batch 64 --local-batch 8 --ranks 4 \
-        --resume-on 8 --chain 4,2                         # the reduced variant CI runs
+        --resume-on 8 --chain 4,2                         # a short variant (~1 min)
     python scripts/elastic_scale.py --lanes 16 --global-batch 96 --local-batch 1 --ranks 16 \
         --resume-on 24,12,32,6,48,96 --chain 16,24,96,6   # any divisor of G: W not dividing L, W > L
 
