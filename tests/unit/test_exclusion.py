@@ -169,9 +169,11 @@ def test_the_list_syntax_and_its_digest(tmp_path):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("web data.parquet", r"line 2: 'web data.parquet' is not '<source> <file> <row>'"),
-        ("web data.parquet row7", "line 2: 'web data.parquet row7' is not '<source> <file> <row>'"),
-        ("sha256:abc", r"line 2: 'sha256:abc' is not sha256: followed by 64 hex digits"),
+        ("web data.parquet", r"line 2: not '<source> <file> <row>' .*: 2 fields"),
+        ("web data.parquet row7", r"line 2: not '<source> <file> <row>' .*: its row \(4 characters\) is not a whole"),
+        ("web data.parquet ²", r"line 2: not .*: its row \(1 characters\) is not a whole number"),  # isdigit()
+        ("web data.parquet " + "9" * 5000, r"line 2: not .*: its row \(5000 characters\) is not .* at most 19 digits"),
+        ("sha256:abc", r"line 2: 'sha256:' is followed by 3 characters, not 64 hex digits"),
     ],
 )
 def test_a_malformed_line_is_one_line_naming_the_file_and_line(tmp_path, line, message):
@@ -179,7 +181,34 @@ def test_a_malformed_line_is_one_line_naming_the_file_and_line(tmp_path, line, m
     path.write_text(f"web a.parquet 1\n{line}\n")
     with pytest.raises(ConfigError, match=rf"{path} {message}") as e:
         parse_list(str(path))
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and line.split()[-1] not in str(e.value)  # the line's content is not quoted
+
+
+def test_a_list_that_is_not_a_regular_text_file_is_refused_before_it_is_read(tmp_path):
+    """A FIFO (open() waits for a writer forever), a device (/dev/zero is endless), a kernel file (its content
+    would be quoted into the log) and a sparse file of gigabytes: refused by kind or size, never read."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    sparse = tmp_path / "sparse.txt"
+    with open(sparse, "wb") as f:
+        f.truncate(2 << 30)
+    secret = "SECRET_VALUE_42"
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"web a.parquet 1\n\xff\xfe" + secret.encode() + b"\n")
+    cases = [
+        (fifo, "is a FIFO"),
+        ("/dev/zero", "is a character device"),
+        ("/proc/self/environ", "kernel pseudo-filesystem"),
+        (sparse, "has 2,147,483,648 bytes, more than the 1,073,741,824"),
+        (binary, "line 2 is not UTF-8 text"),
+    ]
+    for path, message in cases:
+        with pytest.raises(ConfigError, match=message) as e:
+            parse_list(str(path))
+        assert "\n" not in str(e.value) and secret not in str(e.value)
+    ok = tmp_path / "ok.txt"  # the control: a regular UTF-8 list is read
+    ok.write_text("web a.parquet 1\n")
+    assert [e.row for e in parse_list(str(ok))] == [1]
 
 
 def test_exclude_and_its_step_go_together(corpus_dir, tokenizer_dir):

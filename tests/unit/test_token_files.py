@@ -400,6 +400,55 @@ def test_olmo_token_beyond_the_vocabulary_and_a_wrong_dtype_name_the_file(tmp_pa
     _one_line(e, path, "outside the tokenizer's vocabulary")
 
 
+def test_a_dtype_or_eos_that_cannot_be_the_files_is_refused_at_startup(tmp_path, plain, corpus_dir, tokenizer_dir):
+    """A raw memmap does not say its type: a wrong token_dtype or eos_token_id gave each file as one document of
+    wrong ids, silently (validate and plan build the same sources, so they refuse it too)."""
+    from zephon_titan.engine.spec import build_engine
+    from zephon_titan.errors import ConfigError
+
+    tokenizer = make_spec(corpus_dir, tokenizer_dir).tokenizer
+    vocab, eos = tokenizer.vocab_size, tokenizer.eos_id
+    docs = [d for docs in _tokenized(plain, tokenizer.tokenizer).values() for d in docs]
+    wide = write_olmo(str(tmp_path / "wide.npy"), docs, eos, dtype=np.uint32)
+    read = _open(wide, eos_token_id=eos, token_dtype="uint32").read_block(0).texts  # the control: the files' type
+    assert [list(map(int, t)) for t in read[:3]] == [[*d, eos] for d in docs[:3]]
+    # uint32 ids read as uint16 (ids followed by 0s): every other id is 0.
+    with pytest.raises(DataError) as e:
+        _open(wide, eos_token_id=eos, token_dtype="uint16")
+    _one_line(e, wide, "every other uint16 id", "uint32", "set token_dtype")
+    narrow = write_olmo(str(tmp_path / "narrow.npy"), docs, eos, dtype=np.uint16)
+    with pytest.raises(DataError) as e:  # uint32 on uint64-written ids
+        _open(write_olmo(str(tmp_path / "w64.npy"), docs, eos, dtype=np.uint64), eos_token_id=eos, token_dtype="uint32")
+    _one_line(e, "every other uint32 id")
+    # An EOS that cannot be stored in the dtype can never end a document.
+    with pytest.raises(ConfigError) as e:
+        _open(narrow, eos_token_id=70000, token_dtype="uint16")
+    _one_line(e, "eos_token_id = 70000 does not fit token_dtype = 'uint16' (at most 65,535)")
+    if eos > 255:  # uint8 on uint16 ids: the EOS does not fit either
+        with pytest.raises(ConfigError) as e:
+            _open(narrow, eos_token_id=eos, token_dtype="uint8")
+        _one_line(e, "does not fit token_dtype = 'uint8'")
+    # uint8 on a uint16 file of small ids: ids split into bytes, every other byte 0.
+    small = write_olmo(str(tmp_path / "small.npy"), [[t % 200 + 1 for t in d] for d in docs[:20]], 250)
+    with pytest.raises(DataError) as e:
+        _open(small, eos_token_id=250, token_dtype="uint8")
+    _one_line(e, "every other uint8 id")
+    # An EOS id in range but not the files': no EOS in the first 32,768 ids, nor at the end.
+    long = write_olmo(str(tmp_path / "long.npy"), [[t for d in docs for t in d][:40000]], eos)
+    assert os.path.getsize(long) > 64 << 10
+    wrong = next(t for t in range(1, vocab) if t != eos and t not in np.fromfile(long, dtype=np.uint16))
+    with pytest.raises(DataError) as e:
+        _open(long, eos_token_id=wrong)
+    _one_line(e, long, f"no eos_token_id {wrong} in its first 32,768 uint16 ids nor at its end")
+    _open(long, eos_token_id=eos)  # control: the file's own EOS is at its end
+    # An EOS beyond the tokenizer's vocabulary (a uint32 id that fits the dtype).
+    sources = _olmo_sources(tmp_path, vocab + 5, token_dtype="uint32", paths=[wide])
+    config = config_from_dict(data_table(corpus_dir, tokenizer_dir, num_lanes=1, sources=sources))
+    with pytest.raises(ConfigError) as e:
+        build_engine(config, 32, tokenizer)
+    _one_line(e, f"eos_token_id = {vocab + 5} is outside the tokenizer's vocabulary of {vocab:,} ids")
+
+
 # ---- object storage ----------------------------------------------------------------------------------------
 
 

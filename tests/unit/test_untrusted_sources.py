@@ -124,19 +124,38 @@ def test_a_sys_file_is_not_a_regular_file_rather_than_a_changed_one():
 # --- symlinks (item 6) ----------------------------------------------------------------------------
 
 
-def test_a_symlink_loop_under_a_double_star_glob_is_refused_naming_the_file(corpus):
+def test_symlink_loops_under_a_double_star_glob_cost_one_listing_and_are_named(corpus, caplog):
+    """`loop -> .` and `loop2 -> loop` made glob branch at every level (minutes, gigabytes); each directory is
+    now listed once, the files are the three of the tree, each by its first path, and a warning names the
+    links skipped."""
     source = SourceConfig(name="prose", paths=[f"{corpus}/prose/**/*.jsonl"], block_bytes=16384)
-    assert len(open_source(source).files) == 3  # negative control: `**` without a loop
+    want = [f.path for f in open_source(source).files]
+    assert len(want) == 3  # the control: `**` without a loop
     os.symlink(".", f"{corpus}/prose/loop")
-    with pytest.raises(ConfigError) as caught:
-        open_source(source)
-    message = str(caught.value)
-    assert (
-        f"are one file, {os.path.realpath(corpus)}/prose/part-00000.jsonl ({corpus}/prose/part-00000.jsonl, "
-        f"{corpus}/prose/loop/part-00000.jsonl, " in message
-    )
-    assert "a symlink (or a symlink loop under `**`) reaches it more than once" in message
-    assert "\n" not in message
+    os.symlink("loop", f"{corpus}/prose/loop2")
+    os.makedirs(f"{corpus}/prose/sub")
+    os.symlink("..", f"{corpus}/prose/sub/up")  # a loop one level down
+    with caplog.at_level("WARNING", logger="zephon_titan"):
+        files, error = _bounded(lambda: open_source(source).files)
+    assert error is None and [f.path for f in files] == want
+    warning = [r.getMessage() for r in caplog.records if "symlinked directories" in r.getMessage()]
+    assert len(warning) == 1 and "3 symlinked directories reach a directory already listed" in warning[0]
+    assert f"{corpus}/prose/loop" in warning[0] and f"{corpus}/prose/sub/up" in warning[0]
+
+
+def test_the_once_per_directory_walk_matches_glob_on_a_tree_without_links(tmp_path, monkeypatch):
+    from zephon_titan.engine.sources.storage import _glob_each_directory_once
+
+    files = ["a.jsonl", "b.txt", ".h.jsonl", "d/a.jsonl", "d/.h/x.jsonl", "d/e/f/g.jsonl", ".hd/y.jsonl", "d/e/z.txt"]
+    for name in files:
+        os.makedirs(os.path.dirname(tmp_path / name), exist_ok=True)
+        (tmp_path / name).write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    patterns = ["**/*.jsonl", "**", "d/**/*.jsonl", "d/**", "**/.h/*.jsonl", "**/e/**/*.jsonl", "*/**/g.jsonl"]
+    for pattern in patterns + [f"{tmp_path}/{p}" for p in patterns]:
+        want = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+        assert sorted(_glob_each_directory_once(pattern)) == want, pattern
+    assert sorted(_glob_each_directory_once("**/*.jsonl")) != sorted(glob.glob("*.jsonl"))  # the check can fail
 
 
 def test_two_paths_to_one_file_are_refused(corpus):

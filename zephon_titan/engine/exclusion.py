@@ -27,11 +27,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from zephon_titan.engine.sources import guards
 from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.errors import ConfigError
 
 _HEX = re.compile(r"[0-9a-f]{64}")
 TEXT_KEY = "sha256:"
+# A list of 10^6 entries is ~60 MB; this bound refuses a device-sized or sparse file before reading it.
+MAX_LIST_BYTES = 1 << 30
+# Rows are byte offsets or row numbers: 19 digits hold any int64.
+MAX_ROW_DIGITS = 19
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +54,34 @@ class Entry:
 
 
 def parse_list(path: str) -> list[Entry]:
-    """The entries of an exclusion list; ConfigError naming the file and line of a malformed one."""
+    """The entries of an exclusion list; ConfigError naming the file and line of a malformed one. The list is a
+    regular file of at most MAX_LIST_BYTES, read a line at a time; no message quotes its content (a wrong path
+    may name a file that is not a list, /etc/passwd say, whose lines do not belong in a log)."""
+    entries: list[Entry] = []
+    names: dict[str, str] = {}  # one string per distinct source and file name: a long list names few files
+    n = 0
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"[dataloader] exclude: cannot read {path} ({e}); give a UTF-8 text file") from None
-    return [entry for n, text in enumerate(lines, 1) if (entry := _parse_line(path, n, text)) is not None]
+        with guards.open_bounded(path, MAX_LIST_BYTES, "[dataloader] exclude:") as f:
+            for n, raw in enumerate(f, 1):
+                entry = _parse_line(path, n, raw.decode("utf-8"))
+                if entry is not None:
+                    if entry.file:
+                        source, file = (
+                            names.setdefault(entry.source, entry.source),
+                            names.setdefault(entry.file, entry.file),
+                        )
+                        entry = Entry(n, source, file, entry.row)
+                    entries.append(entry)
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"[dataloader] exclude: {path} line {n} is not UTF-8 text (byte {e.start} of the line); give a "
+            "UTF-8 text file of entries"
+        ) from None
+    except OSError as e:
+        raise ConfigError(
+            f"[dataloader] exclude: cannot read {path} ({e.strerror or e}); give a UTF-8 text file"
+        ) from None
+    return entries
 
 
 def _parse_line(path: str, n: int, text: str) -> Entry | None:
@@ -66,16 +92,23 @@ def _parse_line(path: str, n: int, text: str) -> Entry | None:
         digest = line[len(TEXT_KEY) :].strip().lower()
         if not _HEX.fullmatch(digest):
             raise ConfigError(
-                f"{path} line {n}: {line[:80]!r} is not sha256: followed by 64 hex digits (the SHA-256 of a text)"
+                f"{path} line {n}: 'sha256:' is followed by {len(digest)} characters, not 64 hex digits (the "
+                "SHA-256 of a text); fix or remove the line"
             )
         return Entry(n, text_sha256=digest)
     fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
     if len(fields) > 3 and "\t" not in line:  # a file name with spaces: everything between source and row
         fields = [fields[0], line[len(fields[0]) : line.rindex(fields[-1])].strip(), fields[-1]]
-    if len(fields) != 3 or not all(fields) or not fields[2].isdigit():
+    row = fields[-1]
+    if len(fields) != 3 or not all(fields) or not (row.isascii() and row.isdigit() and len(row) <= MAX_ROW_DIGITS):
+        what = (
+            f"{len(fields)} fields"
+            if len(fields) != 3 or not all(fields)
+            else f"its row ({len(row)} characters) is not a whole number of at most {MAX_ROW_DIGITS} digits 0-9"
+        )
         raise ConfigError(
-            f"{path} line {n}: {line[:80]!r} is not '<source> <file> <row>' (row a whole number >= 0) "
-            "or 'sha256:<64 hex digits>'; fix or remove the line"
+            f"{path} line {n}: not '<source> <file> <row>' (row a whole number >= 0) or 'sha256:<64 hex "
+            f"digits>': {what}; fix or remove the line"
         )
     return Entry(n, source=fields[0], file=fields[1], row=int(fields[2]))
 
@@ -135,10 +168,14 @@ def build_exclusion(path: str, from_step: int, sources: list[tuple[str, list[str
     index = {name: i for i, (name, _) in enumerate(sources)}
     places: list[set[tuple[str, int]]] = [set() for _ in sources]
     unplaced: list[Entry] = []
+    resolved: dict[tuple[str, str], str | None] = {}  # (source, file as listed) -> the source's path
     for e in entries:
         if e.text_sha256:
             continue
-        file = resolve_file(sources[index[e.source]][1], e.file) if e.source in index else None
+        key = (e.source, e.file)
+        if key not in resolved:
+            resolved[key] = resolve_file(sources[index[e.source]][1], e.file) if e.source in index else None
+        file = resolved[key]
         if file is None:
             unplaced.append(e)
         else:
@@ -162,13 +199,18 @@ def missing_entries(entries: list[Entry], sources: list[Source]) -> list[tuple[E
     wanted: dict[tuple[str, str], set[int]] = {}  # (source, path) -> rows listed
     missing: list[tuple[Entry, str]] = []
     placed: list[tuple[Entry, str, str]] = []
+    paths_of = {name: [f.path for f in source.files] for name, source in by_name.items()}
+    resolved: dict[tuple[str, str], str | None] = {}
     for e in entries:
         if e.text_sha256:
             continue
         if e.source not in by_name:
             missing.append((e, f"no source {e.source!r} (sources: {', '.join(by_name)})"))
             continue
-        path = resolve_file([f.path for f in by_name[e.source].files], e.file)
+        key = (e.source, e.file)
+        if key not in resolved:
+            resolved[key] = resolve_file(paths_of[e.source], e.file)
+        path = resolved[key]
         if path is None:
             missing.append((e, f"no single file {e.file!r} in source {e.source!r}"))
             continue

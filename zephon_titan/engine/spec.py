@@ -166,6 +166,13 @@ def build_engine(
     if seq_len > 1 << 20:  # a row of seq_len + 1 tokens per lane is held in memory
         raise ConfigError(f"seq_len must be <= {1 << 20}, got {seq_len} ([training] seq_len; a row is built in memory)")
     listings = listings or {}
+    for s in config.sources:
+        if s.eos_token_id >= tokenizer.vocab_size:  # checked before the files: it explains what they would show
+            raise ConfigError(
+                f"[dataloader.sources.{s.name}] eos_token_id = {s.eos_token_id} is outside the tokenizer's "
+                f"vocabulary of {tokenizer.vocab_size:,} ids: no document of these files could end; set the EOS id "
+                "of the tokenizer that wrote them (and use that tokenizer)"
+            )
     sources = tuple(
         _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)
         for s in config.sources

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import defaultdict
+from typing import BinaryIO
 
 from zephon_titan.errors import ConfigError, DataError, ZephonError
 from zephon_titan.urls import redact as redact  # re-exported for sources
@@ -69,6 +70,20 @@ def open_regular(path: str, error: type[ZephonError] = DataError) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_bounded(path: str, max_bytes: int, what: str, error: type[ZephonError] = ConfigError) -> BinaryIO:
+    """A regular file (open_regular) of at most `max_bytes`, opened for streaming reads; `what` names it in
+    the refusal of a larger one (a sparse file of gigabytes would otherwise be read whole)."""
+    fd = open_regular(path, error)
+    size = os.fstat(fd).st_size
+    if size > max_bytes:
+        os.close(fd)
+        raise error(
+            f"{what} {path} has {size:,} bytes, more than the {max_bytes:,} such a file may have; "
+            "is it the file you meant?"
+        )
+    return os.fdopen(fd, "rb")
 
 
 def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "matched paths") -> None:

@@ -36,6 +36,11 @@ from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import ConfigError, DataError
 
 NUMPY_MAGIC = b"\x93NUMPY"
+# Startup reads each file's first bytes (up to this many) to check that the configured token_dtype and
+# eos_token_id can be the ones the file was written with: a raw memmap does not say its type.
+SAMPLE_BYTES = 64 << 10
+# Fewer ids than this in the sample say nothing about a pattern of zeros.
+MIN_PATTERN_IDS = 16
 # The document crossing a block's end is completed in reads of this many bytes (as JSONL's last line).
 TAIL_READ_BYTES = 64 << 10
 
@@ -92,17 +97,41 @@ class OlmoSource(Source):
                 f"file, or another token_dtype); set token_dtype for source {self.name!r} or re-tokenize the file"
             )
         if file.size:
-            handle = storage.open_input_file(file.path, (file.size, file.mtime_ns), self.storage_options)
-            if (
-                storage.read_range(handle, file.path, 0, min(file.size, len(NUMPY_MAGIC)), "the first bytes")
-                == NUMPY_MAGIC
-            ):
-                raise DataError(
-                    f"{file.path}: a NumPy .npy file with a header, not an OLMo token file (a raw np.memmap of "
-                    f"token ids); write the ids with np.memmap, or load it and save arr.tofile()"
-                )
+            self._check_sample(file)
         self._check_metadata(file)
         return FileBlocks(file.path, file.size, file.mtime_ns, num_blocks(file.size, self.block_bytes, self.dtype))
+
+    def _check_sample(self, file: FileStat) -> None:
+        """Refuse a file whose first ids (and last) cannot be of the configured token_dtype and eos_token_id:
+        a real .npy (its header would be read as ids), ids wider than the dtype (every other id 0: uint32
+        ids read as uint16), or no EOS at all where documents must end. Without this a wrong dtype or EOS
+        gives each file as one long document of wrong ids, and nothing is said."""
+        handle = storage.open_input_file(file.path, (file.size, file.mtime_ns), self.storage_options)
+        size = self.dtype.itemsize
+        sample = storage.read_range(handle, file.path, 0, min(file.size, SAMPLE_BYTES), "the first bytes")
+        if sample[: len(NUMPY_MAGIC)] == NUMPY_MAGIC:
+            raise DataError(
+                f"{file.path}: a NumPy .npy file with a header, not an OLMo token file (a raw np.memmap of "
+                f"token ids); write the ids with np.memmap, or load it and save arr.tofile()"
+            )
+        ids = np.frombuffer(sample[: len(sample) // size * size], dtype=self.dtype)
+        if size < 8 and len(ids) >= MIN_PATTERN_IDS and ids[0::2].any() and not ids[1::2].any():
+            raise DataError(
+                f"{file.path}: every other {self.token_dtype} id of its first {len(ids):,} is 0, the pattern of "
+                f"wider ids (uint{16 * size}) read as {self.token_dtype}; set token_dtype for source {self.name!r} "
+                "to the type the file was written with"
+            )
+        tokens = file.size // size
+        if tokens > len(ids) and not (ids == self.eos).any():
+            last = np.frombuffer(
+                storage.read_range(handle, file.path, file.size - size, size, "the last id"), self.dtype
+            )
+            if int(last[0]) != self.eos:
+                raise DataError(
+                    f"{file.path}: no eos_token_id {self.eos} in its first {len(ids):,} {self.token_dtype} ids nor "
+                    f"at its end (the last id is {int(last[0])}), where documents must end; set eos_token_id and "
+                    f"token_dtype for source {self.name!r} to the ones the file was written with"
+                )
 
     def _check_metadata(self, file: FileStat) -> None:
         """Dolma's metadata, where present: its documents must run from token 0 to the file's last token."""
@@ -187,6 +216,13 @@ def _open(source: SourceConfig, files: Listing, max_chars: int, options: Storage
             f"[dataloader.sources.{source.name}] OLMo token files need eos_token_id, the id that ends each "
             "document in them (the EOS of the tokenizer that wrote them: 50279 for OLMo's GPT-NeoX tokenizer, "
             "100257 for dolma2)"
+        )
+    largest = int(np.iinfo(np.dtype(source.token_dtype)).max)
+    if source.eos_token_id > largest:
+        raise ConfigError(
+            f"[dataloader.sources.{source.name}] eos_token_id = {source.eos_token_id} does not fit token_dtype = "
+            f"{source.token_dtype!r} (at most {largest:,}): no document of these files could end; set the "
+            "token_dtype the files were written with (uint32 for vocabularies of 65,536 ids or more)"
         )
     return OlmoSource(
         source.name, files, source.block_bytes, source.token_dtype, source.eos_token_id, max_chars, options

@@ -16,6 +16,7 @@ GCS (`gs://`) and Azure Blob Storage (`az://`) are configured like their provide
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 import stat
@@ -30,6 +31,7 @@ from zephon_titan.engine.sources import clouds, guards
 from zephon_titan.errors import ConfigError, DataError
 
 _GLOB_CHARS = re.compile(r"[*?\[]")
+log = logging.getLogger("zephon_titan")
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,10 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
     """
     if not is_uri(pattern):
         out: list[FileStat] = []
-        for match in glob.glob(pattern, recursive=True):
+        matched = (
+            _glob_each_directory_once(pattern) if "**" in pattern.split(os.sep) else glob.glob(pattern, recursive=True)
+        )
+        for match in matched:
             try:
                 st = os.stat(match)
             except OSError:  # a dangling symlink: nothing to read
@@ -171,6 +176,55 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
             + (f" ({guards.redact(endpoint)})" if endpoint else "")
             + f" and the credentials ({clouds.CREDENTIALS.get(scheme, 'the environment of its filesystem')})"
         ) from None
+
+
+def _glob_each_directory_once(pattern: str) -> list[str]:
+    """`glob.glob(pattern, recursive=True)` for a local pattern with a `**` segment, visiting each directory once
+    (by device and inode): glob follows every symlink to a directory, so a loop (`loop -> .`) repeats the tree
+    below it until paths get too long, and two loops branch at every level (minutes and gigabytes before
+    anything is checked). A directory reached again is skipped, and a warning names the paths skipped; the
+    walk is in name order, so which path reaches a directory first is the same on every rank."""
+    segments = pattern.split(os.sep)
+    first = next(i for i, segment in enumerate(segments) if _GLOB_CHARS.search(segment) or segment == "**")
+    root = os.sep.join(segments[:first]) or (os.sep if pattern.startswith(os.sep) else "")
+    hidden_wanted = any(segment.startswith(".") for segment in segments[first:])
+    regex = _glob_regex(pattern)
+    found: list[str] = []
+    skipped: list[str] = []
+    visited: set[tuple[int, int]] = set()
+    stack = [root]
+    while stack:
+        directory = stack.pop()
+        try:
+            st = os.stat(directory or ".")
+            entries = sorted(os.scandir(directory or "."), key=lambda e: e.name)
+        except OSError:  # unreadable, or gone since it was listed: glob skips it too
+            continue
+        if (st.st_dev, st.st_ino) in visited:
+            skipped.append(directory)
+            continue
+        visited.add((st.st_dev, st.st_ino))
+        below = []
+        for entry in entries:
+            if entry.name.startswith(".") and not hidden_wanted:
+                continue  # `*` and `**` never match a hidden name
+            path = os.path.join(directory, entry.name) if directory else entry.name
+            try:
+                is_directory = entry.is_dir()  # follows a symlink, as glob does
+            except OSError:
+                is_directory = False
+            if is_directory:
+                below.append(path)
+            if regex.fullmatch(path) and not is_directory:
+                found.append(path)
+        stack.extend(reversed(below))
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        log.warning(
+            f"zephon_titan: {pattern!r}: {len(skipped)} symlinked directories reach a directory already listed and "
+            f"were skipped ({shown}); each file is read once, by its first path"
+        )
+    return found
 
 
 def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> list[FileStat]:
