@@ -168,6 +168,9 @@ def _span(entries: dict) -> str:
     return f"{min(entries)}-{max(entries)}" if entries else "none"
 
 
+_PIECE_KEYS = ("source", "file", "doc_tokens", "row_tokens", "text")
+
+
 def _pieces(job: Job, row) -> list[dict]:
     from zephon_titan.engine.packing import RowShape
 
@@ -258,7 +261,8 @@ def cmd_inspect(args) -> int:
             f"batch), {item['padding']} padding tokens"
         )
         for p in item["pieces"]:
-            where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k in ("row", "byte_offset"))
+            # The place's key is the source's row unit (row, byte offset, document, token offset).
+            where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k not in _PIECE_KEYS)
             start, end = p["row_tokens"]
             inputs = min(end, item["seq_len"]) - start  # under labels = "stream" the row's last token is a label only
             text = p["text"] if args.full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))

@@ -209,8 +209,9 @@ def spread(files: list[FileStat], count: int = SAMPLE_FILES) -> list[FileStat]:
 def sample_file(fmt: str, file: FileStat) -> Sample:
     if fmt == "lance":
         return _sample_lance(file.path)
-    handle = storage.open_input_file(file.path, (file.size, file.mtime_ns))
-    with handle:
+    # A handle of its own: the sample reads it as a stream and closes it (a shared, cached one would be left
+    # closed, or at another position, for the next reader in this process).
+    with storage.open_own_file(file.path) as handle:
         return _sample_parquet(handle) if fmt == "parquet" else _sample_jsonl(handle, file)
 
 
@@ -324,7 +325,7 @@ def estimate(plan: SourcePlan, tokenizer) -> None:
     """Documents from the sampled files' counts scaled by bytes; tokens from the sample tokenized."""
     read = sum(s.file_documents for s in plan.samples)
     plan.documents = read * plan.bytes / max(1, sum(f.size for f in spread(plan.files)))
-    texts = [t for s in plan.samples for t in s.texts[plan.text_field]]
+    texts = [t for s in plan.samples for t in s.texts.get(plan.text_field, [])]  # an empty file has none
     ids = tokenizer.encode(texts) if texts else []
     plan.tokens = plan.documents * (sum(len(i) for i in ids) / max(1, len(ids)))
 

@@ -120,6 +120,19 @@ def test_mistakes_are_one_line(user_folder, capsys):
         assert f.read() == "# mine\n"  # untouched
 
 
+def test_an_empty_or_all_nul_file_beside_good_ones(user_folder, capsys):
+    """A 0-byte .jsonl in a folder of good files has no say in the estimates (init stopped on KeyError: 'text'
+    before); an all-NUL one is named in one line."""
+    init = ["init", "--tokenizer", "assets/my_tokenizer", "web=data/web"]
+    open("data/web/empty.jsonl", "wb").close()
+    assert main(init) == 0
+    assert "web: jsonl, 4 files" in capsys.readouterr().out and os.path.exists("my_job.toml")
+    os.remove("my_job.toml")
+    with open("data/web/nul.jsonl", "wb") as f:
+        f.write(b"\0" * 4096)
+    assert "data/web/nul.jsonl line 1: not valid JSON" in _error(init, capsys)
+
+
 @pytest.mark.slow  # a 2-rank CPU run of the trainer (~1 min)
 def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, capsys):
     argv = ["init", "web=data/web", "code=data/code", "--tokenizer", "assets/my_tokenizer", "--gpus", "1,2",

@@ -537,6 +537,69 @@ def test_dolma_metadata_is_checked_against_its_token_file(tmp_path):
     _one_line(e, metadata, path)
 
 
+def test_inspect_prints_token_file_pieces_by_their_own_row_unit(tmp_path, plain, corpus_dir, tokenizer_dir, capsys):
+    """`inspect --step --lane` on Megatron and OLMo sources (a StopIteration traceback before: their pieces are
+    placed by document and token offset, not row or byte offset)."""
+    from zephon_titan.cli import main
+
+    tokenizer = make_spec(corpus_dir, tokenizer_dir).tokenizer
+    tokenized = _tokenized(plain, tokenizer.tokenizer)
+    _write_all(tmp_path / "meg", tokenized)
+    _write_olmo_all(tmp_path / "olmo", tokenized, tokenizer.eos_id)
+    job = tmp_path / "job.toml"
+    job.write_text(f"""
+hf_assets_path = "{tokenizer_dir}"
+[model]
+module = "llama3"
+config = "llama3_debugmodel"
+[training]
+seq_len = 64
+global_batch_size = 4
+local_batch_size = 2
+[dataloader]
+num_lanes = 2
+[dataloader.sources.meg]
+paths = ["{tmp_path}/meg/*.bin"]
+[dataloader.sources.olmo]
+paths = ["{tmp_path}/olmo/*.npy"]
+eos_token_id = {tokenizer.eos_id}
+""")
+    assert main(["inspect", str(job), "--step", "1", "--lane", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "step 1 lane 0 row 0" in out and "document tokens" in out
+    assert "meg: " in out and "olmo: " in out and " document " in out and " token offset " in out
+
+
+def test_dolma_metadata_that_inflates_past_its_token_file_is_refused_without_holding_it(tmp_path):
+    """A .csv.gz of a few KB that inflates to tens of MB (a line per document of at least one token bounds it
+    by the token file) and a field over csv's 128 KiB limit: one line each, memory bounded."""
+    import gzip
+    import tracemalloc
+
+    docs = [[1 + (i + j) % 90 for j in range(9)] for i in range(100)]  # 1,000 tokens
+    path = write_olmo(str(tmp_path / "d.npy"), docs, eos=0)
+    metadata = write_dolma_metadata(path, docs)
+    _open(path, eos_token_id=0)  # the control: the honest metadata passes
+    bomb = b"0,10,a\n" + b"\n" * (48 << 20)
+    with open(metadata, "wb") as f:
+        f.write(gzip.compress(bomb, 9))
+    assert os.path.getsize(metadata) < 100_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as e:
+            _open(path, eos_token_id=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _one_line(e, metadata, "inflates past 1,304,576 bytes for 1,000 tokens")
+    assert peak < 8 << 20, peak  # never the 48 MiB inflated
+    with open(metadata, "wb") as f:
+        f.write(gzip.compress(b"0,10," + b"x" * (200 << 10) + b"\n"))
+    with pytest.raises(DataError) as e:
+        _open(path, eos_token_id=0)
+    _one_line(e, metadata, "line 1: longer than 65,536 bytes")
+
+
 @pytest.mark.parametrize(
     "name, dtype",
     [("gpt_neox_20b", "uint16"), pytest.param("olmo2_dolma2", "uint32", marks=pytest.mark.slow)],  # dolma2: ~4 s

@@ -19,7 +19,6 @@ their EOS (the metadata is not needed to read them, and is not in the fingerprin
 
 from __future__ import annotations
 
-import csv
 import gzip
 import io
 from typing import Any
@@ -41,6 +40,9 @@ NUMPY_MAGIC = b"\x93NUMPY"
 SAMPLE_BYTES = 64 << 10
 # Fewer ids than this in the sample say nothing about a pattern of zeros.
 MIN_PATTERN_IDS = 16
+# Dolma metadata: a line per document of at least one token, ~20-200 bytes ("start,end,id,origin").
+METADATA_BYTES_PER_TOKEN = 256
+METADATA_LINE_BYTES = 64 << 10
 # The document crossing a block's end is completed in reads of this many bytes (as JSONL's last line).
 TAIL_READ_BYTES = 64 << 10
 
@@ -134,30 +136,56 @@ class OlmoSource(Source):
                 )
 
     def _check_metadata(self, file: FileStat) -> None:
-        """Dolma's metadata, where present: its documents must run from token 0 to the file's last token."""
+        """Dolma's metadata, where present: its documents must run from token 0 to the file's last token. The
+        file is inflated a line at a time and never past METADATA_BYTES_PER_TOKEN per token of the token file
+        (a line per document, each of at least one token): a gzip that inflates to gigabytes is refused
+        after that much, not held whole on every rank."""
         path = metadata_path(file.path)
-        data = storage.read_bytes(path, self.storage_options)
+        tokens = file.size // self.dtype.itemsize
+        bound = (1 << 20) + METADATA_BYTES_PER_TOKEN * tokens
+        data = storage.read_bytes(path, self.storage_options, max_bytes=bound)
         if data is None:
             return
-        tokens = file.size // self.dtype.itemsize
+        at, inflated, line = 0, 0, 0
         try:
-            text = gzip.decompress(data).decode("utf-8")
-            spans = [(int(row[0]), int(row[1])) for row in csv.reader(io.StringIO(text)) if row]
-        except (OSError, EOFError, UnicodeDecodeError, ValueError, IndexError) as e:
-            raise DataError(f"{path}: not dolma metadata (gzip CSV of start,end,...: {e}); remove or fix it") from None
-        at = 0
-        for line, (start, end) in enumerate(spans, 1):
-            if start != at or end < start:
-                raise DataError(
-                    f"{path} line {line}: a document from token {start:,} to {end:,}, but the previous one ended at "
-                    f"{at:,}; the metadata does not describe {file.path}"
-                )
-            at = end
-        if at != tokens:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as lines:
+                while raw := lines.readline(METADATA_LINE_BYTES + 1):
+                    line, inflated = line + 1, inflated + len(raw)
+                    if len(raw) > METADATA_LINE_BYTES or inflated > bound:
+                        raise DataError(
+                            f"{path} line {line}: "
+                            + (
+                                f"longer than {METADATA_LINE_BYTES:,} bytes"
+                                if len(raw) > METADATA_LINE_BYTES
+                                else f"the metadata inflates past {bound:,} bytes for {tokens:,} tokens"
+                            )
+                            + f"; not dolma metadata of {file.path}: remove or fix it"
+                        )
+                    if not raw.strip():
+                        continue
+                    fields = raw.split(b",", 2)
+                    start, end = int(fields[0]), int(fields[1])
+                    if start != at or end < start:
+                        raise DataError(
+                            f"{path} line {line}: a document from token {start:,} to {end:,}, but the previous one "
+                            f"ended at {at:,}; the metadata does not describe {file.path}"
+                        )
+                    if end > tokens:
+                        raise self._short_of_metadata(path, file, end, tokens)
+                    at = end
+        except (OSError, EOFError, ValueError, IndexError) as e:  # not gzip, truncated, not start,end,...
             raise DataError(
-                f"{path}: its documents end at token {at:,}, but {file.path} holds {tokens:,} {self.token_dtype} "
-                "tokens (another token_dtype, or a truncated file?); set token_dtype to the files' type"
-            )
+                f"{path} line {line}: not dolma metadata (gzip CSV of start,end,...: {type(e).__name__}); remove or "
+                "fix it"
+            ) from None
+        if at != tokens:
+            raise self._short_of_metadata(path, file, at, tokens)
+
+    def _short_of_metadata(self, path: str, file: FileStat, end: int, tokens: int) -> DataError:
+        return DataError(
+            f"{path}: its documents end at token {end:,}, but {file.path} holds {tokens:,} {self.token_dtype} "
+            "tokens (another token_dtype, or a truncated file?); set token_dtype to the files' type"
+        )
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]

@@ -310,6 +310,11 @@ def open_input_file(path: str, listed: tuple[int, int], options: StorageOptions 
     """A random-access file, kept open (cached) for the blocks that follow. On object storage,
     opening costs one metadata request; reads are range requests. `listed` (size, mtime_ns as
     listed) is part of the cache key, so a file rewritten under the same name is opened anew."""
+    return open_own_file(path, options)
+
+
+def open_own_file(path: str, options: StorageOptions = StorageOptions()) -> pa.NativeFile:
+    """A random-access file of the caller's own (not shared: it may read it as a stream, and must close it)."""
     filesystem, inner = resolve(path, options)
     try:
         if not is_uri(path):
@@ -366,22 +371,27 @@ def write_bytes(path: str, data: bytes, options: StorageOptions = StorageOptions
         f.write(data)
 
 
-def read_bytes(path: str, options: StorageOptions = StorageOptions()) -> bytes | None:
-    """A whole (small) file, or None if it does not exist."""
+def read_bytes(path: str, options: StorageOptions = StorageOptions(), max_bytes: int = 1 << 30) -> bytes | None:
+    """A whole (small) file of at most `max_bytes` (a larger one is refused before it is read), or None if it
+    does not exist."""
     if not is_uri(path):
         try:
-            fd = guards.open_regular(path, ConfigError)
+            f = guards.open_bounded(path, max_bytes, "the file")
         except FileNotFoundError:
             return None
         except OSError as e:
             raise ConfigError(f"cannot read {path}: {e}") from None
-        with os.fdopen(fd, "rb") as f:
+        with f:
             return f.read()
     filesystem, inner = resolve(path, options)
     try:
         with filesystem.open_input_stream(inner) as f:
-            data: bytes = f.read()  # pyarrow is untyped
-            return data
+            data: bytes = f.read(max_bytes + 1)  # pyarrow is untyped; one byte more tells a larger file
+        if len(data) > max_bytes:
+            raise ConfigError(
+                f"the file {path} has more than the {max_bytes:,} bytes such a file may have; is it the file you meant?"
+            )
+        return data
     except FileNotFoundError:
         return None
     except OSError as e:
