@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE, divisors
 from zephon_titan.engine.sources import formats, storage
 from zephon_titan.engine.sources.base import expand_paths
+from zephon_titan.engine.sources.columns import is_text_type
 from zephon_titan.engine.sources.storage import FileStat
 from zephon_titan.errors import ConfigError
 
@@ -217,7 +218,7 @@ def sample_file(fmt: str, file: FileStat) -> Sample:
 
 def _string_columns(schema: pa.Schema) -> tuple[list[str], dict[str, str]]:
     """(the string columns, {other column: its type})."""
-    strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    strings = [f.name for f in schema if is_text_type(f.type)]
     return strings, {f.name: str(f.type) for f in schema if f.name not in strings}
 
 

@@ -163,3 +163,23 @@ def test_an_index_naming_a_missing_lance_fragment_is_one_line(tmp_path, plain, c
     doctored = make_spec(corpus_dir, tokenizer_dir, sources=sources)
     with pytest.raises(DataError, match=r"version 3 of the dataset has no fragment 99; .*rebuild it"):
         doctored.sources[0].read_block(doctored.sources[0].num_blocks - 1)
+
+
+def test_a_dictionary_encoded_text_column_equals_plain_strings(tmp_path, code_docs, corpus_dir, tokenizer_dir):
+    """Arrow writers keep low-cardinality string columns dictionary-encoded: the same texts, the same rows (it was
+    refused as "expected a string", and init found "no string column"); `init` picks it as the text column."""
+    from zephon_titan.init_job import _string_columns
+
+    docs = code_docs[:30] + code_docs[:10]  # repeats: what a dictionary is for
+    os.makedirs(tmp_path / "plain")
+    os.makedirs(tmp_path / "dict")
+    pq.write_table(pa.table({"text": docs}), str(tmp_path / "plain" / "a.parquet"), row_group_size=8)
+    table = pa.table({"text": pa.array(docs).dictionary_encode()})
+    pq.write_table(table, str(tmp_path / "dict" / "a.parquet"), row_group_size=8)
+    assert pa.types.is_dictionary(pq.ParquetFile(str(tmp_path / "dict" / "a.parquet")).schema_arrow.field("text").type)
+    specs = [make_spec(corpus_dir, tokenizer_dir, num_lanes=2, sources=_source([str(tmp_path / d / "*.parquet")]))
+             for d in ("plain", "dict")]  # fmt: skip
+    assert _lanes(specs[0]) == _lanes(specs[1])
+    assert _string_columns(table.schema) == (["text"], {})
+    table = pa.table({"text": pa.array([1, 2, 1]).dictionary_encode()})  # control: not strings stays refused
+    assert _string_columns(table.schema)[0] == []

@@ -87,6 +87,18 @@ def test_fewer_lanes_are_named_before_dcp_runs(corpus_dir, tokenizer_dir, tmp_pa
     assert torch.equal(_resumed(checkpoint, _loader(corpus_dir, tokenizer_dir, num_lanes=4)), following)  # control
 
 
+def test_a_lane_entry_removed_from_the_metadata_is_named_as_damage_not_a_lane_count(
+    corpus_dir, tokenizer_dir, saved, tmp_path
+):
+    entries = load_entries(saved[0])
+    del entries[f"dataloader.{lane_key(3)}"]
+    save_entries(entries, str(tmp_path / "step-2"))
+    with pytest.raises(ResumeError, match=r"its .metadata has no entry for lane 3 but has lanes up to 7: the "
+                       r"checkpoint is damaged or incomplete") as e:  # fmt: skip
+        _resumed(str(tmp_path / "step-2"), _loader(corpus_dir, tokenizer_dir))
+    assert "\n" not in str(e.value) and "fewer" not in str(e.value)
+
+
 def test_entries_of_another_size_are_named_before_dcp_runs(corpus_dir, tokenizer_dir, saved, tmp_path):
     entries = load_entries(saved[0])
     entries[f"dataloader.{lane_key(5)}"] = entries[f"dataloader.{lane_key(5)}"][:700].clone()

@@ -221,6 +221,25 @@ def test_an_idx_that_disagrees_with_its_bin_is_named(tmp_path):
     _one_line(e, idx_path, "not back to back")
 
 
+def test_pointers_past_the_bin_blame_the_idx(tmp_path):
+    """A middle document's pointer past the .bin's end (startup checks the first and last): the .idx is named,
+    not the .bin ("truncated, or changed since listed" before)."""
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    bin_path, idx_path = write_megatron(str(tmp_path / "d"), docs)
+    source = open_source(SourceConfig(name="web", paths=[bin_path], block_rows=1))
+    assert [list(map(int, source.read_block(b).texts[0])) for b in range(3)] == docs  # the control
+    data = bytearray(open(idx_path, "rb").read())
+    pointers_at = 34 + 4 * len(docs)  # header (9 + 8 + 1 + 8 + 8 bytes), then the lengths (i32 each)
+    assert np.frombuffer(bytes(data[pointers_at : pointers_at + 24]), "<i8").tolist() == [0, 6, 10]
+    data[pointers_at + 8 : pointers_at + 16] = np.array([1000], "<i8").tobytes()
+    with open(idx_path, "wb") as f:
+        f.write(bytes(data))
+    source = open_source(SourceConfig(name="web", paths=[bin_path], block_rows=1))
+    with pytest.raises(DataError) as e:
+        source.read_block(1)
+    _one_line(e, idx_path, "point to bytes 1,000-1,004, outside", f"{bin_path} (18 bytes)")
+
+
 def test_a_missing_idx_is_named(tmp_path):
     bin_path, idx_path = write_megatron(str(tmp_path / "d"), [[1, 2]])
     os.remove(idx_path)

@@ -399,8 +399,16 @@ def check_index(metadata: Metadata, checkpoint_id: str, lane_ids: Any, num_lanes
             "to keep the loader state in future final checkpoints"
         )
     missing = [lane for lane in lane_ids if lane_key(lane) not in sizes]
+    saved_lanes = sorted(int(key[len("lane_") :]) for key in sizes if key.startswith("lane_") and key[5:].isdigit())
+    if missing and saved_lanes != list(range(len(saved_lanes))):  # a gap: not a smaller lane count
+        gap = next(lane for lane in range(saved_lanes[-1] + 1) if lane not in saved_lanes)
+        raise ResumeError(
+            f"{checkpoint_id}: its .metadata has no entry for lane {gap} but has lanes up to {saved_lanes[-1]}: "
+            "the checkpoint is damaged or incomplete (an entry removed from its .metadata?); resume from another "
+            f"checkpoint, or {START_OVER}"
+        )
     if missing:
-        saved = sum(key.startswith("lane_") for key in sizes)
+        saved = len(saved_lanes)
         raise ResumeError(
             f"{checkpoint_id} has no dataloader state for lane {missing[0]} of this run's {num_lanes} lanes (it "
             f"holds {saved}); it was saved with fewer [dataloader] num_lanes. Lanes are fixed for a run: set "

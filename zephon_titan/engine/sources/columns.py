@@ -13,6 +13,14 @@ from zephon_titan.engine.sources.base import BlockDocuments, LazyTexts, Source
 from zephon_titan.errors import DataError
 
 
+def is_text_type(kind: pa.DataType) -> bool:
+    """A column of strings: plain, large, or dictionary-encoded strings (Arrow writers keep a low-cardinality
+    column so; its values are the same strings)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return bool(pa.types.is_string(kind) or pa.types.is_large_string(kind))
+
+
 def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_row: int) -> BlockDocuments:
     """`column` holds rows first_row.. of `path` in `source.column` (its text_field or token_field)."""
     if column.null_count:
@@ -21,7 +29,9 @@ def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_r
     rows = range(first_row, first_row + len(column))
     if source.token_field:
         return BlockDocuments(path, _token_lists(column, path, source.token_field), rows)
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+    if is_text_type(column.type) and pa.types.is_dictionary(column.type):  # the same strings, stored once each
+        column = column.cast(column.type.value_type)
+    if not is_text_type(column.type):
         raise DataError(f"{path}: column {source.text_field!r} has type {column.type}, expected a string")
     lengths = pc.utf8_length(column)
     if len(column) and pc.max(lengths).as_py() > source.max_document_chars:  # name the first one too long

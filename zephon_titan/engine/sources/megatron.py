@@ -209,6 +209,12 @@ class MegatronSource(Source):
                 f"{idx}: the sequences of documents {first}..{stop - 1} are not back to back in the .bin "
                 f"(lengths and pointers disagree); {_REWRITE}"
             )
+        end = base + int(starts[-1]) * itemsize
+        if base < 0 or end > f.size:  # the .bin has its listed size (checked when read): the index is wrong
+            raise DataError(
+                f"{idx}: the sequences of documents {first}..{stop - 1} point to bytes {base:,}-{end:,}, outside "
+                f"{f.path} ({f.size:,} bytes); {_REWRITE}"
+            )
         tokens = self._tokens(f, base, int(starts[-1]), layout.dtype)
         return BlockDocuments(f.path, TokenLists(tokens, starts[bounds - s0]), range(first, stop))
 

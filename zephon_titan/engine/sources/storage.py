@@ -320,8 +320,12 @@ def open_own_file(path: str, options: StorageOptions = StorageOptions()) -> pa.N
         if not is_uri(path):
             return _open_local(inner)
         return filesystem.open_input_file(inner)
+    except PermissionError:
+        raise DataError(f"{path}: cannot open it: permission denied; make it readable by the job's user") from None
+    except FileNotFoundError:
+        raise DataError(f"{path}: cannot open it: it was listed at startup and is gone; check the data") from None
     except OSError as e:
-        raise DataError(f"{path}: cannot open ({e}); it was listed at startup, check that it still exists") from None
+        raise DataError(f"{path}: cannot open it ({e}); it was listed at startup, check that it can be read") from None
 
 
 def _open_local(path: str) -> pa.NativeFile:
