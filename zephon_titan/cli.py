@@ -414,24 +414,31 @@ def cmd_validate(args) -> int:
     print("sources:")
     for note in weight_notes(job.data):
         print(f"  {note}")
-    for source, weight, config in zip(spec.sources, spec.weights, job.data.sources):
+    all_excluded = []
+    for index, (source, weight, config) in enumerate(zip(spec.sources, spec.weights, job.data.sources)):
         size = sum(f.size for f in source.files)
         line = f"  {source.name:<12} weight {weight:.3f}  {len(source.files)} files, {size:,} bytes, {source.num_blocks} blocks"
         if not args.no_count:
             docs = tokens = 0
-            held = 0
+            held = excluded = 0
             for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
                 documents = source.read_block(block)
                 texts = documents.texts  # surfaces bad lines/rows with file and position
                 if source.specials_in_tokens or source.token_field:  # ids outside the vocabulary, as a lane names them
                     for ids, row in zip(texts, documents.rows):
                         check_token_ids(source, np.asarray(ids), documents.file, row, spec.tokenizer.vocab_size)
+                if spec.exclusion is not None:
+                    excluded += _excluded_in(spec.exclusion, index, documents)
                 docs += len(texts)
                 tokens += sum(len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens))
                 held += int(
                     held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
                 )
             line += f", {docs:,} documents, {tokens:,} tokens per epoch"
+            if excluded:
+                line += f" ({excluded:,} excluded from step {spec.exclusion.from_step})"  # type: ignore[union-attr]
+            if docs and excluded == docs:
+                all_excluded.append(source.name)
             if config.eval_fraction > 0:
                 line += f" ({held:,} documents held out for validation, eval_fraction {config.eval_fraction:g})"
                 if not held:
@@ -447,6 +454,12 @@ def cmd_validate(args) -> int:
     _print_schedule(job)
     _print_exclusion(job)
     _print_validation(job, count=not args.no_count)
+    if all_excluded:  # the run reads on past them and stops: say so now, not at that step
+        print(
+            f"ERROR: [dataloader] exclude removes every document of {', '.join(all_excluded)} from step "
+            f"{spec.exclusion.from_step}: the run would stop there with no document to read; shorten the list "  # type: ignore[union-attr]
+            "or give the source weight 0 from that step"
+        )
 
     def misfit(w: int) -> str | None:
         """Why `w` data-parallel ranks cannot run the job (None: they can)."""
@@ -470,7 +483,18 @@ def cmd_validate(args) -> int:
         detail = f"{rows} rows per rank per step, {rows // job.local_batch_size} microbatches" if why is None else why
         bad += why is not None
         print(f"  {w:>5} ranks: {'ok' if why is None else 'INVALID'} ({detail})")
-    return 1 if bad else 0
+    return 1 if bad or all_excluded else 0
+
+
+def _excluded_in(exclusion, index: int, documents) -> int:
+    """How many of a block's documents the exclusion skips (by place, or by the SHA-256 of their text)."""
+    from zephon_titan.engine.exclusion import text_sha256
+
+    return sum(
+        exclusion.excludes(index, documents.file, row)
+        or (bool(exclusion.texts) and isinstance(text, str) and text_sha256(text) in exclusion.texts)
+        for text, row in zip(documents.texts, documents.rows)
+    )
 
 
 # `validate` names at most this many listed documents it could not find, then says how many more.

@@ -306,3 +306,26 @@ def test_a_source_excluded_whole_is_an_error_at_k_not_a_hang(tmp_path, corpus_di
         pytest.raises(DataError, match=r"source 'small': lane 0 met all \d+ of its blocks .*or excluded"),
     ):
         stream.take(4 * ROWS)
+
+
+def test_validate_foresees_a_source_excluded_whole(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    """The run would stop at step k (the test above); `validate` says so, and exits 1, before any GPU is spent."""
+    from helpers import write_job
+
+    from zephon_titan.cli import main
+
+    spec = make_spec(corpus_dir, tokenizer_dir)
+    code = spec.sources[spec.source_names.index("code")]
+    blocks = [code.read_block(b) for b in range(code.num_blocks)]
+    lines = [f"code {os.path.basename(b.file)} {row}" for b in blocks for row in b.rows]
+    listed = tmp_path / "exclude.txt"
+    settings_ = f'exclude = "{listed}"\nexclude_from_step = 3'
+    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir, dataloader=settings_)
+    listed.write_text(lines[0] + "\n")  # the control: one document excluded
+    assert main(["validate", job]) == 0
+    assert "(1 excluded from step 3)" in capsys.readouterr().out
+    listed.write_text("\n".join(lines) + "\n")
+    assert main(["validate", job]) == 1
+    out = capsys.readouterr().out
+    assert f"({len(lines):,} excluded from step 3)" in out
+    assert "ERROR: [dataloader] exclude removes every document of code from step 3" in out
