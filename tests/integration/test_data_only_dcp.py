@@ -124,8 +124,23 @@ def crafted(workdir, reference):
     for lanes in (16, 4):
         config = _config_with(workdir, f"lanes_{lanes}.toml", "num_lanes = 8", f"num_lanes = {lanes}")
         runs.append(["--job.config_file", config, "--steps", "3", "--resume", genuine])
+    # A save into a full disk: the rank's data file of step 2 is /dev/full, whose every write is ENOSPC.
+    full = os.path.join(root, "full")
+    os.makedirs(os.path.join(full, "step-2"))
+    os.symlink("/dev/full", os.path.join(full, "step-2", "__0_0.distcp"))
+    runs.append(base + ["--steps", "3", "--save-at", "2", "--checkpoint", full])
     outcomes = run_each(workdir, "data_run", runs)
-    return dict(zip(("payload", "object", "step4_in_2", "genuine", "lanes_16", "lanes_4"), outcomes))
+    return dict(zip(("payload", "object", "step4_in_2", "genuine", "lanes_16", "lanes_4", "full"), outcomes))
+
+
+def test_a_save_into_a_full_disk_ends_in_one_line(workdir, crafted):
+    code, output = crafted["full"]
+    errors = [line for line in output.splitlines() if line.startswith("zephon_titan: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
+    folder = os.path.join(workdir, "data", "crafted", "full")
+    assert f"cannot save the checkpoint {folder}/step-2: No space left on device (" in errors[0]
+    assert "GiB free of" in errors[0] and f"the last complete checkpoint in {folder} (none)" in errors[0]
+    assert not os.path.exists(os.path.join(folder, "step-2", ".metadata"))  # nothing a resume could take
 
 
 def test_a_payload_metadata_is_refused_without_running(workdir, crafted):

@@ -250,6 +250,11 @@ def crafted(workdir, uninterrupted):
     # The step-6 `dataloader` entries in the step-4 checkpoint (model, optimizer, train_state of step 4).
     shutil.rmtree(cases["step6_in_4"])
     with_loader_of(os.path.join(source, "step-4"), os.path.join(source, "step-6"), cases["step6_in_4"])
+    # The genuine step-4 checkpoint resumed into a full disk: step 6's save writes into /dev/full (ENOSPC).
+    copy_checkpoint(workdir, "runs/w2", 4, "runs/crafted_full_disk")
+    cases["full_disk"] = os.path.join(workdir, "runs/crafted_full_disk/checkpoint/step-6")
+    os.makedirs(cases["full_disk"])
+    os.symlink("/dev/full", os.path.join(cases["full_disk"], "__0_0.distcp"))
     outcomes = run_each(workdir, "train_cpu", [cpu_job_args(f"runs/crafted_{case}", STEPS) for case in cases])
     return dict(zip(cases, outcomes)), cases
 
@@ -263,6 +268,19 @@ def test_the_allow_list_covers_the_trainers_checkpoints(workdir, uninterrupted):
 def test_the_trainer_refuses_a_payload_metadata_without_running_it(workdir, crafted):
     assert_refused(crafted[0]["payload"], "its .metadata refers to builtins.eval")
     assert not os.path.exists(os.path.join(workdir, "runs", "payload_ran")), "a checkpoint byte ran in the trainer"
+
+
+def test_a_trainer_save_into_a_full_disk_ends_in_one_line(crafted, uninterrupted):
+    """Steps 5 and 6 train; step 6's save fails: one line naming the checkpoint and the free space, no
+    traceback; the step-4 checkpoint stays the last complete one, the one a resume picks."""
+    code, output = crafted[0]["full_disk"]
+    errors = [line for line in output.splitlines() if line.startswith("zephon_titan: error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
+    folder = os.path.dirname(crafted[1]["full_disk"])
+    assert f"cannot save the checkpoint {folder}/step-6: No space left on device (" in errors[0], errors[0]
+    assert f"the last complete checkpoint in {folder} (step-4)" in errors[0]
+    trained = ledger(os.path.join(folder, "ledger.jsonl"))  # steps 5 and 6 ran, as the uninterrupted run's
+    assert {s: trained[s] for s in (5, 6)} == {s: uninterrupted[0][s] for s in (5, 6)}
 
 
 def test_the_trainer_refuses_a_loader_entry_stored_as_an_object(crafted):

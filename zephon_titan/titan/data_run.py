@@ -46,6 +46,7 @@ from zephon_titan.log_ranks import quiet_other_ranks
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
+from zephon_titan.titan.save_failure import SAVE_ERRORS, save_failure
 from zephon_titan.titan.tokenizer import load_hf_tokenizer
 
 if TYPE_CHECKING:
@@ -254,7 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                 ledger_seconds += time.perf_counter() - started
             if counter.step in args.save_at:
                 path = os.path.join(args.checkpoint, f"step-{counter.step}")
-                dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
+                try:
+                    dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
+                except SAVE_ERRORS as e:  # a full or vanished disk: one line, not one DCP traceback per rank
+                    raise save_failure(e, path) from None
         steps = max(counter.step - first_step, 1)
         memory = torch.tensor(_memory_mb() * 2, dtype=torch.float64)  # [rss, private] max, then summed
         dist.all_reduce(memory[:2], op=dist.ReduceOp.MAX)

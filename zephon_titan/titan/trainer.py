@@ -32,6 +32,7 @@ from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
 from zephon_titan.titan.rank_lanes import long_tensor
+from zephon_titan.titan.save_failure import SAVE_ERRORS, save_failure
 from zephon_titan.titan.source_loss import (
     SourceCrossEntropyLoss,
     encode_labels,
@@ -84,6 +85,14 @@ class ZephonCheckpointManager(CheckpointManager):
         @classmethod
         def of(cls, config: CheckpointManager.Config) -> ZephonCheckpointManager.Config:
             return _stock_as(cls, config, CheckpointManager.Config)
+
+    def dcp_save(self, state_dict: dict[str, Any], checkpoint_id: str, *args: Any, **kwargs: Any) -> Any:
+        """TorchTitan's save; one that fails on the disk (full, gone) ends the job in one line (save_failure.py).
+        An asynchronous save's failure surfaces in TorchTitan's own wait, as before."""
+        try:
+            return super().dcp_save(state_dict, checkpoint_id, *args, **kwargs)
+        except SAVE_ERRORS as e:
+            raise save_failure(e, checkpoint_id) from None
 
     def dcp_load(self, state_dict: dict[str, Any], checkpoint_id: str, from_hf: bool, from_quantized: bool) -> None:
         if from_hf:  # safetensors: no pickle anywhere; the model only
