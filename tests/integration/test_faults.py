@@ -4,7 +4,7 @@ complete checkpoint and its ledger equals the uninterrupted run's, step for step
 import os
 
 import pytest
-from conftest import check, cpu_job_args, ledger, losses, torchrun
+from conftest import CPU_CONFIG, check, cpu_job_args, ledger, losses, torchrun
 
 # Slow tier (a killed rank restarts exactly (the restore itself is proven in the gate)).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -22,8 +22,19 @@ def _train(workdir, run, kill=None):
 
 @pytest.fixture(scope="module")
 def reference(workdir):
+    """The uninterrupted run's ledger, equal to the offline plan of the job."""
+    from zephon_titan.plan import plan_ledger
+
     check(_train(workdir, "faults/reference"))
-    return ledger(os.path.join(workdir, "faults/reference/checkpoint/ledger.jsonl"))
+    ran = ledger(os.path.join(workdir, "faults/reference/checkpoint/ledger.jsonl"))
+    cwd = os.getcwd()
+    os.chdir(workdir)  # the job's paths are relative to its folder
+    try:
+        planned = {e.step: e.sha256 for e in plan_ledger(CPU_CONFIG, STEPS)}
+    finally:
+        os.chdir(cwd)
+    assert ran == planned and len(set(ran.values())) == STEPS
+    return ran
 
 
 @pytest.mark.parametrize("kill, resumes_from", [("1:4", 3), ("save:1:4", 3)])
