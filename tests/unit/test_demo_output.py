@@ -72,6 +72,6 @@ def test_the_demo_exits_right_after_its_verdict():
         assert child.wait() == 0
         return time.monotonic() - said
 
-    # Compared, not bounded: CI runs this tier beside a 1,024-thread process, so no wall-clock limit holds.
+    # Compared, not bounded: CI runs this tier two tests at a time, so no wall-clock limit holds.
     finish = seconds_after_verdict("demo.finish(0)")
     assert seconds_after_verdict("sys.exit(0)") > finish  # the negative control: the interpreter's teardown
