@@ -205,7 +205,8 @@ def job(tmp_path_factory, corpus_dir, tokenizer_dir, prose_docs) -> Job:
     # Another tokenizer: the fixture's, with one more special token (as a model repository may declare).
     other = with_special_tokens(tokenizer_dir, str(root / "tokenizer"), ["<|extra|>"])
     extra = {"parquet": parquet, "lance": str(root / "docs.lance"), "tokenizer": other, "index": str(root / "i.json")}
-    extra["olmo"] = write_olmo(str(root / "docs.npy"), ids, eos=0)
+    # A document [1] first: eos_token_id = 1 (the changed setting) then still names an id of the first ones.
+    extra["olmo"] = write_olmo(str(root / "docs.npy"), [[1], *ids], eos=0)
     return Job(corpus_dir, tokenizer_dir, extra)
 
 

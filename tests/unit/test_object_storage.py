@@ -310,3 +310,77 @@ def test_building_the_loader_reads_no_document(s3, s3_corpus, corpus_dir, tokeni
     next(iter(loader))  # negative control: the first batch does read documents
     assert _gets(s3.requests(), ".jsonl")
     loader.close()
+
+
+def _bucket_sources(root):
+    return {name: {"paths": [f"{root}/{name}/{pattern}"], **options} for name, (pattern, options) in SOURCES.items()}
+
+
+@pytest.mark.parametrize("kind", ["503", "500", "short", "reset"])
+def test_transient_storage_faults_are_retried_to_the_same_blocks(s3, s3_corpus, corpus_dir, kind, caplog):
+    """A burst of 503 SlowDown, 500 InternalError, bodies cut short or connections reset as long as the S3
+    client's own 3 attempts (one read at a time, so the burst meets one request): the block is read again after
+    a backoff, the attempt logged, and every block is the same as on disk. Injected by tests/s3server.py."""
+    pattern, options = SOURCES["prose"]
+    local = open_source(SourceConfig(name="prose", paths=[f"{corpus_dir}/prose/{pattern}"], **options))
+    _forget_open_files()
+    remote = open_source(SourceConfig(name="prose", paths=[f"{s3_corpus}/prose/{pattern}"], **options))
+    served = len(s3.faults_served())
+    s3.inject(kind, 3)
+    try:
+        with caplog.at_level("WARNING", logger="zephon_titan"):
+            got = [remote.read_block(b).texts for b in range(remote.num_blocks)]
+    finally:
+        s3.inject(kind, 0)
+    assert [list(t) for t in got] == [list(local.read_block(b).texts) for b in range(local.num_blocks)]
+    assert len(s3.faults_served()) - served == 3  # the faults did happen
+    retried = [r.getMessage() for r in caplog.records if "failed, retrying in" in r.getMessage()]
+    assert retried and all(f"{s3_corpus}/prose/" in m and "attempt 1 of 6 failed" in m for m in retried), retried
+
+
+@pytest.mark.parametrize("kind", ["503", "short"])
+def test_lane_rows_under_storage_faults_equal_the_rows_from_disk(s3, s3_corpus, corpus_dir, tokenizer_dir, kind):
+    """JSONL and Parquet, blocks read ahead by threads: whoever absorbs the faults (the client or the block's
+    attempts), the rows are the rows of the files on disk."""
+    local = make_spec(corpus_dir, tokenizer_dir, sources=_bucket_sources(corpus_dir))
+    want = [rows_digest(LaneStream(local, lane).take(6)) for lane in (0, 5)]
+    _forget_open_files()
+    remote = make_spec(corpus_dir, tokenizer_dir, sources=_bucket_sources(s3_corpus))
+    served = len(s3.faults_served())
+    s3.inject(kind, 8)
+    try:
+        got = [rows_digest(LaneStream(remote, lane).take(6)) for lane in (0, 5)]
+    finally:
+        s3.inject(kind, 0)
+    assert got == want and len(s3.faults_served()) - served == 8
+
+
+def test_a_fault_that_outlasts_the_attempts_ends_in_one_line(s3, s3_corpus, corpus_dir, tokenizer_dir, monkeypatch):
+    from zephon_titan.engine.sources import retry
+    from zephon_titan.errors import DataError
+
+    monkeypatch.setattr(retry, "FIRST_DELAY_S", 0.01)  # the same attempts, sooner
+    _forget_open_files()
+    remote = make_spec(corpus_dir, tokenizer_dir, sources=_bucket_sources(s3_corpus))
+    s3.inject("503", 10_000)
+    try:
+        with pytest.raises(DataError) as e:
+            LaneStream(remote, 0).take(2)
+    finally:
+        s3.inject("503", 0)
+    message = str(e.value)
+    assert "\n" not in message and "gave up after 6 attempts" in message and s3_corpus in message, message
+
+
+def test_a_missing_object_is_not_retried(s3, tmp_path, corpus_dir, tokenizer_dir, caplog):
+    """A permanent error (the object deleted after the listing) is one line at once, with no retry."""
+    from zephon_titan.errors import DataError
+
+    root = s3.upload(os.path.join(corpus_dir, "prose"), "gone_prose")
+    source = open_source(SourceConfig(name="prose", paths=[f"{root}/*.jsonl"], block_bytes=16384))
+    s3.filesystem().delete_file(source.files[0].path.removeprefix("s3://"))
+    _forget_open_files()
+    with caplog.at_level("WARNING", logger="zephon_titan"), pytest.raises(DataError) as e:
+        source.read_block(0)
+    assert source.files[0].path in str(e.value)
+    assert not [r for r in caplog.records if "retrying" in r.getMessage()]

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_titan.engine.sources import guards, storage
+from zephon_titan.engine.sources.retry import read_with_retries
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import ConfigError, DataError
 
@@ -222,8 +223,15 @@ class Source(ABC):
     def _fill(self, block_id: int, future: Future[BlockDocuments]) -> None:
         # The last file starting at or before block_id (binary search: a source may have many files).
         file_index = bisect.bisect_right(self._first_block, block_id) - 1
+        local = block_id - self._first_block[file_index]
         try:
-            block = self._read(file_index, block_id - self._first_block[file_index])
+            if self.remote:  # object storage: transient faults are read again (retry.py)
+                f = self.files[file_index]
+                block = read_with_retries(
+                    lambda: self._read(file_index, local), f"{f.path} block {local}", lambda: self._same_object(f)
+                )
+            else:
+                block = self._read(file_index, local)
         except BaseException as e:  # every caller waiting for this read gets its error; a later call reads again
             with self._held_lock:
                 del self._reading[block_id]
@@ -286,6 +294,13 @@ class Source(ABC):
             "locations": _sha([directory for directory, _ in where]),
             "mtimes": _sha([f[2] for f in files]),
         }
+
+    def _same_object(self, f: FileBlocks) -> None:
+        """After a retried read: the object still has the listed size and last-modified time (to the second:
+        a listing and a HEAD give it at different precisions), so the retry read the same generation."""
+        size, mtime_ns = storage.remote_version(f.path, self.storage_options)
+        if size != f.size or (mtime_ns and f.mtime_ns and mtime_ns // 10**9 != f.mtime_ns // 10**9):
+            raise self.changed_file(f, "it was replaced while a read of it was retried")
 
     def check_unchanged(self, f: FileBlocks, handle: pa.NativeFile) -> None:
         """Refuse to read a file that is not the one listed (or indexed): its blocks would differ."""

@@ -362,6 +362,15 @@ def current_version(path: str, handle: pa.NativeFile) -> tuple[int, int | None]:
     return handle.size(), None
 
 
+def remote_version(path: str, options: StorageOptions = StorageOptions()) -> tuple[int, int]:
+    """(size, last-modified in ns, 0 if unknown) of an object now: one metadata request."""
+    filesystem, inner = resolve(path, options)
+    info = filesystem.get_file_info(inner)
+    if info.type != pafs.FileType.File:
+        raise DataError(f"{path}: the object is gone (it was listed at startup); check the bucket")
+    return int(info.size or 0), _mtime_ns(info)
+
+
 def write_bytes(path: str, data: bytes, options: StorageOptions = StorageOptions(), tmp_suffix: str = "") -> None:
     """Write a whole file atomically (object stores replace objects atomically; locally a rename)."""
     if not is_uri(path):
