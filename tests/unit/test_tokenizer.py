@@ -145,3 +145,24 @@ def test_a_batch_gives_each_document_its_own_ids_between_bos_and_eos(tokenizer_d
     # Control: another EOS choice gives other ids.
     other = _document_tokenizer(tokenizer_dir, bos, 11 if eos is None else None, backend)
     assert [ids.tolist() for ids in other.encode(texts)] != expected
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_special_file_in_the_tokenizer_folder_is_refused_before_it_is_opened(tmp_path, tokenizer_dir, kind):
+    """A FIFO as tokenizer_config.json blocked the tokenizer library forever; /dev/zero never ends."""
+    from bounded import run_bounded
+
+    from zephon_titan.errors import ConfigError
+    from zephon_titan.titan.tokenizer import load_tokenizer
+
+    folder = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, folder)
+    load_tokenizer(str(folder))  # the control: the copy loads
+    os.remove(folder / "tokenizer_config.json")
+    if kind == "fifo":
+        os.mkfifo(folder / "tokenizer_config.json")
+    else:
+        os.symlink("/dev/zero", folder / "tokenizer_config.json")
+    _, error = run_bounded(lambda: load_tokenizer(str(folder)), 30)
+    assert isinstance(error, ConfigError) and "\n" not in str(error)
+    assert "tokenizer_config.json is a" in str(error) and "not a regular file" in str(error), error

@@ -65,6 +65,7 @@ def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None
             f"{where} {hint}; it must name a directory holding tokenizer.json and "
             "tokenizer_config.json (relative paths start from the current directory)"
         )
+    _refuse_special_files(path, where)
     try:
         return config.build(tokenizer_path=path)
     except FileNotFoundError as e:
@@ -77,6 +78,40 @@ def load_hf_tokenizer(path: str, key: str = "hf_assets_path", config: Any = None
             f"{where}: cannot load the tokenizer ({type(e).__name__}: {first}); "
             "restore tokenizer.json and tokenizer_config.json"
         ) from None
+
+
+# The files a Hugging Face tokenizer folder may hold that TorchTitan's tokenizer reads; each is read whole.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "config.json",
+    "generation_config.json",
+)
+MAX_TOKENIZER_FILE_BYTES = 1 << 30
+
+
+def _refuse_special_files(path: str, where: str) -> None:
+    """A FIFO, a device, a /proc file or a file of gigabytes in the tokenizer folder is refused before the
+    tokenizer library opens it (a FIFO would block it forever, /dev/zero never end), as every file the job
+    names."""
+    from zephon_titan.engine.sources import guards
+
+    for name in TOKENIZER_FILES:
+        file = os.path.join(path, name)
+        try:
+            st = os.stat(file)
+        except OSError:  # absent (or a dangling link): the library says what it misses
+            continue
+        guards.check_regular(file, st, ConfigError)
+        if st.st_size > MAX_TOKENIZER_FILE_BYTES:
+            raise ConfigError(
+                f"{where}: {name} has {st.st_size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES:,} a tokenizer "
+                "file may have; point it at the tokenizer's own folder"
+            )
 
 
 def document_tokenizer(
