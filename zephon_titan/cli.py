@@ -488,11 +488,8 @@ def cmd_validate(args) -> int:
 
 def _excluded_in(exclusion, index: int, documents) -> int:
     """How many of a block's documents the exclusion skips (by place, or by the SHA-256 of their text)."""
-    from zephon_titan.engine.exclusion import text_sha256
-
     return sum(
-        exclusion.excludes(index, documents.file, row)
-        or (bool(exclusion.texts) and isinstance(text, str) and text_sha256(text) in exclusion.texts)
+        exclusion.excludes(index, documents.file, row) or exclusion.lists_text(text)
         for text, row in zip(documents.texts, documents.rows)
     )
 

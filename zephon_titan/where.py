@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from zephon_titan.engine import LaneState, Row, open_lane_group
-from zephon_titan.engine.exclusion import files_named, text_sha256
+from zephon_titan.engine.exclusion import files_named
 from zephon_titan.engine.lanes import group_steps
 from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.engine.spec import EngineSpec
@@ -197,7 +197,7 @@ def excluded_documents(spec: EngineSpec, source: int, documents: list[Document])
         for path in sorted({file for file, _ in wanted}):
             for block in file_blocks(spec.sources[source], path):
                 for row, text in zip(block.rows, block.texts):
-                    if (path, row) in wanted and isinstance(text, str) and text_sha256(text) in exclusion.texts:
+                    if (path, row) in wanted and exclusion.lists_text(text):
                         listed.add((path, row))
     return {d: exclusion.from_step for d in documents if d in listed}
 

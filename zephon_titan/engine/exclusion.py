@@ -155,6 +155,10 @@ class Exclusion:
     def excludes(self, source: int, file: str, row: int) -> bool:
         return (file, row) in self.places[source]
 
+    def lists_text(self, text: object) -> bool:
+        """Whether a document's text is on the list by its SHA-256 (text sources only)."""
+        return bool(self.texts) and isinstance(text, str) and text_sha256(text) in self.texts
+
     def describe(self) -> str:
         """The fingerprint's and the ledger's record: from which step, and which list."""
         return f"from step {self.from_step}, list sha256 {self.digest}"
