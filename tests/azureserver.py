@@ -25,12 +25,27 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler
 
-from objectserver import BUCKET, ObjectServer, free_port, serve
+from objectserver import BUCKET, FaultPlan, ObjectServer, free_port, send_fault, serve
 
 # Azurite's development account: public, documented, the same in every installation
 # (https://learn.microsoft.com/azure/storage/common/storage-use-azurite#well-known-storage-account-and-key).
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# The faults tests/objectserver.py's FaultPlan serves, as Azure Blob Storage words them.
+_ERRORS = {
+    "503": (
+        503,
+        "application/xml",
+        b"<?xml version='1.0' encoding='utf-8'?><Error><Code>ServerBusy</Code>"
+        b"<Message>The server is currently unable to receive requests. Please retry your request.</Message></Error>",
+    ),
+    "500": (
+        500,
+        "application/xml",
+        b"<?xml version='1.0' encoding='utf-8'?><Error><Code>InternalError</Code>"
+        b"<Message>The server encountered an internal error. Please retry the request.</Message></Error>",
+    ),
+}
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -69,6 +84,7 @@ def main() -> None:
         except OSError:
             time.sleep(0.05)
     log, lock = open(args.log, "a", buffering=1), threading.Lock()
+    faults = FaultPlan(args.log + ".faults")
     connections = threading.local()
 
     def _upstream() -> http.client.HTTPConnection:
@@ -82,6 +98,10 @@ def main() -> None:
 
         def _forward(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            byte_range = self.headers.get("x-ms-range") or self.headers.get("Range")
+            fault = faults.next_fault(self.command, self.path.partition("?")[0], byte_range)
+            if fault in ("503", "500", "reset"):
+                return send_fault(self, fault, _ERRORS)
             connection = _upstream()
             connection.request(self.command, self.path, body=body, headers=dict(self.headers.items()))
             response = connection.getresponse()
@@ -91,7 +111,7 @@ def main() -> None:
                 "method": self.command,
                 "key": path,
                 "query": query,
-                "range": self.headers.get("x-ms-range") or self.headers.get("Range"),
+                "range": byte_range,
                 "bytes": 0 if self.command == "HEAD" else len(data),
             }
             with lock:
@@ -102,6 +122,8 @@ def main() -> None:
                     self.send_header(key, value)
             length = response.getheader("Content-Length") if self.command == "HEAD" else None
             self.send_header("Content-Length", length or str(len(data)))
+            if fault == "short":
+                return send_fault(self, fault, _ERRORS, b"".join(self._headers_buffer) + b"\r\n" + data)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)

@@ -10,6 +10,7 @@ a client process needs (STORAGE_EMULATOR_HOST, the variable Google's clients rea
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import threading
@@ -17,7 +18,13 @@ import urllib.request
 from functools import partial
 from http.server import ThreadingHTTPServer
 
-from objectserver import BUCKET, ObjectServer
+from objectserver import BUCKET, FaultPlan, ObjectServer, send_fault
+
+# The faults tests/objectserver.py's FaultPlan serves, as Google Cloud Storage's JSON API words them.
+_ERRORS = {
+    kind: (status, "application/json", json.dumps({"error": {"code": status, "message": message}}).encode())
+    for kind, status, message in [("503", 503, "Backend Error"), ("500", 500, "Internal Error")]
+}
 
 
 def main() -> None:
@@ -30,7 +37,18 @@ def main() -> None:
     args = parser.parse_args()
     log, lock = open(args.log, "a", buffering=1), threading.Lock()
 
+    faults = FaultPlan(args.log + ".faults")
+
     class LoggingHandler(emulator.RequestHandler):
+        def do_GET(self):
+            fault = faults.next_fault("GET", self.path.partition("?")[0], self.headers.get("Range"))
+            if fault != "short":
+                return send_fault(self, fault, _ERRORS) if fault else super().do_GET()
+            wire, self.wfile = self.wfile, io.BytesIO()  # the emulator's whole answer, to send half of it
+            super().do_GET()
+            answer, self.wfile = self.wfile.getvalue(), wire
+            send_fault(self, fault, _ERRORS, answer)
+
         def end_headers(self):
             # Logged from the response's Content-Length before its body is sent, so a client that
             # has its bytes always finds the request in the log.

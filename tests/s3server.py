@@ -11,12 +11,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import struct
 import threading
 import time
 
-from objectserver import BUCKET, ObjectServer
+from objectserver import BUCKET, FaultPlan, ObjectServer, reset
 
 __all__ = ["BUCKET", "S3Server"]
 
@@ -54,10 +52,7 @@ class _RequestLog:
 
 
 class _Faults:
-    """WSGI middleware that answers the next data reads (GETs with a Range) with a fault, as a test asks by
-    writing {"kind": ..., "count": N} to `path` (S3Server.inject): "503" (SlowDown), "500" (InternalError),
-    "short" (the full headers, then half the body, then the connection closed) or "reset" (the connection closed with a
-    TCP reset, no answer). Each fault served is a line in `path`.served."""
+    """WSGI middleware that serves the faults of a FaultPlan (objectserver.py) as S3 words them."""
 
     ERRORS = {
         "503": ("503 Service Unavailable", "SlowDown", "Please reduce your request rate."),
@@ -65,32 +60,10 @@ class _Faults:
     }
 
     def __init__(self, app, path: str):
-        self.app, self.path = app, path
-        self.lock = threading.Lock()
-        self.seen_mtime = None
-        self.kind, self.remaining = "", 0
-
-    def _next_fault(self, environ) -> str:
-        if environ["REQUEST_METHOD"] != "GET" or not environ.get("HTTP_RANGE"):
-            return ""
-        with self.lock:
-            try:
-                mtime = os.stat(self.path).st_mtime_ns
-            except FileNotFoundError:
-                return ""
-            if mtime != self.seen_mtime:  # a new plan
-                with open(self.path) as f:
-                    plan = json.load(f)
-                self.seen_mtime, self.kind, self.remaining = mtime, plan["kind"], plan["count"]
-            if self.remaining <= 0:
-                return ""
-            self.remaining -= 1
-            with open(self.path + ".served", "a") as f:
-                f.write(f"{self.kind} {environ.get('PATH_INFO', '')} {environ['HTTP_RANGE']}\n")
-            return self.kind
+        self.app, self.plan = app, FaultPlan(path)
 
     def __call__(self, environ, start_response):
-        kind = self._next_fault(environ)
+        kind = self.plan.next_fault(environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""), environ.get("HTTP_RANGE"))
         if kind in self.ERRORS:
             status, code, message = self.ERRORS[kind]
             body = (
@@ -99,18 +72,14 @@ class _Faults:
             start_response(status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
             return [body.encode()]
         if kind == "reset":
-            sock = environ["werkzeug.socket"]
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            sock.close()
+            reset(environ["werkzeug.socket"])
             raise ConnectionResetError("fault injected: connection reset")
         if kind == "short":  # the headers as the server sends them, then half the body, then the connection ends
             body = b"".join(self.app(environ, start_response))
 
             def cut_short():
                 yield body[: len(body) // 2]
-                sock = environ["werkzeug.socket"]
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                sock.close()
+                reset(environ["werkzeug.socket"])
                 raise ConnectionResetError("fault injected: body cut short")
 
             return cut_short()
@@ -145,20 +114,6 @@ class S3Server(ObjectServer):
 
     def create_bucket(self) -> None:
         self.filesystem(allow_bucket_creation=True).create_dir(BUCKET)
-
-    def inject(self, kind: str, count: int) -> None:
-        """Answer the next `count` data reads with a fault (_Faults); count 0 stops."""
-        with open(self.log_path + ".faults.tmp", "w") as f:
-            json.dump({"kind": kind, "count": count}, f)
-        os.replace(self.log_path + ".faults.tmp", self.log_path + ".faults")
-        time.sleep(0.01)  # a new mtime for the next plan, whatever the filesystem's timestamp granularity
-
-    def faults_served(self) -> list[str]:
-        try:
-            with open(self.log_path + ".faults.served") as f:
-                return f.read().splitlines()
-        except FileNotFoundError:
-            return []
 
     @property
     def env(self) -> dict[str, str]:

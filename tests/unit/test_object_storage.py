@@ -316,28 +316,6 @@ def _bucket_sources(root):
     return {name: {"paths": [f"{root}/{name}/{pattern}"], **options} for name, (pattern, options) in SOURCES.items()}
 
 
-@pytest.mark.parametrize("kind", ["503", "500", "short", "reset"])
-def test_transient_storage_faults_are_retried_to_the_same_blocks(s3, s3_corpus, corpus_dir, kind, caplog):
-    """A burst of 503 SlowDown, 500 InternalError, bodies cut short or connections reset as long as the S3
-    client's own 3 attempts (one read at a time, so the burst meets one request): the block is read again after
-    a backoff, the attempt logged, and every block is the same as on disk. Injected by tests/s3server.py."""
-    pattern, options = SOURCES["prose"]
-    local = open_source(SourceConfig(name="prose", paths=[f"{corpus_dir}/prose/{pattern}"], **options))
-    _forget_open_files()
-    remote = open_source(SourceConfig(name="prose", paths=[f"{s3_corpus}/prose/{pattern}"], **options))
-    served = len(s3.faults_served())
-    s3.inject(kind, 3)
-    try:
-        with caplog.at_level("WARNING", logger="zephon_titan"):
-            got = [remote.read_block(b).texts for b in range(remote.num_blocks)]
-    finally:
-        s3.inject(kind, 0)
-    assert [list(t) for t in got] == [list(local.read_block(b).texts) for b in range(local.num_blocks)]
-    assert len(s3.faults_served()) - served == 3  # the faults did happen
-    retried = [r.getMessage() for r in caplog.records if "failed, retrying in" in r.getMessage()]
-    assert retried and all(f"{s3_corpus}/prose/" in m and "attempt 1 of 6 failed" in m for m in retried), retried
-
-
 @pytest.mark.parametrize("kind", ["503", "short"])
 def test_lane_rows_under_storage_faults_equal_the_rows_from_disk(s3, s3_corpus, corpus_dir, tokenizer_dir, kind):
     """JSONL and Parquet, blocks read ahead by threads: whoever absorbs the faults (the client or the block's
@@ -370,6 +348,36 @@ def test_a_fault_that_outlasts_the_attempts_ends_in_one_line(s3, s3_corpus, corp
         s3.inject("503", 0)
     message = str(e.value)
     assert "\n" not in message and "gave up after 6 attempts" in message and s3_corpus in message, message
+
+
+# What the providers' clients (pyarrow's S3, GCS and Azure filesystems) said, as caught from the test servers.
+TRANSIENT_ERRORS = [
+    "When reading information for key 'corpus/a.jsonl' in bucket 'b': AWS Error SLOW_DOWN during GetObject "
+    "operation: Please reduce your request rate.",
+    'google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of {"error": {"code": 503, '
+    '"message": "Backend Error"}}',
+    "google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of PerformWork() - CURL error "
+    "[56]=Failure when receiving data from the peer",
+    "ReadAt failed to read the required byte range. Azure Error: [] Error while reading from network socket. "
+    "CURLE code: 56. Failure when receiving data from the peer",
+    "Azure Error: [ServerBusy] 503 The server is currently unable to receive requests.",
+]
+PERMANENT_ERRORS = [
+    "When reading information for key 'corpus/a.jsonl' in bucket 'b': AWS Error NO_SUCH_KEY during GetObject "
+    "operation: The specified key does not exist.",
+    "AWS Error ACCESS_DENIED during GetObject operation: Access Denied",
+    "google::cloud::Status(NOT_FOUND: Permanent error, with a last message of No such object: b/a.jsonl",
+    "Azure Error: [BlobNotFound] 404 The specified blob does not exist.",
+    "Azure Error: [AuthenticationFailed] 403 Server failed to authenticate the request.",
+]
+
+
+def test_retryable_errors_are_told_from_permanent_ones():
+    from zephon_titan.engine.sources.retry import transient
+
+    assert [transient(OSError(m)) for m in TRANSIENT_ERRORS] == [True] * len(TRANSIENT_ERRORS)
+    assert [transient(OSError(m)) for m in PERMANENT_ERRORS] == [False] * len(PERMANENT_ERRORS)
+    assert not transient(ValueError(TRANSIENT_ERRORS[0]))  # a bug in the reader is never retried
 
 
 def test_a_missing_object_is_not_retried(s3, tmp_path, corpus_dir, tokenizer_dir, caplog):

@@ -31,7 +31,7 @@ MAX_DELAY_S = 4.0
 # curl's errors, Azure's ServerBusy), and a body shorter than the range asked for.
 _TRANSIENT = re.compile(
     r"SLOW_?DOWN|SERVICE_UNAVAILABLE|Service ?Unavailable|INTERNAL_FAILURE|InternalError|THROTTL|TooManyRequests"
-    r"|REQUEST_TIMEOUT|RequestTimeout|NETWORK_CONNECTION|curlCode|Connection reset|reset by peer|Broken pipe"
+    r"|REQUEST_TIMEOUT|RequestTimeout|NETWORK_CONNECTION|CURLE? ?(?:code|error)|\bUNAVAILABLE:|Connection reset|reset by peer|Broken pipe"
     r"|ServerBusy|timed out|HTTP (?:response )?(?:code|status)[: ]+(?:408|429|5\d\d)|\b(?:429|500|502|503|504)\b"
     r"|is cut short|returned [\d,]+ bytes|cannot read row group",
     re.IGNORECASE,
