@@ -67,6 +67,10 @@ class ZephonDataLoader(BaseDataLoader):
         ledger: bool = True
         """Write each step's global-batch SHA-256 to ledger.jsonl beside the checkpoints."""
 
+        # Not a user setting: set by titan/override.py, whose loader runs in a stock trainer and needs
+        # ZephonCheckpointManager (the ledger, the resume checks, the global batch check).
+        checkpointer_required: Annotated[bool, tyro.conf.Suppress] = False
+
     def __init__(
         self,
         config: Config,
@@ -104,6 +108,7 @@ class ZephonDataLoader(BaseDataLoader):
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self.restored: Restored | None = None  # what the last load_state_dict restored
         self.load_sizes: tuple[int, int] | None = None  # set by loader_state.restore() during one DCP load
+        self.checkpointer: Any = None  # the ZephonCheckpointManager that saves and loads this loader, if any
         try:
             self._header().encode()  # fails here, at startup, never at the first save
         except ResumeError:
@@ -136,6 +141,11 @@ class ZephonDataLoader(BaseDataLoader):
         num_sources = len(self.spec.sources)
         announce_workers = False
         if self._group is None:
+            if self.config.checkpointer_required and self.checkpointer is None:
+                raise ConfigError(
+                    "the zephon loader of --override.imports zephon_titan.titan.override.dataloader needs its "
+                    "checkpoint manager: add zephon_titan.titan.override.checkpoint to --override.imports"
+                )
             data = self.config.data
             if self._warm is not None:
                 group, self._warm = self._warm, None
@@ -256,6 +266,11 @@ class ZephonDataLoader(BaseDataLoader):
     def restored_step(self) -> int | None:
         """The step of the state the last load_state_dict restored."""
         return None if self.restored is None else self.restored.step
+
+    @property
+    def steps_done(self) -> int:
+        """Whole steps of rows handed out (restored ones included): the trainer's step, between steps."""
+        return self._steps_done
 
     def state_dict(self) -> dict[str, Any]:
         if self.load_sizes is not None:  # templates for restore()'s DCP load: only the size counts

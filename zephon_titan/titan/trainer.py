@@ -20,13 +20,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torchtitan.components.checkpointer import DATALOADER, MODEL, CheckpointManager
+from torchtitan.components.checkpointer import DATALOADER, MODEL, TRAIN_STATE, CheckpointManager
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from zephon_titan.engine.eval_set import slot_sources
 from zephon_titan.engine.ledger import LedgerWriter
+from zephon_titan.errors import ConfigError
 from zephon_titan.progress import on_terminal
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
@@ -41,6 +42,18 @@ from zephon_titan.titan.source_loss import (
     with_source_loss,
 )
 from zephon_titan.titan.validator import ZephonValidator
+
+
+def check_global_batch(trainer_rows: int, loader_rows: int) -> None:
+    """The trainer's global batch (training.global_batch_size) must be the loader's: TorchTitan accumulates
+    global / (local x DP) microbatches a step and never tells the loader, so a difference would move every
+    step boundary."""
+    if trainer_rows != loader_rows:
+        raise ConfigError(
+            f"training.global_batch_size is {trainer_rows} but the zephon loader was given {loader_rows}: set "
+            f"--training.global_batch_size {loader_rows} (TorchTitan's default, -1, depends on the GPU count), or "
+            "give the loader the trainer's"
+        )
 
 
 def _stock_as(cls: type, config: Any, stock: type) -> Any:
@@ -75,7 +88,11 @@ class ZephonCheckpointManager(CheckpointManager):
     no checkpoint byte runs (`.metadata` through the allow-listed unpickler, bytes entries such as train_state
     weights-only, a `dataloader.*` entry declared as a Python object refused before DCP reads it); with the
     zephon loader, its index checked and its templates sized before DCP runs, and the loader state bound to
-    the trainer's restored step. Loading HF safetensors (model only, no pickle) is TorchTitan's own."""
+    the trainer's restored step. Loading HF safetensors (model only, no pickle) is TorchTitan's own.
+
+    With the zephon loader it also writes each step's ledger line (the trainer saves, or not, after every
+    step: `save` is TorchTitan's per-step hook), so a stock trainer (titan/override.py) keeps one too, and it
+    refuses a trainer whose global batch size is not the loader's before step 1."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -85,6 +102,44 @@ class ZephonCheckpointManager(CheckpointManager):
         @classmethod
         def of(cls, config: CheckpointManager.Config) -> ZephonCheckpointManager.Config:
             return _stock_as(cls, config, CheckpointManager.Config)
+
+    def __init__(self, config: Config, *, dataloader: Any, states: dict[str, Any], base_folder: str = "", **kwargs):
+        # Kept apart from TorchTitan's attributes, which a disabled checkpointer never sets: the ledger is
+        # written whether or not checkpoints are.
+        self._loader = dataloader if isinstance(dataloader, ZephonDataLoader) else None
+        self._trainer: Any = states.get(TRAIN_STATE)
+        self.ledger_path = os.path.join(base_folder, config.folder, "ledger.jsonl")
+        self._ledger: LedgerWriter | None = None
+        super().__init__(config, dataloader=dataloader, states=states, base_folder=base_folder, **kwargs)
+        if self._loader is not None:
+            self._loader.checkpointer = self
+        if self._loader is not None and self._trainer is not None:
+            check_global_batch(self._trainer.config.training.global_batch_size, self._loader.config.global_batch_size)
+
+    def save(self, curr_step: int, last_step: bool = False) -> None:
+        if self._loader is not None and self._trainer is not None and curr_step > 0:
+            self._record_step(self._loader, curr_step)
+        super().save(curr_step, last_step)
+
+    def _record_step(self, loader: ZephonDataLoader, step: int) -> None:
+        """The step's ledger line (a collective over the batch mesh), after checking that the loader handed
+        out exactly this step's rows."""
+        if loader.steps_done != step:
+            raise RuntimeError(
+                f"zephon_titan: the trainer finished step {step} but the loader handed out {loader.steps_done} "
+                "steps of rows: the trainer's batch layout is not the loader's (global batch, local batch, "
+                "pipeline microbatches)"
+            )
+        if not loader.config.ledger:
+            return
+        parallel_dims = self._trainer.parallel_dims
+        group = parallel_dims.get_mesh("batch").get_group() if parallel_dims.dp_enabled else None
+        entry = gather_ledger_entry(loader, step, group, self._trainer.device)
+        if entry is None:
+            return
+        if self._ledger is None:
+            self._ledger = open_ledger(self.ledger_path, resume_step=step - 1)
+        self._ledger.write(entry)
 
     def dcp_save(self, state_dict: dict[str, Any], checkpoint_id: str, *args: Any, **kwargs: Any) -> Any:
         """TorchTitan's save; one that fails on the disk (full, gone) ends the job in one line (save_failure.py).
@@ -136,7 +191,6 @@ class ZephonTrainer(Trainer):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self._ledger: LedgerWriter | None = None
         self._share_base: list[int] | None = None  # global tokens per source at the previous log
         if isinstance(self.dataloader, ZephonDataLoader) and isinstance(self.metrics_processor, ZephonMetricsProcessor):
             self.metrics_processor.extra_metrics = self.token_metrics
@@ -167,7 +221,9 @@ class ZephonTrainer(Trainer):
 
     @property
     def ledger_path(self) -> str:
-        return os.path.join(self.config.dump_folder, self.config.checkpoint.folder, "ledger.jsonl")
+        return os.path.join(
+            self.config.dump_folder, self.config.checkpoint.folder, "ledger.jsonl"
+        )  # as the checkpointer's
 
     def train_step(self, data_iterator):
         if isinstance(self.dataloader, ZephonDataLoader) and self._share_base is None:
@@ -184,8 +240,6 @@ class ZephonTrainer(Trainer):
                 super().train_step(data_iterator)
             finally:
                 self._source_loss.recording = None
-        if isinstance(self.dataloader, ZephonDataLoader) and self.dataloader.config.ledger:
-            self._record_ledger()
 
     def batch_generator(self, data_iterable):
         """TorchTitan's, with each target's source (that of its input token, from the loader's rows) carried in
@@ -197,15 +251,6 @@ class ZephonTrainer(Trainer):
                 self._source_targets += source_token_counts(labels, sources, len(self._source_targets))
                 labels = encode_labels(labels, sources)
             yield input_dict, labels
-
-    def _record_ledger(self) -> None:
-        group = self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
-        entry = gather_ledger_entry(self.dataloader, self.step, group, self.device)
-        if entry is None:
-            return
-        if self._ledger is None:
-            self._ledger = open_ledger(self.ledger_path, resume_step=self.step - 1)
-        self._ledger.write(entry)
 
     def _global_counts(self) -> list[int]:
         """Tokens consumed per source over all lanes, then padding (a sum over the batch mesh)."""
