@@ -90,7 +90,8 @@ def with_loader_of(checkpoint: str, donor: str, target: str) -> None:
 def with_header_edited(checkpoint: str, target: str, edit) -> str:
     """`checkpoint` with its loader header edited and resealed, every lane resealed to it, written to `target`:
     what a writer that knows the format (another version, a bug) could produce."""
-    from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, encode_entry, seal
+    from zephon_titan.engine.resume import HEADER_KEY, seal
+    from zephon_titan.titan.loader_state import decode_entry, encode_entry
 
     entries = load_entries(checkpoint)
     header = decode_entry(entries[f"dataloader.{HEADER_KEY}"], HEADER_KEY)

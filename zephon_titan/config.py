@@ -37,7 +37,7 @@ from typing import Any
 from zephon_titan.errors import ConfigError
 from zephon_titan.urls import refuse_credentials
 
-# Bounds that keep the loader's checkpoint header within its fixed slot (titan/loader_state.py).
+# Bounds that keep the loader's checkpoint header within its fixed slot (engine/resume.py).
 MAX_SOURCES = 200
 MAX_SOURCE_NAME = 64
 MAX_PHASES = 256
@@ -676,7 +676,7 @@ def validate_phases(phases: list[PhaseConfig], names: list[str]) -> None:
     every phase: declared now, it can be given a weight in a later phase when the run is resumed."""
     if not phases:
         return
-    if len(phases) > MAX_PHASES:  # the schedule is kept in the checkpoint header (titan/loader_state.py)
+    if len(phases) > MAX_PHASES:  # the schedule is kept in the checkpoint header (engine/resume.py)
         raise ConfigError(f"[[dataloader.phases]]: {len(phases)} phases, at most {MAX_PHASES} are supported")
     for i, phase in enumerate(phases):
         where = f"[[dataloader.phases]] #{i + 1} (start_step {phase.start_step})"

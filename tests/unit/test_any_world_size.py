@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import rank_rows
+from zephon_titan.engine.resume import HEADER_KEY, lane_key
 from zephon_titan.titan.dataloader import StepRecord, ZephonDataLoader
-from zephon_titan.titan.loader_state import HEADER_KEY, lane_key
 
 SEQ = 32
 

@@ -13,12 +13,13 @@ from helpers import write_job
 from torch.distributed.checkpoint import FileSystemReader
 
 from zephon_titan.cli import main
+from zephon_titan.engine.resume import lane_key
 from zephon_titan.errors import ResumeError
 from zephon_titan.plan import plan_ledger
 from zephon_titan.titan.checkpoint import ALLOWED_GLOBALS, read_checkpoint_metadata, safe_load
 from zephon_titan.titan.data_run import StepCounter
 from zephon_titan.titan.job import load_job
-from zephon_titan.titan.loader_state import decode_entry, lane_key, restore
+from zephon_titan.titan.loader_state import decode_entry, restore
 
 
 @pytest.fixture(scope="module")

@@ -139,18 +139,19 @@ def test_a_short_write_leaves_no_half_line(tmp_path):
 
 
 def test_a_best_fit_run_resumed_from_a_per_window_checkpoint_says_its_mixing_rule(corpus_dir, tokenizer_dir, tmp_path):
-    """A checkpoint saved before per_step mixing existed resumes mixing per window (loader_state.read_state); its
+    """A checkpoint saved before per_step mixing existed resumes mixing per window (engine/resume.read_state); its
     ledger entries say "best_fit_mixing": "per_window", and read back. Control: a per_step run, and wrap, say nothing."""
     from helpers import engine_checkpoint, make_spec
 
     from zephon_titan.engine import fingerprint
     from zephon_titan.engine.ledger import step_mixing
-    from zephon_titan.titan.loader_state import read_state
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.titan.loader_state import Decoded
 
     small = {"packing": "best_fit", "best_fit_window_docs": 8, "num_lanes": 2}
     old = make_spec(corpus_dir, tokenizer_dir, best_fit_mixing="per_window", **small)
     new = make_spec(corpus_dir, tokenizer_dir, **small)
-    resumed = read_state(engine_checkpoint(old, 2), range(2), fingerprint(new)).spec(new)
+    resumed = read_state(Decoded(engine_checkpoint(old, 2)), range(2), fingerprint(new)).spec(new)
     assert step_mixing(resumed) == "per_window"
     assert step_mixing(new) is None and step_mixing(make_spec(corpus_dir, tokenizer_dir, num_lanes=2)) is None
     path = str(tmp_path / "ledger.jsonl")

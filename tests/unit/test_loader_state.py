@@ -10,10 +10,11 @@ from checkpoint_attacks import load_entries, save_entries, with_header_edited
 from helpers import data_table
 
 from zephon_titan.config import config_from_dict
+from zephon_titan.engine.resume import HEADER_KEY, Header, lane_key
 from zephon_titan.errors import ResumeError
 from zephon_titan.titan.data_run import StepCounter
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.loader_state import HEADER_KEY, Header, decode_entry, lane_key, restore
+from zephon_titan.titan.loader_state import Decoded, decode_entry, encode_header, restore
 
 ONE_PHASE = [{"start_step": 1, "weights": {"code": 0.4, "prose": 0.6}}]
 
@@ -74,7 +75,7 @@ def test_a_version_2_header_is_converted_and_resumes(corpus_dir, tokenizer_dir, 
 
 def test_header_round_trip():
     header = Header(3, 16, 4, {"sources": ["a,b", "c"], "num_lanes": "8"})
-    read = Header.from_entry({HEADER_KEY: header.encode()})
+    read = Header.from_entry(Decoded({HEADER_KEY: encode_header(header)}))
     assert read.sources == ["a,b", "c"] and read.step == 4 and read.seal == header.to_entry()["seal"]
 
 

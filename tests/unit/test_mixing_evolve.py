@@ -14,11 +14,12 @@ from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneGroup, LaneState, LaneStream, fingerprint, tally
+from zephon_titan.engine.resume import HEADER_KEY, Header, read_lane, read_state
 from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
 from zephon_titan.plan import packing_note
-from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, read_state
+from zephon_titan.titan.loader_state import Decoded, decode_entry, encode_state
 
 R = 2  # rows per lane per step
 PHASES = [
@@ -149,7 +150,7 @@ def test_a_checkpoint_of_a_per_window_run_resumes_per_window(corpus_dir, tokeniz
     assert all((a == b).all() for a, b in zip(got, planned[3:]))
     # plan --from-checkpoint continues the same way (it reads the state as the loader does).
     spec_new = _spec(corpus_dir, tokenizer_dir, "best_fit", PHASES)
-    restored = read_state(saved, range(4), fingerprint(spec_new))
+    restored = read_state(Decoded(saved), range(4), fingerprint(spec_new))
     assert restored.spec(spec_new).config.best_fit_mixing == "per_window"
     # Negative control: this release's way (a new run of the config) differs in those steps.
     per_step = _engine_steps(spec_new, 7)
@@ -163,7 +164,7 @@ def test_offsets_kept_across_added_sources_survive_the_next_checkpoint(corpus_di
     saved_a = a.state_dict()
     a.close()
     spec_a = _spec(corpus_dir, tokenizer_dir, "wrap", PHASES)  # the same config: the spec stays as it is
-    assert read_state(saved_a, range(4), fingerprint(spec_a)).spec(spec_a) is spec_a
+    assert read_state(Decoded(saved_a), range(4), fingerprint(spec_a)).spec(spec_a) is spec_a
     table_b = _table(corpus_dir, "wrap", [*PHASES, {"start_step": 7, "weights": {"anneal": 1.0}}], anneal=True)
     b = _loader(corpus_dir, tokenizer_dir, table_b)
     b.load_state_dict(saved_a)
@@ -180,16 +181,15 @@ def test_offsets_kept_across_added_sources_survive_the_next_checkpoint(corpus_di
     # Negative control: a damaged record is refused, naming the field.
     header = decode_entry(saved_b[HEADER_KEY], HEADER_KEY)
     assert header["fingerprint"]["mix_phases"]
-    from zephon_titan.titan.loader_state import Header, encode_state, read_lane
-
     fp = dict(header["fingerprint"], mix_phases='{"anneal":"1/4","code":"2","prose":"1/2"}')
     bad_header = Header(header["version"], header["global_batch_size"], header["step"], fp)
     lanes = {
-        lane: read_lane(saved_b, lane, Header.from_entry(saved_b), ["anneal", "code", "prose"]) for lane in range(4)
+        lane: read_lane(Decoded(saved_b), lane, Header.from_entry(Decoded(saved_b)), ["anneal", "code", "prose"])
+        for lane in range(4)
     }
     bad = encode_state(bad_header, lanes, 3)
     with pytest.raises(ResumeError, match="'mix_phases' is damaged"):
-        read_state(bad, range(4), fingerprint(_spec(corpus_dir, tokenizer_dir, "wrap", PHASES, anneal=True)))
+        read_state(Decoded(bad), range(4), fingerprint(_spec(corpus_dir, tokenizer_dir, "wrap", PHASES, anneal=True)))
 
 
 def test_a_best_fit_window_replays_with_its_row_budget_after_a_batch_size_change(corpus_dir, tokenizer_dir):

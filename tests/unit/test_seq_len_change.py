@@ -1,7 +1,7 @@
 """A seq_len change at a resume (issue 29): every step up to the checkpoint is what it was, each lane then goes on
 where it stopped with rows of the new length, and every document's tokens are trained exactly once across the
 change (both packers, both label rules, with phases, longer and shorter rows). The continuation is the one
-`plan --from-checkpoint` predicts (the resume sequence's spec: loader_state.read_state)."""
+`plan --from-checkpoint` predicts (the resume sequence's spec: engine/resume.read_state)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,11 @@ from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneGroup, LaneState, LaneStream, fingerprint
 from zephon_titan.engine.fingerprint import check_fingerprint
 from zephon_titan.engine.ledger import LedgerEntry, step_seq_len
+from zephon_titan.engine.resume import HEADER_KEY, read_state
 from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
-from zephon_titan.titan.loader_state import HEADER_KEY, decode_entry, read_state
+from zephon_titan.titan.loader_state import Decoded, decode_entry
 
 PHASES = [
     {"start_step": 1, "weights": {"code": 0.3, "prose": 0.7}},
@@ -159,7 +160,7 @@ def test_a_resume_with_another_seq_len_continues_as_planned(corpus_dir, tokenize
     assert [s.shape for s in got] == [(4, 128)] * 3
     # plan --from-checkpoint: the resume sequence's spec, from the checkpoint's state.
     spec_128 = _spec(corpus_dir, tokenizer_dir, 128, packing, "document", small=False)
-    restored = read_state(saved, range(2), fingerprint(spec_128))
+    restored = read_state(Decoded(saved), range(2), fingerprint(spec_128))
     assert restored.seq_len_change == "seq_len 32 -> 128 from step 3"
     states = {lane: entry.state for lane, entry in restored.lanes.items()}
     planned = _engine_steps(restored.spec(spec_128), 2, 5, 2, states)
@@ -189,22 +190,22 @@ def test_what_may_change_with_seq_len_and_what_is_refused(corpus_dir, tokenizer_
     spec_32 = _spec(corpus_dir, tokenizer_dir, 32, "wrap", "document", small=False)
     saved = engine_checkpoint(spec_32, 2)
     # The same seq_len: the spec stays the config's (no eras, no seq_lens: checkpoints keep their form).
-    restored = read_state(saved, range(2), fingerprint(spec_32))
+    restored = read_state(Decoded(saved), range(2), fingerprint(spec_32))
     assert restored.spec(spec_32) is spec_32 and not restored.seq_len_change
     # mix_chunk_tokens set: it stays what it is across the change (no note in the line when it follows seq_len).
     table = _table(corpus_dir, "wrap", "document")
     set_16 = make_spec(corpus_dir, tokenizer_dir, seq_len=32, mix_chunk_tokens=16, **table)
     long_16 = make_spec(corpus_dir, tokenizer_dir, seq_len=128, mix_chunk_tokens=16, **table)
-    restored = read_state(engine_checkpoint(set_16, 2), range(2), fingerprint(long_16))
+    restored = read_state(Decoded(engine_checkpoint(set_16, 2)), range(2), fingerprint(long_16))
     assert restored.seq_len_change == "seq_len 32 -> 128 from step 3"
     assert [(e.seq_len, e.chunk) for e in restored.eras] == [(32, 16), (128, 16)]
     # mix_chunk_tokens alone is not a change of the future: refused as before, naming it.
     with pytest.raises(ResumeError, match="mix_chunk_tokens: 32 -> 16"):
-        read_state(saved, range(2), fingerprint(set_16))
+        read_state(Decoded(saved), range(2), fingerprint(set_16))
     # A damaged record of the run's seq_lens is refused in one line (control: the intact one restores above).
     fp = dict(fingerprint(long_16), seq_lens="[[1,32,16],[9,128,16]]")  # a change after the checkpoint's step
     with pytest.raises(ResumeError, match="fingerprint field 'seq_lens' is damaged"):
-        read_state(engine_checkpoint(long_16, 2, fp=fp), range(2), fingerprint(long_16))
+        read_state(Decoded(engine_checkpoint(long_16, 2, fp=fp)), range(2), fingerprint(long_16))
 
 
 @pytest.mark.slow

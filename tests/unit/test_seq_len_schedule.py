@@ -149,11 +149,12 @@ def test_a_scheduled_run_resumes_by_the_resume_sequence_and_refuses_a_new_traini
     from helpers import engine_checkpoint
 
     from zephon_titan.engine import LaneGroup
-    from zephon_titan.titan.loader_state import read_state
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.titan.loader_state import Decoded
 
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, **_table(corpus_dir, "best_fit", "document", 3, (64, 128)))
     saved = engine_checkpoint(spec, 2)  # saved just before the change
-    restored = read_state(saved, range(2), fingerprint(spec))
+    restored = read_state(Decoded(saved), range(2), fingerprint(spec))
     states = {lane: entry.state for lane, entry in restored.lanes.items()}
     resumed = LaneGroup(restored.spec(spec), range(2), 2, states, 2)
     uninterrupted = LaneGroup(spec, range(2), 2)
@@ -168,4 +169,4 @@ def test_a_scheduled_run_resumes_by_the_resume_sequence_and_refuses_a_new_traini
         corpus_dir, tokenizer_dir, seq_len=256, **_table(corpus_dir, "best_fit", "document", 3, (64, 128))
     )
     with pytest.raises(ResumeError, match=r"the job schedules seq_len .* both at once are not supported yet"):
-        read_state(saved, range(2), fingerprint(longer)).spec(longer)
+        read_state(Decoded(saved), range(2), fingerprint(longer)).spec(longer)

@@ -17,9 +17,9 @@ from zephon_titan.config import SourceConfig, config_from_dict
 from zephon_titan.engine import DataError, LaneStream
 from zephon_titan.engine.lane_digests import step_digests
 from zephon_titan.engine.lanes import LaneGroup
+from zephon_titan.engine.resume import HEADER_KEY, lane_key
 from zephon_titan.engine.sources import open_source
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.loader_state import HEADER_KEY, lane_key
 
 
 def _plain_sources(plain):

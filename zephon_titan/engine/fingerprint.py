@@ -265,7 +265,7 @@ def check_fingerprint(
     """Raise ResumeError listing every component that differs (old -> new), except the kinds in `allow`
     (and the mixture and exclusion when `mixture_checked_apart`: check_mixture() and check_exclusion() know the
     checkpoint's step)."""
-    # At a resume the mixing offsets are the checkpoint's and the added sources' (loader_state.read_state).
+    # At a resume the mixing offsets are the checkpoint's and the added sources' (resume.read_state).
     skip = set(allow) | ({*MIXTURE_KEYS, PHASES_KEY, EXCLUDE_KEY} if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
         refuse_removed_sources(source_names(saved), source_names(current))

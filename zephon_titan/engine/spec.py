@@ -109,7 +109,7 @@ class EngineSpec:
 
     def resumed(self, best_fit_mixing: str, phase_offsets: tuple[Fraction, ...] | None) -> EngineSpec:
         """This spec as a resume continues it: with its checkpoint's best_fit_mixing and mixing offsets (a run in
-        progress never changes how it mixes: loader_state.read_state)."""
+        progress never changes how it mixes: resume.read_state)."""
         if phase_offsets == initial_offsets(len(self.sources)):
             phase_offsets = None  # a run's own sources, as a new run of this config has them
         if self.config.packing != "best_fit":

@@ -17,7 +17,7 @@ from zephon_titan.errors import ResumeError
 # 2: cursors gained `offset` (documents are mixed in pieces), rows follow TorchTitan's label rule.
 STATE_VERSION = 2
 # The most seq_len changes a best_fit window may stay open across (LaneState.resized: one count each), so a lane
-# entry keeps its fixed size in the checkpoint (titan/loader_state.py's lane_capacity).
+# entry keeps its fixed size in the checkpoint (engine/resume.py's lane_capacity).
 MAX_RESIZED = 8
 
 

@@ -21,19 +21,11 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig, config_from_dict, short_repr
 from zephon_titan.engine import LaneState, Row, fingerprint, lane_digest, open_lane_group, tally
+from zephon_titan.engine.resume import HEADER_CAPACITY, HEADER_VERSION, Header, LaneEntry, Restored, read_state
 from zephon_titan.engine.spec import weight_notes
 from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-from zephon_titan.titan.loader_state import (
-    HEADER_CAPACITY,
-    HEADER_VERSION,
-    Header,
-    LaneEntry,
-    Restored,
-    encode_state,
-    read_state,
-    templates,
-)
+from zephon_titan.titan.loader_state import Decoded, encode_header, encode_state, templates
 from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.titan.rank_lanes import RankLanes, dp_rank_zero, every_rank, long_tensor
 
@@ -110,7 +102,7 @@ class ZephonDataLoader(BaseDataLoader):
         self.load_sizes: tuple[int, int] | None = None  # set by loader_state.restore() during one DCP load
         self.checkpointer: Any = None  # the ZephonCheckpointManager that saves and loads this loader, if any
         try:
-            self._header().encode()  # fails here, at startup, never at the first save
+            encode_header(self._header())  # fails here, at startup, never at the first save
         except ResumeError:
             phases, sources = len(data.phases), len(data.sources)
             raise ConfigError(
@@ -283,8 +275,8 @@ class ZephonDataLoader(BaseDataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore from a checkpoint's entries for this rank's lanes (loader_state.restore() loads them: DCP
-        calls this), after every check of loader_state.read_state."""
-        restored = read_state(state_dict, self.lane_ids, self.fingerprint, self.config.data.resume_allow)
+        calls this), after every check of engine/resume.read_state."""
+        restored = read_state(Decoded(state_dict), self.lane_ids, self.fingerprint, self.config.data.resume_allow)
         if dp_rank_zero():
             if restored.added:
                 logger.info(
