@@ -1,8 +1,8 @@
-"""docs/configuration.md, written from the config schema (config.py): `python -m zephon_titan.config_docs`.
+"""docs/configuration.md, written from the config schema (config/): `python -m zephon_titan.config_docs`.
 
 Each key's type, default, bounds or choices, whether it shapes the rows and how the eval set treats it
-come from its `setting(...)`; its text is the field's docstring in config.py (read with `ast`). Imports
-nothing but config.py (no torch).
+come from its `setting(...)`; its text is the field's docstring in the module that declares the class
+(config/data.py, sources.py, phases.py; read with `ast`). Imports nothing but config/ (no torch).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ _TYPES = {
 
 
 def docstrings(cls: type) -> dict[str, str]:
-    """The docstring under each field of a class in config.py."""
-    tree = ast.parse(inspect.getsource(config))
+    """The docstring under each field of a class of config/ (read from the module that declares it)."""
+    tree = ast.parse(inspect.getsource(sys.modules[cls.__module__]))
     body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__).body
     out = {}
     for node, after in zip(body, body[1:]):
@@ -111,7 +111,7 @@ def render() -> str:
     lines = [
         "# Configuration",
         "",
-        f"<!-- Generated from zephon_titan/config.py by `{COMMAND}`; edit config.py, not this file. -->",
+        f"<!-- Generated from zephon_titan/config/ by `{COMMAND}`; edit config/, not this file. -->",
         "",
         "Every key of the `[dataloader]` table of a job TOML, its sources and phases, and of the eval set's",
         "`[validator.dataloader]`. A key that **shapes the rows** is in the checkpoint's fingerprint: a resume",

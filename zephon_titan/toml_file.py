@@ -3,7 +3,7 @@
 `[job] extends = "base.toml"` (relative to the file) starts from another file and overrides it
 table by table, so variants of a job (other GPU counts, other mixtures) state only what differs.
 Only regular files of bounded size are read (never a FIFO, a device or a directory), chains are
-bounded and cycles named. The tables' meaning lives above (titan/job.py) and below (config.py).
+bounded and cycles named. The tables' meaning lives above (titan/job.py) and below (config/).
 """
 
 from __future__ import annotations

@@ -82,7 +82,14 @@ def test_layers():
             if e.startswith(("zephon_titan.titan", "zephon_titan.toml_file", "zephon_titan.cli", "zephon_titan.plan"))
         }
         assert not above, f"{module} imports the layers above the engine: {above}"
-    assert not {e for e in graph["zephon_titan.config"] if e.startswith("zephon_titan.engine")}
+    config = {m for m in graph if m == "zephon_titan.config" or m.startswith("zephon_titan.config.")}
+    assert config >= {"zephon_titan.config", "zephon_titan.config.schema", "zephon_titan.config.tables"}
+    for module in config:
+        assert not {e for e in graph[module] if e.startswith("zephon_titan.engine")}, module
+    # Inside config/: the machinery (schema.py) imports no schema module, and no schema module imports the table
+    # reader (tables.py): only the package's __init__ does.
+    assert not {e for e in graph["zephon_titan.config.schema"] if e.startswith("zephon_titan.config")}
+    assert {m for m in config if "zephon_titan.config.tables" in graph[m]} == {"zephon_titan.config"}
     # engine/resume.py (what a checkpoint's loader state means) is not imported by the package: held to it here.
     loaded = _loaded_after("zephon_titan.engine", "zephon_titan.engine.resume")
     assert not loaded & {"torch", "torchtitan", "zephon_titan.titan", "zephon_titan.toml_file"}, loaded

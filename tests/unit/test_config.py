@@ -128,7 +128,8 @@ def test_old_worker_knob_names_are_read_with_a_warning(corpus_dir, tokenizer_dir
 
 @pytest.mark.parametrize("name", ["web,en", "web\nen", "tab\there"])
 def test_a_source_name_the_checkpoint_cannot_hold_is_refused_at_config_time(corpus_dir, tokenizer_dir, name):
-    """The fingerprint lists source names joined by commas: such a name would train, then fail every resume."""
+    """Source names are listed separated by commas in messages, log lines and `init --weights`; a comma or a
+    control character is refused when the config is read (config/sources.py, validate_source)."""
     table = data_table(corpus_dir, tokenizer_dir)
     table["sources"] = {name: table["sources"]["prose"]}
     with pytest.raises(ConfigError, match="a source name may not contain") as e:

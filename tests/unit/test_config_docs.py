@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_the_committed_configuration_page_is_current():
     with open(os.path.join(ROOT, "docs", "configuration.md"), encoding="utf-8") as f:
         committed = f.read()
-    assert committed == render(), f"docs/configuration.md is out of date with config.py; regenerate it: {COMMAND}"
+    assert committed == render(), f"docs/configuration.md is out of date with config/; regenerate it: {COMMAND}"
 
 
 def test_every_key_is_documented_with_its_docstring():

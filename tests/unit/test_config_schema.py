@@ -1,4 +1,4 @@
-"""The config schema (config.py): every field says whether it shapes the rows, and the fingerprint agrees.
+"""The config schema (config/): every field says whether it shapes the rows, and the fingerprint agrees.
 
 For each field, one change from the base job (data_table: code Parquet + prose JSONL) to another valid
 value: a field declared rows=True must change fingerprint(build_engine(...)), a rows=False field must not.
@@ -35,7 +35,7 @@ def test_every_field_declares_whether_it_shapes_the_rows():
         for f in dataclasses.fields(cls)
         if not isinstance(f.metadata.get("setting") and f.metadata["setting"].rows, bool)
     ]
-    assert not undeclared, f"declare each with setting(..., rows=True or False) in config.py: {undeclared}"
+    assert not undeclared, f"declare each with setting(..., rows=True or False) in config/: {undeclared}"
 
 
 class Job:

@@ -159,7 +159,7 @@ def build_engine(
 
     `listings` (source name -> FileBlocks records) skips listing and scanning: worker processes
     get them from the process that built the spec first. The config's values were checked when it was
-    made (config.py)."""
+    made (config/)."""
     require_sources(config)
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
         raise ConfigError(f"seq_len must be an integer >= 1, got {seq_len!r} ([training] seq_len)")

@@ -330,7 +330,7 @@ class ZephonDataLoader(BaseDataLoader):
 
 
 def loader_config(table: Any) -> ZephonDataLoader.Config:
-    """The [dataloader] table: the data settings (config.py) plus the TorchTitan loader's own (`ledger`).
+    """The [dataloader] table: the data settings (config/) plus the TorchTitan loader's own (`ledger`).
     Here, not in job.py, so that it is usable where TorchTitan's trainer cannot import (scripts/gpu_check.py)."""
     if not isinstance(table, dict):
         raise ConfigError(f"[dataloader] must be a table, got {short_repr(table)}")

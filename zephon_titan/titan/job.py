@@ -300,7 +300,7 @@ def _eval_loader_config(
             f"[validator.dataloader] global_batch_size must be an integer in [0, {MAX_GLOBAL_BATCH_SIZE}] (0: "
             f"training's; rows per eval step, held in memory together), got {short_repr(batch)}"
         )
-    # How each [dataloader] key reaches the eval set: the schema's Eval rules (config.py).
+    # How each [dataloader] key reaches the eval set: the schema's Eval rules (config/data.py).
     rules = eval_rules()
     for key in eval_table:
         if rules.get(key, INHERITED).rule == "refused":
@@ -320,7 +320,7 @@ def _eval_loader_config(
         merged.update(sources=held, split="eval")
     try:
         data = config_from_dict(merged)
-        if "packing" in eval_table:  # config.py cannot see the engine's packer registry ([dataloader]'s: at build)
+        if "packing" in eval_table:  # config/ cannot see the engine's packer registry ([dataloader]'s: at build)
             packer_class(data.packing)
     except ConfigError as e:
         raise ConfigError(eval_message(e)) from None

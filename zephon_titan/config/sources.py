@@ -1,0 +1,167 @@
+"""The schema of one source: `[dataloader.sources.<name>]` (SourceConfig), its bounds and its checks.
+
+Its own module because a source is a table of its own: `[validator.dataloader.sources.<name>]` takes the
+same keys, the engine's readers (engine/sources/) take a SourceConfig alone, and a source is checked
+whole when it is made, before the DataConfig that lists it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from zephon_titan.config.schema import check_settings, not_empty, setting, short_repr
+from zephon_titan.errors import ConfigError
+
+# Bounds that keep the loader's checkpoint header within its fixed slot (engine/resume.py).
+MAX_SOURCE_NAME = 64
+MAX_WEIGHT = 1e6
+# The smallest eval_fraction other than 0. engine/split.py holds a document out when the top 53 bits of its
+# hash are below eval_fraction * 2**53, so below 2**-53 (1.1e-16) nothing can ever be held out; at 1e-9 a
+# corpus of a billion documents is expected to hold out one. Anything smaller is a typo (1e-300), not a plan.
+MIN_EVAL_FRACTION = 1e-9
+
+# How the split reaches the fingerprint (sources' eval_fraction; [dataloader] split_seed and split).
+THE_SPLIT = "the split component, present only when some source has an eval_fraction > 0 (else it selects nothing)"
+
+
+def _check_weight(value: float, what: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            f"{what} must be a finite number > 0, got {value}; remove the source to leave it out of the mixture"
+        )
+
+
+def _check_eval_fraction(value: float, what: str) -> None:
+    if 0 < value < MIN_EVAL_FRACTION:
+        raise ConfigError(
+            f"{what} must be 0 (no eval part) or >= {MIN_EVAL_FRACTION:g}, got {value:g} "
+            "(the share of documents held out: this one would hold out none of any real corpus)"
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class SourceConfig:
+    """One named source: its files, text field and share of the mixture."""
+
+    name: str = setting(rows=True, rows_note="the fingerprint lists the sources by name")
+    """Source name (the key of its `[dataloader.sources.<name>]` table)."""
+
+    paths: list[str] = setting(rows=True, rows_note="the files' names, sizes and blocks (and their locations)")
+    """Files or glob patterns (`**` allowed); relative to the job's working directory."""
+
+    weight: float = setting(
+        1.0,
+        rows=True,
+        rows_note="the mixture component (weights normalized over the sources)",
+        bounds=(0.0, MAX_WEIGHT, "weights are relative shares (only ratios matter) and must sum to a finite number"),
+        check=_check_weight,
+    )
+    """Share of tokens in the mixture (normalized over all sources)."""
+
+    text_field: str = setting("text", rows=True, check=not_empty())
+    """JSON field or Parquet column holding the document text."""
+
+    token_field: str = setting("", rows=True, rows_note="Parquet and Lance sources only")
+    """Parquet only: a column of token ids (lists of ints, from this run's tokenizer) used instead
+    of tokenizing text_field; BOS/EOS are still added as configured."""
+
+    format: str = setting(
+        "auto",
+        rows=True,
+        rows_note="the format it resolves to: `auto` and the format it picks are the same rows",
+        check=not_empty('use "auto" or a format name'),
+        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance, megatron, olmo",
+    )
+    """`jsonl`, `parquet`, `lance`, `megatron`, `olmo`, or `auto` (from the file extension; `.lance` for Lance
+    datasets, `.bin` for Megatron indexed datasets: list the `.bin` files, each with its `.idx` beside it;
+    `.npy` for OLMo token files)."""
+
+    block_bytes: int = setting(
+        1 << 20,
+        rows=True,
+        rows_note="JSONL and OLMo sources only",
+        bounds=(1024, 1 << 30, "a block is read into memory, shuffle_window_blocks of them at a time"),
+    )
+    """JSONL and OLMo token files: size of the byte ranges dealt to lanes."""
+
+    block_rows: int = setting(
+        1024,
+        rows=True,
+        rows_note="Lance and Megatron sources only",
+        bounds=(1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
+    )
+    """Lance: rows per block (each fragment is cut into blocks of this many rows). Megatron: documents per
+    block (each `.bin` is cut into blocks of this many documents)."""
+
+    token_dtype: str = setting(
+        "uint16",
+        rows=True,
+        rows_note="OLMo sources only",
+        choices={
+            "uint8": "",
+            "uint16": "OLMo's choice for vocabularies below 65,536 ids",
+            "uint32": "larger vocabularies (dolma2)",
+            "uint64": "",
+        },
+    )
+    """OLMo only: the integer type of the token files (a raw memmap has no header that says it)."""
+
+    eos_token_id: int = setting(
+        -1,
+        rows=True,
+        rows_note="OLMo sources only",
+        bounds=(-1, (1 << 32) - 1, "a token id"),
+    )
+    """OLMo only: the id that ends each document in the token files (the EOS of the tokenizer that wrote
+    them: 50279 for OLMo's GPT-NeoX tokenizer, 100257 for dolma2); -1, unset, is refused for an OLMo source."""
+
+    eval_fraction: float = setting(
+        0.0,
+        rows=True,
+        rows_note=THE_SPLIT,
+        bounds=(0.0, 0.99, "a source held out whole is an eval source: list it in [validator.dataloader.sources]"),
+        check=_check_eval_fraction,
+    )
+    """Share of this source's documents held out for validation, chosen by a keyed hash of each
+    document's file name and row ([dataloader] split_seed): training never reads them, and
+    [validator.dataloader] reads them when it names no sources of its own. 0: none held out;
+    otherwise in [1e-9, 0.99] (MIN_EVAL_FRACTION)."""
+
+    index: str = setting(
+        "",
+        rows=False,
+        rows_note="a cache of the listing: the files' names, sizes and blocks are fingerprinted however listed",
+    )
+    """A manifest of the files and their blocks (JSON; local path or URI). Startup reads it instead
+    of listing the files and reading Parquet footers. Written by `zephon-titan index <job.toml>`, or
+    by the first run that does not find it."""
+
+    def __post_init__(self) -> None:
+        validate_source(self)
+
+
+def validate_source(source: SourceConfig) -> None:
+    """Check one source's values (run once, when the SourceConfig is made)."""
+    where = f"[dataloader.sources.{source.name}]"
+    if not source.name or len(source.name) > MAX_SOURCE_NAME:
+        raise ConfigError(
+            f"{where}: a source name must have 1 to {MAX_SOURCE_NAME} characters, got "
+            f"{len(source.name)}; use a shorter name (it is only a label)"
+        )
+    bad = sorted({c for c in source.name if c == "," or not c.isprintable()})
+    if bad:
+        # Names are written and read as lists separated by commas: the messages and log lines that list
+        # sources (the fingerprint's `sources` in a resume's changes and in `inspect`, "sources: a, b" hints,
+        # the eval set's errors) and `zephon-titan init --weights NAME=W,...`. A comma in a name would make
+        # those lists ambiguous; a control character would break the one-line messages. (The checkpoint
+        # keeps the names as a list since header version 3, engine/resume.py.)
+        raise ConfigError(
+            f"[dataloader.sources.{source.name!r}]: a source name may not contain {', '.join(map(repr, bad))} "
+            "(source names are listed separated by commas, in messages and in init --weights); rename the source, e.g. "
+            f"{''.join('_' if c in bad else c for c in source.name)!r}"
+        )
+    paths = source.paths
+    if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
+        raise ConfigError(f"{where} paths must be a non-empty list of strings, got {short_repr(paths)}")
+    check_settings(source, where)
