@@ -1,5 +1,5 @@
 """The override entry's factories (zephon_titan/titan/override.py) on their own: what they build from a job
-file, and the one-line refusals. The trainer runs are tests/integration/test_override.py."""
+file, and the one-line refusals. The trainer runs are tests/integration/test_stock_recipe.py."""
 
 from __future__ import annotations
 
@@ -65,3 +65,12 @@ def test_a_file_without_the_table_is_one_line(tmp_path):
     path.write_text("[training]\nglobal_batch_size = 8\n")
     with pytest.raises(ConfigError, match=r"nothing.toml.*has no \[dataloader\] table"):
         dataloader(HuggingFaceTextDataLoader.Config(), job=str(path))
+
+
+def test_a_mistake_in_the_table_names_the_file(tmp_path, corpus_dir):
+    """A key misspelled in the job's [dataloader] table: one line naming the file and the key."""
+    path = tmp_path / "typo.toml"
+    path.write_text(TABLE.format(corpus=corpus_dir).replace("num_lanes", "num_lane"))
+    with pytest.raises(ConfigError, match=r"typo.toml: .*num_lane") as e:
+        dataloader(HuggingFaceTextDataLoader.Config(), job=str(path), global_batch_size=8)
+    assert "\n" not in str(e.value)

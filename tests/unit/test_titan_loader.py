@@ -218,3 +218,13 @@ def test_the_loader_warns_at_start_of_exclude_entries_that_match_nothing(corpus_
         "and exclude nothing (first: line 1, nosuch part-0.parquet 3); `zephon-titan validate JOB` names every "
         "entry it cannot find"
     ]
+
+
+def test_a_misspelled_build_argument_is_refused(corpus_dir, tokenizer_dir):
+    """The build arguments are TorchTitan's, by name: a misspelled one (a caller of another TorchTitan version)
+    is an error, not silently dropped; TorchTitan's snapshot_every_n_steps is accepted."""
+    config = _config(corpus_dir, tokenizer_dir)
+    kwargs = dict(dp_world_size=1, dp_rank=0, tokenizer=None, seq_len=SEQ, local_batch_size=2)
+    config.build(**kwargs, snapshot_every_n_steps=10).close()
+    with pytest.raises(TypeError, match="dp_wrld_size"):
+        config.build(**kwargs, dp_wrld_size=2)

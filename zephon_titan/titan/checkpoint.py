@@ -38,6 +38,11 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from zephon_titan.errors import ResumeError
 
+# The checkpoint's keys of the loader state and the trainer's step (TorchTitan's DATALOADER and TRAIN_STATE; here
+# as well so that the torch-only readers, plan and data_run, name them without importing TorchTitan).
+DATALOADER = "dataloader"
+TRAIN_STATE = "train_state"
+
 _DCP_METADATA = "torch.distributed.checkpoint.metadata"
 
 # What a DCP index holds, found by recording every global that real checkpoints' `.metadata` reference
@@ -205,7 +210,7 @@ def safe_load(
     checkpoint_id: str,
     *,
     metadata: Metadata | None = None,
-    tensors_only: Iterable[str] = ("dataloader",),
+    tensors_only: Iterable[str] = (DATALOADER,),
 ) -> Metadata:
     """dcp.load(state_dict, checkpoint_id) without running any checkpoint byte: the index read by the
     allow-listed unpickler (or `metadata`, read so before), each of `tensors_only` that `state_dict`

@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from zephon_titan.engine import validate_batch_layout
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
 from zephon_titan.log_ranks import quiet_other_ranks
+from zephon_titan.titan.checkpoint import DATALOADER, TRAIN_STATE
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.loader_state import restore
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             # The loader's resume sequence (titan/loader_state.restore): no checkpoint byte runs. TorchTitan's
             # own loader (--builtin) stores its state as pickles, which it unpickles itself.
-            states = {"dataloader": loader, "train_state": counter}
+            states = {DATALOADER: loader, TRAIN_STATE: counter}
             restore(states, args.resume, None if args.builtin else loader)
         ledger = open_ledger(args.ledger, resume_step=counter.step) if args.ledger and rank == 0 else None
         batches = iter(loader)
@@ -256,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             if counter.step in args.save_at:
                 path = os.path.join(args.checkpoint, f"step-{counter.step}")
                 try:
-                    dcp.save({"dataloader": loader, "train_state": counter}, checkpoint_id=path)
+                    dcp.save({DATALOADER: loader, TRAIN_STATE: counter}, checkpoint_id=path)
                 except SAVE_ERRORS as e:  # a full or vanished disk: one line, not one DCP traceback per rank
                     raise save_failure(e, path) from None
         steps = max(counter.step - first_step, 1)

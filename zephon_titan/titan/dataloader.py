@@ -72,7 +72,7 @@ class ZephonDataLoader(BaseDataLoader):
         tokenizer: Any,
         seq_len: int,
         local_batch_size: int,
-        **_unused: Any,  # snapshot_every_n_steps: state is always exact, no snapshots needed
+        snapshot_every_n_steps: int | None = None,  # TorchTitan's; the state is always exact, no snapshots needed
     ):
         self.config = config
         data = config.data

@@ -36,11 +36,7 @@ from zephon_titan.engine.resume import (
     read_state,
 )
 from zephon_titan.errors import ResumeError
-from zephon_titan.titan.checkpoint import read_checkpoint_metadata, refuse_objects, safe_load
-
-DATALOADER = "dataloader"  # the checkpoint's key of the loader state (TorchTitan's DATALOADER)
-TRAIN_STATE = "train_state"
-
+from zephon_titan.titan.checkpoint import DATALOADER, TRAIN_STATE, read_checkpoint_metadata, refuse_objects, safe_load
 
 # ---- the entry codec ---------------------------------------------------------------------------
 

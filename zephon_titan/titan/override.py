@@ -67,7 +67,10 @@ def data_loader_config(job: str, global_batch_size: int | None) -> ZephonDataLoa
     document = load_toml(job)
     if "dataloader" not in document:
         raise ConfigError(f"{where}: the file has no [dataloader] table (the loader's sources and settings)")
-    loader = loader_config(document["dataloader"])
+    try:
+        loader = loader_config(document["dataloader"])
+    except ConfigError as e:
+        raise ConfigError(f"{job}: {e}") from None
     if global_batch_size is None:
         training = document.get("training", {})
         global_batch_size = training.get("global_batch_size") if isinstance(training, dict) else None

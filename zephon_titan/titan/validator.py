@@ -81,7 +81,6 @@ class ZephonEvalLoader(BaseDataLoader):
         tokenizer: Any,
         seq_len: int,
         local_batch_size: int,
-        **_unused: Any,
     ):
         self.config = config
         data = config.data
