@@ -107,7 +107,7 @@ def child(args: argparse.Namespace) -> None:
     group.next_step_with_states()
     first, first_cpu = time.perf_counter() - started, time.process_time() - started_cpu
     if args.prefetch:  # as the trainer's loader runs the lanes in process: a thread produces the steps ahead
-        from zephon_titan.titan.prefetch import PrefetchedSteps
+        from zephon_titan.loader.prefetch import PrefetchedSteps
 
         group = PrefetchedSteps(group, 2)
     rows = 0

@@ -11,7 +11,7 @@ tests run on (`MultiThreadedTestCase`): `dist.init_process_group("threaded", ran
 store=<one HashStore>)` in each thread, with a thread-local default group. Collectives are real
 `torch.distributed` calls (all_reduce, gather, broadcast, ...) whose data moves between the threads; the
 checkpoint is real `dcp.save({"dataloader": loader, "train_state": counter})` (one `__<rank>_0.distcp`
-file per rank, the coordinator's `.metadata`), and each resume is `loader_state.restore`, data_run's and
+file per rank, the coordinator's `.metadata`), and each resume is `loader/state.restore`, data_run's and
 the trainer's resume sequence. Each rank consumes its G/W rows of every step, and each step's ledger
 entry is gathered by `gather_ledger_entry` over the world. Every step of every phase must be SHA-256-equal
 to `zephon_titan.plan.plan_ledger` (one process, no ranks); another seed is the negative control.
@@ -53,11 +53,11 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from elastic_scale import write_job  # noqa: E402  (the demo corpus and its job TOML)
 
+from zephon_titan.loader.state import restore  # noqa: E402
 from zephon_titan.plan import plan_ledger  # noqa: E402
 from zephon_titan.titan.data_run import DataJob, StepCounter  # noqa: E402
 from zephon_titan.titan.job import load_job  # noqa: E402
 from zephon_titan.titan.ledger import gather_ledger_entry  # noqa: E402
-from zephon_titan.titan.loader_state import restore  # noqa: E402
 
 
 def peak_rss_mb() -> float:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from zephon_titan.titan.checkpoint import read_checkpoint_metadata, safe_load
+from zephon_titan.loader.checkpoint import read_checkpoint_metadata, safe_load
 
 
 class Payload:
@@ -91,7 +91,7 @@ def with_header_edited(checkpoint: str, target: str, edit) -> str:
     """`checkpoint` with its loader header edited and resealed, every lane resealed to it, written to `target`:
     what a writer that knows the format (another version, a bug) could produce."""
     from zephon_titan.engine.resume import HEADER_KEY, seal
-    from zephon_titan.titan.loader_state import decode_entry, encode_entry
+    from zephon_titan.loader.state import decode_entry, encode_entry
 
     entries = load_entries(checkpoint)
     header = decode_entry(entries[f"dataloader.{HEADER_KEY}"], HEADER_KEY)

@@ -91,7 +91,7 @@ def engine_checkpoint(spec, steps: int, rows: int = 2, fp=None) -> dict:
     """A checkpoint's loader entries after `steps` steps of `spec` (as a loader saves them)."""
     from zephon_titan.engine import LaneGroup, fingerprint
     from zephon_titan.engine.resume import HEADER_VERSION, Header, LaneEntry
-    from zephon_titan.titan.loader_state import encode_state
+    from zephon_titan.loader.state import encode_state
 
     group = LaneGroup(spec, range(spec.num_lanes), rows, None, 0)
     for _ in range(steps):

@@ -32,11 +32,11 @@ from zephon_titan.titan.validator import check_eval_data, eval_message
 def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState], EngineSpec]:
     """(step, lane states, the job's spec as the run continues: mixing as its checkpoint did) from a TorchTitan
     DCP checkpoint folder (e.g. outputs/checkpoint/step-500), by the resume sequence every entry point uses
-    (titan/loader_state.restore): no checkpoint byte runs, the state is checked against the job, and its step
+    (loader/state.restore): no checkpoint byte runs, the state is checked against the job, and its step
     must be the checkpoint's (the train_state's and the folder's)."""
     from zephon_titan.engine import fingerprint
-    from zephon_titan.titan.checkpoint import read_checkpoint_metadata
-    from zephon_titan.titan.loader_state import DATALOADER, PlannedLanes, restore, train_state_template
+    from zephon_titan.loader.checkpoint import read_checkpoint_metadata
+    from zephon_titan.loader.state import DATALOADER, PlannedLanes, restore, train_state_template
 
     metadata = read_checkpoint_metadata(checkpoint)
     lanes = PlannedLanes(range(job.data.num_lanes), fingerprint(job.spec), job.data.resume_allow)

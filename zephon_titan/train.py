@@ -43,7 +43,7 @@ def parse_args(args: list[str], prepare: Callable | None = None) -> Job:
 def check_resume(job: Job) -> None:
     """The checkpoint a resume will load, checked against the job before the model is built (a changed seed,
     other data, a split change: one line in seconds, not after the model and optimizer are built). The
-    loader checks it again when TorchTitan loads it; both use the one resume sequence (loader_state.restore)."""
+    loader checks it again when TorchTitan loads it; both use the one resume sequence (loader/state.restore)."""
     checkpoint = job.checkpoint_to_resume()
     if checkpoint is None:
         return

@@ -7,7 +7,7 @@ import pytest
 from checkpoint_attacks import load_entries, plant_payload, save_entries, with_loader_of
 from conftest import CPU_CONFIG, assert_refused, check, ledger, run_each, torchrun
 
-from zephon_titan.titan.loader_state import decode_entry
+from zephon_titan.loader.state import decode_entry
 
 pytestmark = pytest.mark.integration
 MODULE = "zephon_titan.titan.data_run"

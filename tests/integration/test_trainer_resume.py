@@ -21,8 +21,8 @@ from conftest import (
 
 from zephon_titan.engine.ledger import read_ledger
 from zephon_titan.errors import ResumeError
-from zephon_titan.titan.checkpoint import ALLOWED_GLOBALS
-from zephon_titan.titan.loader_state import decode_entry
+from zephon_titan.loader.checkpoint import ALLOWED_GLOBALS
+from zephon_titan.loader.state import decode_entry
 
 pytestmark = pytest.mark.integration
 STEPS = 6

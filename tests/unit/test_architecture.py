@@ -79,9 +79,27 @@ def test_layers():
         above = {
             e
             for e in graph[module]
-            if e.startswith(("zephon_titan.titan", "zephon_titan.toml_file", "zephon_titan.cli", "zephon_titan.plan"))
+            if e.startswith(
+                (
+                    "zephon_titan.loader",
+                    "zephon_titan.titan",
+                    "zephon_titan.toml_file",
+                    "zephon_titan.cli",
+                    "zephon_titan.plan",
+                )
+            )
         }
         assert not above, f"{module} imports the layers above the engine: {above}"
+    # loader/ (torch, never TorchTitan): what any trainer adapter shares; it imports no adapter and no command.
+    loader = {m for m in graph if m.startswith("zephon_titan.loader")}
+    assert loader >= {"zephon_titan.loader.state", "zephon_titan.loader.rank_lanes", "zephon_titan.loader.checkpoint"}
+    for module in loader:
+        above = {
+            e for e in graph[module] if e.startswith(("zephon_titan.titan", "zephon_titan.cli", "zephon_titan.plan"))
+        }
+        assert not above, f"{module} imports an adapter or a command: {above}"
+    loaded = _loaded_after(*sorted(loader))
+    assert "torch" in loaded and not {m for m in loaded if m.startswith(("torchtitan", "zephon_titan.titan"))}, loaded
     config = {m for m in graph if m == "zephon_titan.config" or m.startswith("zephon_titan.config.")}
     assert config >= {"zephon_titan.config", "zephon_titan.config.schema", "zephon_titan.config.tables"}
     for module in config:

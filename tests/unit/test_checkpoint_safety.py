@@ -1,4 +1,4 @@
-"""No checkpoint byte runs code (titan/checkpoint.py): a `.metadata` payload, an entry that names code and a
+"""No checkpoint byte runs code (loader/checkpoint.py): a `.metadata` payload, an entry that names code and a
 loader entry stored as a Python object are refused in one line before anything runs, each beside a control
 that shows plain DCP runs it; the loader state is bound to the checkpoint's step."""
 
@@ -15,11 +15,11 @@ from torch.distributed.checkpoint import FileSystemReader
 from zephon_titan.cli import main
 from zephon_titan.engine.resume import lane_key
 from zephon_titan.errors import ResumeError
+from zephon_titan.loader.checkpoint import ALLOWED_GLOBALS, read_checkpoint_metadata, safe_load
+from zephon_titan.loader.state import decode_entry, restore
 from zephon_titan.plan import plan_ledger
-from zephon_titan.titan.checkpoint import ALLOWED_GLOBALS, read_checkpoint_metadata, safe_load
 from zephon_titan.titan.data_run import StepCounter
 from zephon_titan.titan.job import load_job
-from zephon_titan.titan.loader_state import decode_entry, restore
 
 
 @pytest.fixture(scope="module")

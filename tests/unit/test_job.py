@@ -13,9 +13,9 @@ from zephon_titan.cli import main
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.resume import HEADER_CAPACITY, HEADER_KEY
 from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.loader.state import restore
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.job import load_job
-from zephon_titan.titan.loader_state import restore
 
 
 def _job(

@@ -146,7 +146,7 @@ def test_a_best_fit_run_resumed_from_a_per_window_checkpoint_says_its_mixing_rul
     from zephon_titan.engine import fingerprint
     from zephon_titan.engine.ledger import step_mixing
     from zephon_titan.engine.resume import read_state
-    from zephon_titan.titan.loader_state import Decoded
+    from zephon_titan.loader.state import Decoded
 
     small = {"packing": "best_fit", "best_fit_window_docs": 8, "num_lanes": 2}
     old = make_spec(corpus_dir, tokenizer_dir, best_fit_mixing="per_window", **small)

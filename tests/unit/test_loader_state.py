@@ -1,4 +1,4 @@
-"""titan/loader_state.py: header version 3 (sources as a list, version 2 converted), and the checks of the
+"""loader/state.py: header version 3 (sources as a list, version 2 converted), and the checks of the
 checkpoint's index that name why a checkpoint cannot load before DCP reads any entry."""
 
 import os
@@ -12,9 +12,9 @@ from helpers import data_table
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.resume import HEADER_KEY, Header, lane_key
 from zephon_titan.errors import ResumeError
+from zephon_titan.loader.state import Decoded, decode_entry, encode_header, restore
 from zephon_titan.titan.data_run import StepCounter
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.loader_state import Decoded, decode_entry, encode_header, restore
 
 ONE_PHASE = [{"start_step": 1, "weights": {"code": 0.4, "prose": 0.6}}]
 

@@ -18,8 +18,8 @@ from zephon_titan.engine.resume import HEADER_KEY, Header, read_lane, read_state
 from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
+from zephon_titan.loader.state import Decoded, decode_entry, encode_state
 from zephon_titan.plan import packing_note
-from zephon_titan.titan.loader_state import Decoded, decode_entry, encode_state
 
 R = 2  # rows per lane per step
 PHASES = [

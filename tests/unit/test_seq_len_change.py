@@ -21,7 +21,7 @@ from zephon_titan.engine.resume import HEADER_KEY, read_state
 from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
-from zephon_titan.titan.loader_state import Decoded, decode_entry
+from zephon_titan.loader.state import Decoded, decode_entry
 
 PHASES = [
     {"start_step": 1, "weights": {"code": 0.3, "prose": 0.7}},

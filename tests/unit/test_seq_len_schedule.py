@@ -150,7 +150,7 @@ def test_a_scheduled_run_resumes_by_the_resume_sequence_and_refuses_a_new_traini
 
     from zephon_titan.engine import LaneGroup
     from zephon_titan.engine.resume import read_state
-    from zephon_titan.titan.loader_state import Decoded
+    from zephon_titan.loader.state import Decoded
 
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, **_table(corpus_dir, "best_fit", "document", 3, (64, 128)))
     saved = engine_checkpoint(spec, 2)  # saved just before the change

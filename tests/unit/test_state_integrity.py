@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.resume import HEADER_KEY, lane_key, seal
 from zephon_titan.errors import ResumeError
+from zephon_titan.loader.state import decode_entry, encode_entry
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.loader_state import decode_entry, encode_entry
 
 SEQ = 32
 

@@ -8,8 +8,8 @@ from torchtitan.components.tokenizer import HuggingFaceTokenizer
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.resume import HEADER_KEY, lane_key
 from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.loader.state import decode_entry
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.loader_state import decode_entry
 
 SEQ = 32
 

@@ -1,6 +1,6 @@
 """What a checkpoint's loader state means and what a resume may change: the header, the lane entries, their
 seals and checks, and the state a resume continues from (`read_state` -> `Restored`). No torch: storing it in
-DCP (JSON text in uint8 tensors) and the resume sequence are titan/loader_state.py's.
+DCP (JSON text in uint8 tensors) and the resume sequence are loader/state.py's.
 
 A checkpoint's loader state is a header (replicated on every rank, stored once) and one entry per lane, each a
 JSON object under its key (HEADER_KEY, lane_key).
@@ -53,8 +53,8 @@ def lane_key(lane_id: int) -> str:
     return f"lane_{lane_id:05d}"
 
 
-# The sizes of the slots the entries are stored in (titan/loader_state.py). DCP reads a tensor only into a
-# template of the saved shape: titan/loader_state.restore sizes the templates from the checkpoint's index, so a
+# The sizes of the slots the entries are stored in (loader/state.py). DCP reads a tensor only into a
+# template of the saved shape: loader/state.restore sizes the templates from the checkpoint's index, so a
 # resume may add sources (bigger lane entries of its own). The header slot is one fixed size, so the first save
 # cannot overflow: it fits config.MAX_SOURCES sources with names of up to config.MAX_SOURCE_NAME characters
 # (enforced when the config is read; test_job encodes the largest header). A lane entry grows with the number
@@ -295,7 +295,7 @@ class Restored:
 
 
 def read_state(state: Mapping[str, Any], lane_ids: Any, current: Fingerprint, allow: Any = ()) -> Restored:
-    """The loader entries of a checkpoint (JSON objects by key; titan/loader_state.Decoded reads them from DCP's
+    """The loader entries of a checkpoint (JSON objects by key; loader/state.Decoded reads them from DCP's
     tensors) for `lane_ids`, checked against this run's fingerprint `current`: header, fingerprint (naming each
     change but `allow`ed kinds), every lane (all at the end of one step), the step, the mixture (only its future
     may change)."""

@@ -42,12 +42,12 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from zephon_titan.engine import validate_batch_layout
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
+from zephon_titan.loader.checkpoint import DATALOADER, TRAIN_STATE
+from zephon_titan.loader.save_failure import SAVE_ERRORS, save_failure
+from zephon_titan.loader.state import restore
 from zephon_titan.log_ranks import quiet_other_ranks
-from zephon_titan.titan.checkpoint import DATALOADER, TRAIN_STATE
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
-from zephon_titan.titan.loader_state import restore
-from zephon_titan.titan.save_failure import SAVE_ERRORS, save_failure
 from zephon_titan.titan.tokenizer import load_hf_tokenizer
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             loader = job.build_loader(world, rank, tokenizer)
         counter = StepCounter()
         if args.resume:
-            # The loader's resume sequence (titan/loader_state.restore): no checkpoint byte runs. TorchTitan's
+            # The loader's resume sequence (loader/state.restore): no checkpoint byte runs. TorchTitan's
             # own loader (--builtin) stores its state as pickles, which it unpickles itself.
             states = {DATALOADER: loader, TRAIN_STATE: counter}
             restore(states, args.resume, None if args.builtin else loader)

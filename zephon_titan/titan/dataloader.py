@@ -3,7 +3,7 @@
 DP rank r of W yields rows [r G/W, (r+1) G/W) of each step's global batch (lane 0's R = G/L rows, then
 lane 1's, ...; engine/lanes.py), cut into microbatches of local_batch_size rows: W may be any divisor of G,
 more than the lanes too. It produces every lane its rows fall on, whole. Its checkpoint state
-(titan/loader_state.py) is one entry per lane it owns (the lane's first row of a step is its own), so every
+(loader/state.py) is one entry per lane it owns (the lane's first row of a step is its own), so every
 lane is saved exactly once, plus a header replicated on every rank; a rank that produces other lanes after a
 resize loads exactly those entries from TorchTitan's DCP checkpoint.
 """
@@ -25,9 +25,10 @@ from zephon_titan.engine.resume import HEADER_CAPACITY, HEADER_VERSION, Header, 
 from zephon_titan.engine.spec import weight_notes
 from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-from zephon_titan.titan.loader_state import Decoded, encode_header, encode_state, templates
-from zephon_titan.titan.prefetch import PrefetchedSteps, StepSource
-from zephon_titan.titan.rank_lanes import RankLanes, dp_rank_zero, every_rank, long_tensor
+from zephon_titan.loader.prefetch import PrefetchedSteps, StepSource
+from zephon_titan.loader.rank_lanes import RankLanes, dp_rank_zero, every_rank, long_tensor
+from zephon_titan.loader.state import Decoded, encode_header, encode_state, templates
+from zephon_titan.titan.tokenizer import loader_tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +84,7 @@ class ZephonDataLoader(BaseDataLoader):
             dp_rank=dp_rank,
             local_batch_size=local_batch_size,
             seq_len=seq_len,
-            trainer_tokenizer=lambda: tokenizer,
+            tokenizer=lambda: loader_tokenizer(data, lambda: tokenizer),
         )
         self.lanes = lanes
         self.spec, self.lane_ids, self.rows_per_lane = lanes.spec, lanes.lane_ids, lanes.rows_per_lane
@@ -99,7 +100,7 @@ class ZephonDataLoader(BaseDataLoader):
             logger.warning(f"zephon_titan: {self.spec.exclusion.unplaced_note}")
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self.restored: Restored | None = None  # what the last load_state_dict restored
-        self.load_sizes: tuple[int, int] | None = None  # set by loader_state.restore() during one DCP load
+        self.load_sizes: tuple[int, int] | None = None  # set by loader/state.restore() during one DCP load
         self.checkpointer: Any = None  # the ZephonCheckpointManager that saves and loads this loader, if any
         try:
             encode_header(self._header())  # fails here, at startup, never at the first save
@@ -152,7 +153,7 @@ class ZephonDataLoader(BaseDataLoader):
                     self._consumed,
                     first_step=self._steps_done,
                 )
-            # In process, a thread produces the next steps while the trainer computes (titan/prefetch.py).
+            # In process, a thread produces the next steps while the trainer computes (loader/prefetch.py).
             if data.num_workers:
                 self._group = group
                 announce_workers = True  # with the first step: the workers report their backend before any rows
@@ -274,7 +275,7 @@ class ZephonDataLoader(BaseDataLoader):
         return encode_state(self._header(), lanes, len(self.spec.sources))
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore from a checkpoint's entries for this rank's lanes (loader_state.restore() loads them: DCP
+        """Restore from a checkpoint's entries for this rank's lanes (loader/state.restore() loads them: DCP
         calls this), after every check of engine/resume.read_state."""
         restored = read_state(Decoded(state_dict), self.lane_ids, self.fingerprint, self.config.data.resume_allow)
         if dp_rank_zero():

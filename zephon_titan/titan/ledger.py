@@ -20,8 +20,8 @@ from zephon_titan.engine.ledger import (
     step_seq_len,
     step_weights,
 )
+from zephon_titan.loader.rank_lanes import digest_table, lane_table
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.rank_lanes import digest_table, lane_table
 
 
 def gather_ledger_entry(

@@ -43,7 +43,7 @@ from zephon_titan.engine.eval_set import (
 from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
+from zephon_titan.loader.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
 from zephon_titan.titan.source_loss import (
     decode_labels,
     encode_labels,
@@ -51,6 +51,7 @@ from zephon_titan.titan.source_loss import (
     source_recorder,
     source_token_counts,
 )
+from zephon_titan.titan.tokenizer import loader_tokenizer
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
 # big (it is then not read and tokenized again); larger sets are produced again every time.
@@ -94,7 +95,7 @@ class ZephonEvalLoader(BaseDataLoader):
                 dp_rank=dp_rank,
                 local_batch_size=local_batch_size,
                 seq_len=seq_len,
-                trainer_tokenizer=lambda: tokenizer,
+                tokenizer=lambda: loader_tokenizer(data, lambda: tokenizer),
             )
         except ConfigError as e:
             raise ConfigError(eval_message(e)) from None

@@ -3,7 +3,7 @@
 DCP's `.metadata` index is a pickle, and DCP's default planner rebuilds every entry stored as bytes
 (any value that is not a tensor) with `torch.load(weights_only=False)`: as shipped, loading a
 checkpoint runs whatever code it names. Every load this project owns (the loader's resume sequence,
-titan/loader_state.restore, used by `plan --from-checkpoint`, data_run and ZephonTrainer) goes through `safe_load`:
+loader/state.restore, used by `plan --from-checkpoint`, data_run and ZephonTrainer) goes through `safe_load`:
 
 - `.metadata` is read by an unpickler that rebuilds only the classes a DCP index holds (ALLOWED_GLOBALS:
   DCP's metadata classes, `torch.Size`, dtypes, layouts, memory formats, the checkpoint's path); any other

@@ -36,7 +36,7 @@ from zephon_titan.engine.resume import (
     read_state,
 )
 from zephon_titan.errors import ResumeError
-from zephon_titan.titan.checkpoint import DATALOADER, TRAIN_STATE, read_checkpoint_metadata, refuse_objects, safe_load
+from zephon_titan.loader.checkpoint import DATALOADER, TRAIN_STATE, read_checkpoint_metadata, refuse_objects, safe_load
 
 # ---- the entry codec ---------------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ def restore(
     states: dict[str, Any], checkpoint_id: str, loader: LaneTarget | None, metadata: Metadata | None = None
 ) -> Metadata:
     """Load `states` (as dcp.load would: Stateful values are restored in place) from a DCP checkpoint, running
-    none of its bytes (titan/checkpoint.py). With `loader` (states' `dataloader`, a zephon_titan loader state):
+    none of its bytes (loader/checkpoint.py). With `loader` (states' `dataloader`, a zephon_titan loader state):
     the index is checked first (check_index: a model-only checkpoint, fewer lanes, entries of another size are
     named before DCP runs), the templates sized from it, and after the load the loader state's step bound to
     the train_state's and the folder's (check_step). Without: any other `dataloader` (TorchTitan's own) loads

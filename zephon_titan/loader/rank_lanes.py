@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import EngineSpec, RankRows, build_engine, rank_rows, validate_batch_layout
-from zephon_titan.titan.tokenizer import loader_tokenizer
+from zephon_titan.engine.tokenize import DocumentTokenizer
 
 T = TypeVar("T")
 
@@ -63,12 +63,13 @@ class RankLanes:
         dp_rank: int,
         local_batch_size: int,
         seq_len: int,
-        trainer_tokenizer: Callable[[], Any],
+        tokenizer: Callable[[], DocumentTokenizer],
     ) -> RankLanes:
-        """The batch layout is checked first (a ConfigError naming the valid sizes), then the sources are
+        """The batch layout is checked first (a ConfigError naming the valid sizes), then the tokenizer is made
+        (`tokenizer()`, the adapter's: the trainer's own, or the job's tokenizer_path) and the sources are
         opened (sizes and footers; no document is read)."""
         rows_per_lane = validate_batch_layout(data.num_lanes, global_batch_size, dp_world_size, local_batch_size)
-        spec = build_engine(data, seq_len, loader_tokenizer(data, trainer_tokenizer))
+        spec = build_engine(data, seq_len, tokenizer())
         return cls(spec, rows_per_lane, rank_rows(data.num_lanes, global_batch_size, dp_world_size, dp_rank))
 
 
