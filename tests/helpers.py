@@ -9,12 +9,11 @@ import signal
 
 from hypothesis import strategies as st
 
-from zephon_titan.config import config_from_dict
-from zephon_titan.engine import LaneStream, build_engine
+from zephon_titan.engine import LaneStream
 from zephon_titan.engine.sources import formats
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
 from zephon_titan.testing import epoch_rows
-from zephon_titan.titan.tokenizer import load_tokenizer
+from zephon_titan.testing import spec_from_table as spec_of
 
 
 def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
@@ -32,15 +31,8 @@ def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
     return table
 
 
-def spec_of(config, seq_len: int):
-    """The engine spec of a DataConfig whose tokenizer_path is set (the tokenizer loaded as every entry
-    point loads it)."""
-    tokenizer = load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos, backend=config.tokenizer_backend)
-    return build_engine(config, seq_len, tokenizer)
-
-
 def make_spec(corpus_dir: str, tokenizer_dir: str, seq_len: int = 64, **overrides):
-    return spec_of(config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides)), seq_len)
+    return spec_of(data_table(corpus_dir, tokenizer_dir, **overrides), seq_len)
 
 
 def rows_digest(rows) -> str:

@@ -7,16 +7,15 @@
   document of every source exactly once: each document, by its (file, row) identity, is tiled by its pieces with
   no gap, overlap or repeat.
 
-Both take an `EngineSpec` (`zephon_titan.engine.build_engine`) over a small corpus in the component's format or
-with its `packing`; a format author::
+Both take an `EngineSpec` (`spec_from_table`, or `zephon_titan.engine.build_engine`) over a small corpus in the
+component's format or with its `packing`; a format author::
 
-    from zephon_titan.testing import assert_each_document_once, assert_restores_exactly
+    from zephon_titan.testing import assert_each_document_once, assert_restores_exactly, spec_from_table
 
     register_format(MY_FORMAT)
-    spec = build_engine(config_from_dict(table), seq_len=64, tokenizer=tokenizer)
-    assert_restores_exactly(spec, lane=0, cut_points=[0, 1, 5, 17])
-    finite = build_engine(config_from_dict({**table, "exhaustion": "redistribute"}), 64, tokenizer)
-    assert_each_document_once(finite)
+    table = {"num_lanes": 4, "seed": 1, "tokenizer_path": "tok/", "sources": {"mine": {"paths": ["data/*.txt"]}}}
+    assert_restores_exactly(spec_from_table(table), lane=0, cut_points=[0, 1, 5, 17])
+    assert_each_document_once(spec_from_table({**table, "exhaustion": "redistribute"}))
 
 Each failure is an AssertionError that names the lane and cut point, or the document (source, file, row).
 """
@@ -27,16 +26,28 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 
+from zephon_titan.config import DataConfig, config_from_dict
 from zephon_titan.engine.feed import Document
 from zephon_titan.engine.packing import Row, RowShape
-from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState
 from zephon_titan.engine.stream import LaneStream, StepClock
 from zephon_titan.errors import LaneExhausted
+from zephon_titan.titan.tokenizer import load_tokenizer
 
-__all__ = ["assert_each_document_once", "assert_restores_exactly", "drain", "epoch_rows"]
+__all__ = ["assert_each_document_once", "assert_restores_exactly", "drain", "epoch_rows", "spec_from_table"]
 
 SpecOrFactory = EngineSpec | Callable[[], EngineSpec]
+
+
+def spec_from_table(table: dict[str, object] | DataConfig, seq_len: int = 64) -> EngineSpec:
+    """The engine spec of a `[dataloader]` table (a dict as in a job file, or a DataConfig) whose `tokenizer_path` is
+    set: the tokenizer loaded as every entry point loads it."""
+    config = table if isinstance(table, DataConfig) else config_from_dict(table)
+    if not config.tokenizer_path:
+        raise ValueError("set tokenizer_path in the table: a spec needs a tokenizer")
+    tokenizer = load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos, backend=config.tokenizer_backend)
+    return build_engine(config, seq_len, tokenizer)
 
 
 def drain(stream: LaneStream) -> list[Row]:
