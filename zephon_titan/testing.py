@@ -3,6 +3,8 @@
 - `assert_restores_exactly`: a lane restored from its JSON state continues with exactly the rows of the
   uninterrupted lane, at every cut point given (the model: Grain's `assert_equal_output_after_checkpoint`,
   torchdata's `run_test_save_load_state`).
+- `assert_same_rows_for_any_layout`: the global batch of each step is the same bytes whatever number of ranks W
+  (dividing the lanes) produce it, each stepping its own lanes.
 - `assert_each_document_once`: over one epoch (`exhaustion = "redistribute"`), the rows of all lanes hold every
   document of every source exactly once: each document, by its (file, row) identity, is tiled by its pieces with
   no gap, overlap or repeat.
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from zephon_titan.config import DataConfig, config_from_dict
 from zephon_titan.engine.feed import Document
+from zephon_titan.engine.lanes import LaneGroup, lanes_of_rank, valid_world_sizes
 from zephon_titan.engine.packing import Row, RowShape
 from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState
@@ -35,7 +38,15 @@ from zephon_titan.engine.stream import LaneStream, StepClock
 from zephon_titan.errors import LaneExhausted
 from zephon_titan.titan.tokenizer import load_tokenizer
 
-__all__ = ["assert_each_document_once", "assert_restores_exactly", "drain", "epoch_rows", "spec_from_table"]
+__all__ = [
+    "assert_each_document_once",
+    "assert_restores_exactly",
+    "assert_same_rows_for_any_layout",
+    "drain",
+    "epoch_rows",
+    "global_batches",
+    "spec_from_table",
+]
 
 SpecOrFactory = EngineSpec | Callable[[], EngineSpec]
 
@@ -187,3 +198,29 @@ def assert_each_document_once(spec: EngineSpec, rows: Iterable[Row] | None = Non
             what = f"its tokens {at}-{slots} are in no row" if at < slots else f"its pieces run to {at}, past its end"
             raise AssertionError(f"document {named([key])} of {slots} tokens: {what}")
     return len(expected)
+
+
+def global_batches(spec: EngineSpec, world_size: int, rows_per_lane: int = 2, steps: int = 4) -> list[list[bytes]]:
+    """Per step, the rows of the global batch (`Row.to_bytes()`) as `world_size` ranks produce them, each stepping its
+    own lanes (`lanes_of_rank`) in one LaneGroup, concatenated in rank order."""
+    groups = [
+        LaneGroup(spec, lanes_of_rank(spec.num_lanes, world_size, rank), rows_per_lane) for rank in range(world_size)
+    ]
+    return [[row.to_bytes() for g in groups for rows in g.next_step() for row in rows] for _ in range(steps)]
+
+
+def assert_same_rows_for_any_layout(
+    spec: EngineSpec, world_sizes: Iterable[int] | None = None, rows_per_lane: int = 2, steps: int = 4
+) -> None:
+    """Each step's global batch is the same for every W in `world_sizes` (default: every divisor of the lanes) as for
+    one rank: rows belong to lanes, never to the ranks that produce them."""
+    reference = global_batches(spec, 1, rows_per_lane, steps)
+    sizes = [w for w in valid_world_sizes(spec.num_lanes) if w > 1] if world_sizes is None else world_sizes
+    for w in sizes:
+        for step, (got, want) in enumerate(zip(global_batches(spec, w, rows_per_lane, steps), reference), start=1):
+            if got != want:
+                i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+                raise AssertionError(
+                    f"W={w}: step {step}'s global batch differs from one rank's at row {i} "
+                    f"(lane {i // rows_per_lane}, its row {i % rows_per_lane} of the step)"
+                )

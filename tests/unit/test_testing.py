@@ -9,8 +9,14 @@ from helpers import make_spec, registered_packer
 
 from zephon_titan.engine import LaneState
 from zephon_titan.engine.feed import DocumentFeed
+from zephon_titan.engine.lanes import LaneGroup
 from zephon_titan.engine.packing import WrapPacker
-from zephon_titan.testing import assert_each_document_once, assert_restores_exactly, epoch_rows
+from zephon_titan.testing import (
+    assert_each_document_once,
+    assert_restores_exactly,
+    assert_same_rows_for_any_layout,
+    epoch_rows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +120,20 @@ def test_each_document_once_names_a_document_a_stream_repeats(monkeypatch, finit
     monkeypatch.setattr(DocumentFeed, "next_document", repeating)
     with pytest.raises(AssertionError, match=rf"document {target} row {row} \(source 'code'\): tokens .* are repeated"):
         assert_each_document_once(finite)
+
+
+def test_layout_check_passes_on_the_engine_and_names_the_first_differing_row(monkeypatch, corpus_dir, tokenizer_dir):
+    spec = make_spec(corpus_dir, tokenizer_dir, seq_len=32, num_lanes=4)
+    assert_same_rows_for_any_layout(spec, steps=2)
+    # Broken on purpose: a rank numbers its lanes from 0 (its rows then depend on the layout).
+    init = LaneGroup.__init__
+
+    def rank_local(self, spec, lane_ids, *args, **kwargs):
+        init(self, spec, range(len(lane_ids)), *args, **kwargs)
+
+    monkeypatch.setattr(LaneGroup, "__init__", rank_local)
+    with pytest.raises(AssertionError, match=r"^W=2: step 1's global batch differs from one rank's at row 4 \(lane 2,"):
+        assert_same_rows_for_any_layout(spec, steps=2)
 
 
 def test_the_module_imports_no_torch():
