@@ -9,11 +9,11 @@ import signal
 
 from hypothesis import strategies as st
 
-from zephon_titan.config import config_from_dict
-from zephon_titan.engine import LaneState, LaneStream, build_engine
+from zephon_titan.engine import LaneStream
 from zephon_titan.engine.sources import formats
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
-from zephon_titan.titan.tokenizer import load_tokenizer
+from zephon_titan.testing import epoch_rows
+from zephon_titan.testing import spec_from_table as spec_of
 
 
 def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
@@ -31,15 +31,8 @@ def data_table(corpus_dir: str, tokenizer_dir: str, **overrides) -> dict:
     return table
 
 
-def spec_of(config, seq_len: int):
-    """The engine spec of a DataConfig whose tokenizer_path is set (the tokenizer loaded as every entry
-    point loads it)."""
-    tokenizer = load_tokenizer(config.tokenizer_path, config.add_bos, config.add_eos, backend=config.tokenizer_backend)
-    return build_engine(config, seq_len, tokenizer)
-
-
 def make_spec(corpus_dir: str, tokenizer_dir: str, seq_len: int = 64, **overrides):
-    return spec_of(config_from_dict(data_table(corpus_dir, tokenizer_dir, **overrides)), seq_len)
+    return spec_of(data_table(corpus_dir, tokenizer_dir, **overrides), seq_len)
 
 
 def rows_digest(rows) -> str:
@@ -49,33 +42,9 @@ def rows_digest(rows) -> str:
     return h.hexdigest()
 
 
-def assert_restores_exactly(spec_factory, lane_id: int, cut: int, after: int) -> None:
-    """Take `cut` rows, snapshot, and check that a fresh engine restored from the JSON state
-    continues with the same `after` rows as the uninterrupted stream."""
-    reference = LaneStream(spec_factory(), lane_id)
-    reference.take(cut)
-    saved = reference.state().to_dict()
-    expected = reference.take(after)
-    restored = LaneStream(spec_factory(), lane_id, LaneState.from_dict(saved))
-    got = restored.take(after)
-    assert [r.to_bytes() for r in got] == [r.to_bytes() for r in expected], f"lane {lane_id} diverged after cut {cut}"
-    assert restored.state() == reference.state()
-
-
 def drain_pieces(spec):
     """Every (piece, row) of every lane of a finite (redistribute) run, lane by lane to exhaustion."""
-    from zephon_titan.engine import LaneExhausted
-
-    pieces = []
-    for lane in range(spec.num_lanes):
-        stream = LaneStream(spec, lane)
-        try:
-            while True:
-                row = stream.next_row()
-                pieces.extend((p, row) for p in row.pieces)
-        except LaneExhausted:
-            pass
-    return pieces
+    return [(p, row) for row in epoch_rows(spec) for p in row.pieces]
 
 
 # What a seq_len change is drawn over (at a resume: test_seq_len_change.py; in the job: test_seq_len_schedule.py):
@@ -99,48 +68,6 @@ def engine_checkpoint(spec, steps: int, rows: int = 2, fp=None) -> dict:
     lanes = {lane: LaneEntry(state, [0] * len(spec.sources), 0) for lane, state in group.state().items()}
     header = Header(HEADER_VERSION, rows * spec.num_lanes, steps, fp or fingerprint(spec))
     return encode_state(header, lanes, len(spec.sources))
-
-
-def drain(stream) -> list:
-    """Every row left in a finite lane stream (exhaustion = "redistribute"), up to its LaneExhausted."""
-    from zephon_titan.engine import LaneExhausted
-
-    rows = []
-    try:
-        while True:
-            rows.append(stream.next_row())
-    except LaneExhausted:
-        return rows
-
-
-def assert_each_document_once(spec, pieces) -> int:
-    """The pieces tile every document of every source exactly once (its tokens, or its (input, label)
-    pairs under labels = "document"); returns the document count."""
-    from collections import defaultdict
-
-    from zephon_titan.engine.feed import Document
-    from zephon_titan.engine.packing import RowShape
-
-    shape = RowShape.of(spec)
-    by_doc = defaultdict(list)
-    for piece, _ in pieces:
-        by_doc[(piece.file, piece.row)].append((piece.doc_offset, piece.length))
-    expected = {}
-    for source in spec.sources:
-        for b in range(source.num_blocks):
-            block = source.read_block(b)
-            for row, tokens in zip(block.rows, spec.tokenizer.encode(block.texts)):
-                slots = shape.piece_slots(Document(0, tokens, block.file, row, 0, len(tokens)))
-                if slots:
-                    expected[(block.file, row)] = slots
-    assert set(by_doc) == set(expected)
-    for key, spans in by_doc.items():
-        at = 0
-        for offset, length in sorted(spans):
-            assert offset == at, (key, spans)
-            at += length
-        assert at == expected[key], key
-    return len(expected)
 
 
 # Real tokenizers that come with the project's shared data (CI has them, a user's clone may not).
@@ -280,6 +207,18 @@ def registered_format(fmt: formats.Format):
         yield fmt
     finally:
         formats._FORMATS.pop(fmt.name, None)
+
+
+@contextlib.contextmanager
+def registered_packer(cls):
+    """`cls` in the packing registry for the duration (as registered_format for formats)."""
+    from zephon_titan.engine import packing
+
+    packing.register_packer(cls)
+    try:
+        yield cls
+    finally:
+        packing._PACKERS.pop(cls.name, None)
 
 
 def read_validation_entries(path: str) -> list[dict]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import assert_each_document_once, drain_pieces, make_spec, rows_digest
+from helpers import make_spec, rows_digest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +19,7 @@ from zephon_titan.engine.eval_set import eval_steps, label_counts
 from zephon_titan.engine.split import held_out, kept
 from zephon_titan.errors import ConfigError
 from zephon_titan.plan import plan_eval_set
+from zephon_titan.testing import assert_each_document_once, epoch_rows
 from zephon_titan.titan.job import load_job
 from zephon_titan.titan.validator import decode_labels, encode_labels
 
@@ -60,20 +61,20 @@ def _split_specs(corpus_dir, tokenizer_dir, split_seed=0, **overrides):
     return train, evaluation
 
 
-def _documents(pieces) -> set[tuple[str, int]]:
-    return {(piece.file, piece.row) for piece, _ in pieces}
+def _documents(rows) -> set[tuple[str, int]]:
+    return {(piece.file, piece.row) for row in rows for piece in row.pieces}
 
 
 @pytest.mark.parametrize("labels", ["document", "stream"])
 def test_training_never_reads_an_eval_document(corpus_dir, tokenizer_dir, labels):
     train, evaluation = _split_specs(corpus_dir, tokenizer_dir, labels=labels)
-    train_pieces, eval_pieces = drain_pieces(train), drain_pieces(evaluation)
-    train_docs, eval_docs = _documents(train_pieces), _documents(eval_pieces)
+    train_rows, eval_rows = epoch_rows(train), epoch_rows(evaluation)
+    train_docs, eval_docs = _documents(train_rows), _documents(eval_rows)
     assert eval_docs and not train_docs & eval_docs
     # Together the two parts are every document of the corpus, each exactly once.
-    assert_each_document_once(train, train_pieces + eval_pieces)
+    assert_each_document_once(train, train_rows + eval_rows)
     # The eval part is what the hash says, whatever lane read it.
-    for piece, _ in eval_pieces:
+    for piece in (p for row in eval_rows for p in row.pieces):
         fraction = 0.2 if piece.file.endswith(".parquet") else 0.1
         assert held_out(0, piece.file, [piece.row], fraction)[0]
 
@@ -82,9 +83,9 @@ def test_another_split_seed_is_another_split(corpus_dir, tokenizer_dir):
     """The negative control: the check above can fail (seed 1's eval documents are trained on by seed 0)."""
     train0, eval0 = _split_specs(corpus_dir, tokenizer_dir, split_seed=0)
     _, eval1 = _split_specs(corpus_dir, tokenizer_dir, split_seed=1)
-    eval0_docs, eval1_docs = _documents(drain_pieces(eval0)), _documents(drain_pieces(eval1))
+    eval0_docs, eval1_docs = _documents(epoch_rows(eval0)), _documents(epoch_rows(eval1))
     assert eval0_docs != eval1_docs
-    assert eval1_docs & _documents(drain_pieces(train0))
+    assert eval1_docs & _documents(epoch_rows(train0))
     assert (
         fingerprint(train0)["split"] != fingerprint(_split_specs(corpus_dir, tokenizer_dir, split_seed=1)[0])["split"]
     )

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from helpers import assert_restores_exactly, data_table, make_spec, within_seconds
+from helpers import data_table, make_spec, within_seconds
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +18,7 @@ from zephon_titan.engine.exclusion import list_digest, parse_list, text_sha256
 from zephon_titan.engine.lanes import LaneGroup
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.testing import assert_restores_exactly
 
 LANES, ROWS, STEPS = 4, 2, 5
 
@@ -127,16 +128,10 @@ def test_a_lane_restores_exactly_around_the_exclusion_step(tmp_path, corpus_dir,
         return excluding  # a spec is immutable: every stream of it starts alike
 
     clock = StepClock(ROWS)
-    for cut in range((k - 2) * ROWS, (k + 1) * ROWS):  # around step k's first row
-        reference = LaneStream(spec(), 1, clock=clock)
-        reference.take(cut)
-        saved = reference.state().to_dict()
-        expected = [r.to_bytes() for r in reference.take(3)]
-        restored = LaneStream(spec(), 1, LaneState.from_dict(saved), clock=clock)
-        assert [r.to_bytes() for r in restored.take(3)] == expected, cut
+    assert_restores_exactly(spec, 1, range((k - 2) * ROWS, (k + 1) * ROWS), rows=3, rows_per_step=ROWS)  # around k
     with pytest.raises(Exception, match="needs the step of its rows"):
         LaneStream(spec(), 0)
-    assert_restores_exactly(lambda: base, 0, 3, 2)  # unchanged without a list
+    assert_restores_exactly(base, 0, [3], rows=2)  # unchanged without a list
     states = []
     stream = LaneStream(spec(), 1, clock=clock)
     for _ in range(STEPS * ROWS):

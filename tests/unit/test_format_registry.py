@@ -4,11 +4,12 @@ the package changes."""
 import os
 
 import pytest
-from helpers import LINES, assert_each_document_once, data_table, drain_pieces, registered_format, spec_of
+from helpers import LINES, data_table, registered_format, spec_of
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.sources import open_source
 from zephon_titan.errors import ConfigError
+from zephon_titan.testing import assert_each_document_once, assert_restores_exactly, epoch_rows
 
 
 @pytest.fixture
@@ -36,9 +37,12 @@ def test_a_registered_format_is_read_like_any_other(lines_format, tmp_path, corp
         config_from_dict(data_table(corpus_dir, tokenizer_dir, sources=sources, exhaustion="redistribute")), 64
     )
     assert spec.sources[0].format_name == "lines" and spec.sources[0].num_blocks == 3
-    pieces = drain_pieces(spec)
-    assert {p.file for p, _ in pieces if p.source == 0} == {os.path.join(folder, f"part-{i}.txt") for i in range(3)}
-    assert assert_each_document_once(spec, pieces) > 0  # every line of every file exactly once, beside JSONL
+    rows = epoch_rows(spec)
+    files = {p.file for row in rows for p in row.pieces if p.source == 0}
+    assert files == {os.path.join(folder, f"part-{i}.txt") for i in range(3)}
+    assert assert_each_document_once(spec, rows) > 0  # every line of every file exactly once, beside JSONL
+    # The checks a format author runs (zephon_titan.testing): exact restore at any row, here in a finite lane too.
+    assert_restores_exactly(spec, 2, [0, 1, 4, 9], rows=3)
 
 
 def test_an_unregistered_format_is_unknown(tmp_path, prose_docs):

@@ -5,12 +5,13 @@ import json
 import os
 import tempfile
 
-from helpers import assert_each_document_once, drain_pieces, spec_of
+from helpers import spec_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import ConfigError, DataError, LaneStream
+from zephon_titan.testing import assert_each_document_once
 
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=300)
 source = st.lists(st.lists(texts, min_size=0, max_size=12), min_size=1, max_size=3)  # files of documents
@@ -62,7 +63,7 @@ def test_random_corpora_and_configs(
             assert "has no data" in str(e), e
             assert any(all(not docs for docs in files) for files in sources)
             return
-        assert_each_document_once(spec, drain_pieces(spec))
+        assert_each_document_once(spec)
 
 
 long_texts = st.text(st.sampled_from("abc xyz\n"), min_size=0, max_size=3000)  # lines of up to ~3 blocks

@@ -1,12 +1,13 @@
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from helpers import make_spec
+from helpers import make_spec, registered_packer
 from hypothesis import given, settings
 
-from zephon_titan.engine import IGNORE_INDEX, LaneExhausted, LaneStream
+from zephon_titan.engine import IGNORE_INDEX, ConfigError, LaneExhausted, LaneStream, fingerprint
 from zephon_titan.engine.feed import Document
-from zephon_titan.engine.packing import Piece, RowShape
+from zephon_titan.engine.packing import Piece, RowShape, WrapPacker
+from zephon_titan.testing import assert_each_document_once, assert_restores_exactly
 
 
 def _piece(offset, n):
@@ -203,3 +204,25 @@ def test_one_token_documents_do_not_end_a_lane(tmp_path, tokenizer_dir, packing)
         while True:
             rows.append(stream.next_row())
     assert [r.inputs[0] for r in rows] == [spec.tokenizer.encode(["0"])[0][0]]
+
+
+class _WrapAgain(WrapPacker):
+    """A packer added through the registry (one class, one `register_packer` line): wrap's rows, its own name."""
+
+    name = "wrap_again"
+
+    @staticmethod
+    def fingerprint(config):
+        return "wrap_again"
+
+
+def test_a_registered_packer_keeps_the_loader_promises(corpus_dir, tokenizer_dir):
+    # What a packer author runs (zephon_titan.testing): exact restore at any row, every document once per epoch.
+    with registered_packer(_WrapAgain):
+        spec = make_spec(corpus_dir, tokenizer_dir, seq_len=64, packing="wrap_again", exhaustion="redistribute")
+        assert isinstance(LaneStream(spec, 0).packer, _WrapAgain)
+        assert_restores_exactly(spec, 1, [0, 1, 2, 7, 20], rows=3)
+        assert assert_each_document_once(spec) > 0
+        assert fingerprint(spec)["packing"] == "wrap_again"
+    with pytest.raises(ConfigError, match="packing must be one of wrap, best_fit, got 'wrap_again'"):
+        LaneStream(spec, 0)  # negative control: unregistered, the name is unknown

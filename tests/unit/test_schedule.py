@@ -16,12 +16,12 @@ from zephon_titan.engine import (
     check_fingerprint,
     check_mixture,
     fingerprint,
-    lanes_of_rank,
     tally,
 )
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ConfigError, ResumeError
+from zephon_titan.testing import assert_restores_exactly, assert_same_rows_for_any_layout
 
 R = 2  # rows per lane per step
 
@@ -123,25 +123,12 @@ def test_each_phase_mixes_its_own_weights_from_its_first_step(corpus_dir, tokeni
 def test_restore_is_exact_at_random_cuts_under_a_schedule(corpus_dir, tokenizer_dir, lane, cut, packing, ramp):
     phases = [TWO_PHASES[0], {**TWO_PHASES[1], "ramp_steps": ramp}, {"start_step": 9, "weights": {"prose": 1}}]
     spec = _spec(corpus_dir, tokenizer_dir, phases=phases, packing=packing, seq_len=24, best_fit_window_docs=8)
-    reference = LaneStream(spec, lane, clock=StepClock(R))
-    reference.take(cut)
-    saved = reference.state().to_dict()
-    assert "mix" in saved
-    expected = reference.take(10)
-    restored = LaneStream(spec, lane, LaneState.from_dict(saved), StepClock(R))
-    assert rows_digest(restored.take(10)) == rows_digest(expected)
-    assert restored.state() == reference.state()
+    assert "mix" in LaneStream(spec, lane, clock=StepClock(R)).state().to_dict()  # the mixer's place is saved
+    assert_restores_exactly(spec, lane, [cut], rows=10, rows_per_step=R)
 
 
-@pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_rows_are_the_same_for_every_world_size(corpus_dir, tokenizer_dir, world):
-    spec = _spec(corpus_dir, tokenizer_dir)
-    everything, _ = _steps(spec, 6)
-    ranks = [_steps(spec, 6, lanes=lanes_of_rank(8, world, r))[0] for r in range(world)]
-    for t in range(6):
-        assert [rows_digest(rows) for rows in everything[t]] == [
-            rows_digest(rows) for rank in ranks for rows in rank[t]
-        ]
+def test_rows_are_the_same_for_every_world_size(corpus_dir, tokenizer_dir):
+    assert_same_rows_for_any_layout(_spec(corpus_dir, tokenizer_dir), rows_per_lane=R, steps=6)  # W = 2, 4, 8
 
 
 def test_a_resume_in_the_middle_continues_by_step(corpus_dir, tokenizer_dir):

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import SEQ_LEN_CHANGE, assert_each_document_once, data_table, drain, engine_checkpoint, make_spec
+from helpers import SEQ_LEN_CHANGE, data_table, engine_checkpoint, make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +22,7 @@ from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
 from zephon_titan.loader.state import Decoded, decode_entry
+from zephon_titan.testing import assert_each_document_once, drain
 
 PHASES = [
     {"start_step": 1, "weights": {"code": 0.3, "prose": 0.7}},
@@ -71,7 +72,7 @@ def test_every_document_is_trained_once_across_a_seq_len_change(
     spec_a = _spec(corpus_dir, tokenizer_dir, a, packing, labels)
     resumed = _spec(corpus_dir, tokenizer_dir, b, packing, labels).continuing_at(spec_a, cut)
     assert [e.start for e in resumed.eras] == [1, cut + 1] and resumed.seq_len == b
-    pieces = []
+    epoch = []
     for lane in range(spec_a.num_lanes):
         before = LaneStream(spec_a, lane, clock=StepClock(r))
         first = before.take(cut * r)  # steps 1..cut: what they were
@@ -85,8 +86,8 @@ def test_every_document_is_trained_once_across_a_seq_len_change(
         assert [x.to_bytes() for x in restored.take(2 * r2)] == [x.to_bytes() for x in expected]
         rest = drain(after)
         assert all(len(x.inputs) == a for x in first) and all(len(x.inputs) == b for x in middle + expected + rest)
-        pieces += [(p, x) for x in first + middle + expected + rest for p in x.pieces]
-    assert_each_document_once(spec_a, pieces)  # every document's tokens (or pairs) once, none skipped
+        epoch += first + middle + expected + rest
+    assert_each_document_once(spec_a, epoch)  # every document's tokens (or pairs) once, none skipped
 
 
 def test_a_window_open_at_the_change_is_packed_again_and_saved_with_resized(corpus_dir, tokenizer_dir):
@@ -110,14 +111,14 @@ def test_a_window_open_at_the_change_is_packed_again_and_saved_with_resized(corp
     # Negative control: the same state resumed without the run's earlier seq_len (the window replayed at 48) trains
     # pieces twice or never.
     plain = _spec(corpus_dir, tokenizer_dir, 48, "best_fit", "document")
-    pieces = [(p, x) for x in before.take(0) for p in x.pieces]
+    epoch = []
     for lane in range(2):
         head = LaneStream(spec_a, lane, clock=StepClock(1))
         rows = head.take(1)
         rows += drain(LaneStream(plain, lane, head.state(), StepClock(1, 1, 1)))
-        pieces += [(p, x) for x in rows for p in x.pieces]
+        epoch += rows
     with pytest.raises(AssertionError):
-        assert_each_document_once(spec_a, pieces)
+        assert_each_document_once(spec_a, epoch)
     # A damaged count is refused in one line.
     bad = LaneState.from_dict({**after.state().to_dict(), "resized": [1, 2, 3]})
     with pytest.raises(ResumeError, match="'resized' has 3 entries for 1 seq_len changes"):

@@ -1,11 +1,12 @@
 """Long sweeps, off by default: `pytest -m slow`."""
 
 import pytest
-from helpers import assert_restores_exactly, make_spec
+from helpers import make_spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.engine import LaneStream, lanes_of_rank, open_lane_group
+from zephon_titan.testing import assert_restores_exactly
 
 pytestmark = pytest.mark.slow
 
@@ -14,8 +15,7 @@ pytestmark = pytest.mark.slow
 def test_restore_at_every_cut(corpus_dir, tokenizer_dir, packing):
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=32, packing=packing, best_fit_window_docs=8)
     for lane in (0, 3, 7):
-        for cut in range(0, 150, 1):
-            assert_restores_exactly(lambda: spec, lane, cut, 3)
+        assert_restores_exactly(spec, lane, range(150), rows=3)
 
 
 # 12 examples: each starts its worker processes once per rank of every divisor (up to 31 groups), which took
