@@ -42,6 +42,7 @@ def cmd_index(args) -> int:
 
 
 def _index_differences(indexed, listed) -> list[str]:
+    """What changed between the index and the files listed now, and how to rebuild it (empty: up to date)."""
     if indexed is None:
         return ["missing (write it with `zephon-titan index CONFIG`)"]
     old, new = {f.path: f for f in indexed}, {f.path: f for f in listed}

@@ -91,11 +91,11 @@ def job_summary(job: Job) -> JobSummary:
     job.check_model_vocab()
     job.check_model_seq_len()
     job.check_seq_len_schedule()
+    spec = job.spec  # opens every source's files
     specials = []
     for name, choice in (("bos", tokenizer.bos), ("eos", tokenizer.eos)):
         token = tokenizer.tokenizer.id_to_token(choice.token_id) if choice.token_id is not None else None
         specials.append(Special(name, token, choice.token_id, choice.reason))
-    spec = job.spec
     return JobSummary(
         path=str(job.path),
         lanes=spec.num_lanes,

@@ -1,7 +1,7 @@
 """What `validate` found, as plain dataclasses, and its text: each section's `lines()` are what it prints.
 
-Kept apart from the computing (validate.py) so that the same findings can be written another way (JSON)
-without reading a job again. Nothing here imports the engine or TorchTitan.
+Kept apart from the computing (validate.py) so that the same findings can be written another way
+(`dataclasses.asdict` gives their JSON form) without reading a job again. Imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class Counts:
 
 @dataclass
 class SourceSummary:
+    """A source's files and blocks, and what counting its documents found."""
+
     name: str
     weight: float
     files: int
@@ -80,7 +82,7 @@ class SourceSummary:
 
     @property
     def all_excluded(self) -> bool:
-        """The exclusion removes every document: a run would stop at its first step with nothing to read."""
+        """The exclusion removes every document: the run would stop at the exclusion's step, with nothing to read."""
         return self.counts is not None and bool(self.counts.documents) and self.counts.excluded == self.counts.documents
 
     def lines(self) -> Iterator[str]:
@@ -125,6 +127,8 @@ class Stage:
 
 @dataclass
 class Schedule:
+    """The mixture schedule over [training] steps, and the seq_len stages within them."""
+
     last_step: int
     phases: list[Phase]
     resting: list[str]  # sources with weight 0 in every phase
@@ -161,6 +165,8 @@ class Missing:
 
 @dataclass
 class Exclusion:
+    """The `[dataloader] exclude` list: how many of its documents the sources hold, and the lines that name none."""
+
     path: str
     from_step: int
     sha256: str
@@ -181,6 +187,8 @@ class Exclusion:
 
 @dataclass
 class EvalSource:
+    """A source of the eval set and the part of its documents the eval set reads."""
+
     name: str
     part: str  # all its documents, or the held-out part
     paths: list[str]
@@ -222,6 +230,8 @@ class WorldSize:
 
 @dataclass
 class WorldSizes:
+    """The data-parallel sizes that can run the job, and each size asked for, checked."""
+
     global_batch: int
     local_batch: int
     lanes: int
