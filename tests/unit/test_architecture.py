@@ -108,6 +108,14 @@ def test_layers():
     # reader (tables.py): only the package's __init__ does.
     assert not {e for e in graph["zephon_titan.config.schema"] if e.startswith("zephon_titan.config")}
     assert {m for m in config if "zephon_titan.config.tables" in graph[m]} == {"zephon_titan.config"}
+    # The command line is the top layer: no module outside cli/ imports it, and inside it no command module
+    # imports the package (the parser and dispatch in cli/__init__.py, which imports them); only __main__ does.
+    cli = {m for m in graph if m == "zephon_titan.cli" or m.startswith("zephon_titan.cli.")}
+    assert cli >= {"zephon_titan.cli", "zephon_titan.cli.validate", "zephon_titan.cli.validate_report"}
+    assert not {m for m in graph if m not in cli and graph[m] & cli}
+    assert {m for m in cli if "zephon_titan.cli" in graph[m]} == {"zephon_titan.cli.__main__"}
+    # validate's findings and their text need nothing of the package: they could be written as JSON anywhere.
+    assert not graph["zephon_titan.cli.validate_report"]
     # engine/resume.py (what a checkpoint's loader state means) is not imported by the package: held to it here.
     loaded = _loaded_after("zephon_titan.engine", "zephon_titan.engine.resume")
     assert not loaded & {"torch", "torchtitan", "zephon_titan.titan", "zephon_titan.toml_file"}, loaded

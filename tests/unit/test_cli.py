@@ -98,9 +98,9 @@ def test_validate_reports_counts_and_world_sizes(tmp_path, corpus_dir, tokenizer
 
 
 def test_validate_suggests_an_index_for_many_files(tmp_path, corpus_dir, tokenizer_dir, capsys, monkeypatch):
-    import zephon_titan.cli as cli
+    from zephon_titan.cli import validate
 
-    monkeypatch.setattr(cli, "INDEX_HINT_FILES", 3)  # the test corpus has 3 files per source
+    monkeypatch.setattr(validate, "INDEX_HINT_FILES", 3)  # the test corpus has 3 files per source
     job = _job(tmp_path, corpus_dir, tokenizer_dir)
     assert main(["validate", job, "--no-count"]) == 0
     out = capsys.readouterr().out

@@ -405,7 +405,8 @@ def test_worker_processes_import_neither_torch_nor_torchtitan(corpus_dir, tokeni
 def test_validate_check_tokenizer_compares_every_document(tmp_path, corpus_dir, tokenizer_dir, capsys):
     from test_cli import _job
 
-    from zephon_titan.cli import _check_tokenizer, main
+    from zephon_titan.cli import main
+    from zephon_titan.cli.check_tokenizer import check_tokenizer
     from zephon_titan.titan.job import load_job
 
     job = _job(tmp_path, corpus_dir, tokenizer_dir)
@@ -414,7 +415,7 @@ def test_validate_check_tokenizer_compares_every_document(tmp_path, corpus_dir, 
     assert "backend: fastokens (a verified configuration; matches tokenizers on" in out
     assert "fastokens and tokenizers give the same ids for all" in out
     # Negative control: a fast tokenizer with one merge removed is caught, naming the file and row.
-    assert _check_tokenizer(load_job(job).spec, fast_json=_broken_json(tokenizer_dir)) == 1
+    assert check_tokenizer(load_job(job).spec, fast_json=_broken_json(tokenizer_dir)) == 1
     assert "first difference: " in capsys.readouterr().out
 
 

@@ -1,0 +1,152 @@
+"""`plan` writes the ledger a run will write (and, with --mixture, each source's share of it); `verify`
+compares two ledgers step by step.
+
+`verify` reads two JSON files and nothing else: it imports neither torch nor TorchTitan (the architecture
+test holds it to that), so what `plan` needs is imported when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from zephon_titan.errors import ZephonError
+
+if TYPE_CHECKING:
+    from zephon_titan.engine.ledger import LedgerEntry
+    from zephon_titan.titan.job import Job
+
+
+def cmd_plan(args) -> int:
+    from zephon_titan.plan import plan_eval_set, plan_ledger
+
+    if args.validation:
+        print(json.dumps(plan_eval_set(args.config), sort_keys=True))
+        if args.steps is None:
+            return 0
+    if args.steps is None:
+        raise ZephonError("plan needs --steps N (the last step to plan), or --validation")
+    entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint, args.procs)
+    if args.mixture:
+        entries = _with_mixture_report(args.config, list(entries), not args.output, args.from_checkpoint)
+    if not args.output:
+        for entry in entries:
+            print(entry.to_json())
+        return 0
+    _write_ledger(entries, args.output, args.steps)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def _write_ledger(entries: Iterable[LedgerEntry], output: str, steps: int) -> None:
+    """Written beside the target and renamed at the end: a plan that fails leaves no file behind."""
+    from zephon_titan.progress import tqdm
+
+    partial = f"{output}.partial"
+    try:
+        with open(partial, "w", encoding="utf-8") as out, tqdm(desc="planning", unit="step", total=steps) as bar:
+            for entry in entries:
+                out.write(entry.to_json() + "\n")
+                bar.update(entry.step - bar.n)  # from a checkpoint, the bar starts at its step
+        os.replace(partial, output)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+
+
+def _with_mixture_report(
+    config: str, entries: list[LedgerEntry], to_stderr: bool, checkpoint: str | None = None
+) -> list[LedgerEntry]:
+    """Print each source's planned share per step against its weight (normalized, and said so)."""
+    from zephon_titan.plan import mixture_report, packing_note, read_checkpoint
+    from zephon_titan.titan.job import load_job
+
+    job = load_job(config)
+    data = job.data
+    out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
+    if note := packing_note(read_checkpoint(checkpoint, job)[2] if checkpoint else job.spec):  # as the run mixes
+        print(note, file=out)
+    if data.phases:
+        _phase_reports(job, entries, out)
+        return entries
+    raw = [s.weight for s in data.sources]
+    weights = [w / sum(raw) for w in raw]
+    if abs(sum(raw) - 1) > 1e-9:
+        given = ", ".join(f"{s.name} {s.weight:g}" for s in data.sources)
+        print(f"weights {given} sum to {sum(raw):g}; normalized: " + ", ".join(f"{w:.4f}" for w in weights), file=out)
+    if entries:
+        print(mixture_report(entries, weights).format(), file=out)
+    return entries
+
+
+def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
+    """Under a schedule: one report per phase, over its steps after its ramp, against its weights."""
+    from zephon_titan.plan import mixture_report
+
+    phases = job.data.phases
+    ends = [p.start_step for p in phases[1:]] + [1 << 62]
+    for i, (phase, end) in enumerate(zip(phases, ends)):
+        steady = [e for e in entries if phase.start_step + phase.ramp_steps <= e.step < end]
+        if not steady:
+            continue
+        weights = list(job.spec.schedule.segment(steady[0].step).weights)
+        ramp = f" (its {phase.ramp_steps} ramp steps left out)" if phase.ramp_steps else ""
+        print(f"phase {i + 1}, from step {phase.start_step}{ramp}:", file=out)
+        print(mixture_report(steady, weights).format(), file=out)
+
+
+def _read(path: str) -> dict[int, LedgerEntry]:
+    from zephon_titan.engine.ledger import read_ledger
+
+    try:
+        return {e.step: e for e in read_ledger(path)}
+    except FileNotFoundError:
+        raise ZephonError(f"ledger {path} does not exist") from None
+    except (ValueError, TypeError) as e:
+        raise ZephonError(f"{path} is not a zephon_titan ledger ({e})") from None
+
+
+# The fields `verify` names when two entries of a step differ.
+_COMPARED = ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded")
+
+
+def cmd_verify(args) -> int:
+    """Every step of either ledger must be in both, with every field equal (--prefix: B may stop early)."""
+    a, b = _read(args.a), _read(args.b)
+    if args.steps:
+        a, b = ({s: e for s, e in x.items() if args.steps[0] <= s <= args.steps[1]} for x in (a, b))
+    if not a or not b:
+        print(f"nothing to compare: {args.a} has steps {_span(a)}, {args.b} has {_span(b)}")
+        return 1
+    for step in sorted(set(a) | set(b)):
+        if step not in b and args.prefix and step > max(b):
+            continue  # B is a run still in progress
+        if step not in a or step not in b:
+            have, lack = (args.a, args.b) if step in a else (args.b, args.a)
+            print(
+                f"first difference at step {step}: {have} has it, {lack} does not "
+                f"({args.a}: steps {_span(a)}, {args.b}: steps {_span(b)})"
+            )
+            return 1
+        if a[step] != b[step]:
+            fields = [f for f in _COMPARED if getattr(a[step], f) != getattr(b[step], f)]
+            print(f"first difference at step {step} ({', '.join(fields)}):")
+            for path, entry in ((args.a, a[step]), (args.b, b[step])):
+                print(
+                    f"  {path}: sha256 {entry.sha256}  rows {entry.rows}  tokens {entry.tokens}  padding {entry.padding}"
+                )
+            return 1
+    steps = sorted(b) if args.prefix else sorted(a)
+    extra = f" ({args.a} goes on to step {max(a)})" if args.prefix and max(a) > max(b) else ""
+    print(
+        f"identical: all {len(steps)} steps ({steps[0]}-{steps[-1]}) have the same global batch SHA-256, rows "
+        f"and tokens{extra}"
+    )
+    return 0
+
+
+def _span(entries: dict) -> str:
+    return f"{min(entries)}-{max(entries)}" if entries else "none"

@@ -1,0 +1,156 @@
+"""`inspect` traces a step's rows back to the files and documents they hold; `where` traces a document
+forward to every step and row that trains it.
+
+Both resolve the job (torch and TorchTitan), so what they need is imported when they run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from zephon_titan.errors import ZephonError
+
+if TYPE_CHECKING:
+    from zephon_titan.engine import LaneState
+    from zephon_titan.titan.job import Job
+
+_PIECE_KEYS = ("source", "file", "doc_tokens", "row_tokens", "text")
+
+
+def _pieces(job: Job, row) -> list[dict]:
+    from zephon_titan.engine.packing import RowShape
+
+    out, at = [], 0
+    if RowShape.of(job.spec).within_document:
+        tokens = row.inputs.tolist()  # a piece's slots are its inputs (each label is the next token)
+    else:  # the row's tokens: the inputs, plus the last label when it is a real token (not padding)
+        tokens = row.inputs.tolist() + ([int(row.labels[-1])] if row.padding == 0 else [])
+    for piece in row.pieces:
+        ids = tokens[at : at + piece.length]
+        out.append(
+            {
+                "source": job.spec.source_names[piece.source],
+                "file": piece.file,
+                job.spec.sources[piece.source].row_unit.replace(" ", "_"): piece.row,
+                "doc_tokens": [piece.doc_offset, piece.doc_offset + piece.length],
+                "row_tokens": [at, at + piece.length],
+                "text": job.spec.tokenizer.decode(ids),
+            }
+        )
+        at += piece.length
+    return out
+
+
+def cmd_inspect(args) -> int:
+    from zephon_titan.titan.job import load_job
+
+    job = load_job(args.config)
+    lanes = [args.lane] if args.lane is not None else list(range(job.spec.num_lanes))
+    for lane in lanes:
+        if not 0 <= lane < job.spec.num_lanes:
+            raise ZephonError(f"--lane must be in [0, {job.spec.num_lanes}), got {lane}")
+    if args.step < 1:
+        raise ZephonError(f"--step counts from 1, got {args.step}")
+    report, spec = _step_rows(job, lanes, args.step, args.from_checkpoint, quiet=args.json)
+    if args.json:
+        json.dump(report, sys.stdout, indent=1)
+        print()
+        return 0
+    if not report:
+        raise ZephonError(f"--step {args.step} is after the end of this finite run: its lanes cannot fill it")
+    print(f"step {args.step}: rows of {report[0]['seq_len']} tokens")
+    if spec.schedule.scheduled:
+        weights = spec.schedule.weights_by_name(args.step)
+        print(
+            f"step {args.step} mixes "
+            + ", ".join(f"{n} {w:g}" for n, w in weights.items())
+            + " (the schedule's weights)"
+        )
+    for item in report:
+        _print_row(item, args.full)
+    return 0
+
+
+def _step_rows(job: Job, lanes: list[int], target: int, checkpoint: str | None, quiet: bool):
+    """Simulate `lanes` up to step `target` and describe its rows (with the spec the step was made under)."""
+    from zephon_titan.engine import open_lane_group
+    from zephon_titan.engine.lanes import group_steps
+    from zephon_titan.plan import read_checkpoint
+    from zephon_titan.progress import tqdm
+
+    r = job.check_layout(1)
+    spec, saved = job.spec, 0
+    states: dict[int, LaneState] = {}
+    if checkpoint:  # the run continues as its checkpoint did (another seq_len, G, schedule), as plan does
+        saved, states, spec = read_checkpoint(checkpoint, job)
+        if target <= saved:
+            raise ZephonError(
+                f"--step {target} is at or before the checkpoint's step {saved}; inspect it without "
+                "--from-checkpoint, with the job file that trained it"
+            )
+    owned = {lane: states[lane] for lane in lanes if lane in states}
+    report: list[dict[str, Any]] = []
+    group = open_lane_group(spec, lanes, r, 0, 2, owned, False, saved)
+    with group, tqdm(desc="simulating", unit="step", total=target - saved, disable=quiet) as bar:
+        for step, rows in group_steps(group, saved, target):
+            bar.update(1)
+            if step < target:
+                continue
+            for lane, lane_rows in zip(lanes, rows):
+                first = (owned[lane].rows if lane in owned else 0) + (step - saved - 1) * r
+                for i, row in enumerate(lane_rows):
+                    report.append(
+                        {
+                            "step": step,
+                            "lane": lane,
+                            "lane_row": first + i,
+                            "batch_row": lane * r + i,
+                            "seq_len": len(row.inputs),
+                            "padding": row.padding,
+                            "pieces": _pieces(job, row),
+                        }
+                    )
+    return report, spec
+
+
+def _print_row(item: dict[str, Any], full: bool) -> None:
+    print(
+        f"step {item['step']} lane {item['lane']} row {item['lane_row']} (row {item['batch_row']} of the global "
+        f"batch), {item['padding']} padding tokens"
+    )
+    for p in item["pieces"]:
+        # The place's key is the source's row unit (row, byte offset, document, token offset).
+        where = next(f"{k.replace('_', ' ')} {v}" for k, v in p.items() if k not in _PIECE_KEYS)
+        start, end = p["row_tokens"]
+        inputs = min(end, item["seq_len"]) - start  # under labels = "stream" the row's last token is a label only
+        text = p["text"] if full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))
+        print(
+            f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
+            f"{where}, document tokens {p['doc_tokens'][0]}-{p['doc_tokens'][1]}"
+        )
+        print(f"      {text!r}")
+
+
+def cmd_where(args) -> int:
+    """Every step and row where a document's pieces are trained; 1 when none is in the steps searched."""
+    from zephon_titan.where import where
+
+    if (args.match is None) == (args.file is None) or (args.file is None) != (args.row is None):
+        raise ZephonError("where needs --file F --row N, or --match TEXT")
+    report = where(args.config, args.source, args.file, args.row, args.match, args.steps, args.from_checkpoint)
+    reached = report.reached()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=1))
+        return 0 if reached else 1
+    span = f"steps {report.first}-{report.last}"
+    if args.match is not None:
+        n = len(report.documents)
+        found = "1 document contains" if n == 1 else f"{n} documents contain"
+        print(f"source {args.source}: {found} {args.match!r}; {len(reached)} in {span}")
+        if not reached:
+            return 1
+        report.documents = reached  # the others are in no step searched: said above
+    print("\n".join(report.lines()))
+    return 0 if reached else 1

@@ -1,0 +1,263 @@
+"""`validate`: resolve a job as the trainer does, read every document, and say what a run would meet.
+
+Each section is worked out here into validate_report.py's dataclasses and printed as soon as it is found, so
+that a long count shows what came before it, and an error (a bad row, an eval set that cannot be built) comes
+after the sections it did not stop.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from zephon_titan.cli.check_tokenizer import check_tokenizer
+from zephon_titan.cli.validate_report import (
+    FINGERPRINT,
+    SOURCES,
+    Counts,
+    EvalSource,
+    Exclusion,
+    JobSummary,
+    Missing,
+    Phase,
+    Schedule,
+    SourceSummary,
+    Special,
+    Stage,
+    ValidateReport,
+    Validation,
+    WorldSize,
+    WorldSizes,
+)
+from zephon_titan.errors import ConfigError, ZephonError
+
+if TYPE_CHECKING:
+    from zephon_titan.titan.job import Job
+
+# Sources with this many files (and no index) get a hint to add one.
+INDEX_HINT_FILES = 1000
+
+
+def _show(lines: Iterable[str]) -> None:
+    for line in lines:
+        print(line)
+
+
+def cmd_validate(args) -> int:
+    from zephon_titan.engine import fingerprint
+    from zephon_titan.engine.fingerprint import component_text
+    from zephon_titan.engine.spec import weight_notes
+    from zephon_titan.titan.job import load_job
+
+    # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
+    # (hf_assets_path), the model's vocabulary, the batch layout; then opens every file.
+    job = load_job(args.config)
+    report = ValidateReport(job=job_summary(job))
+    _show(report.job.lines())
+    job.tokenizer.select_backend(announce=False)  # may refuse tokenizer_backend = "fastokens": after the above
+    report.backend = job.tokenizer.backend_reason
+    _show(report.backend_lines())
+    if args.check_tokenizer:
+        return check_tokenizer(job.spec)
+    print(FINGERPRINT)
+    report.fingerprint = {name: component_text(value) for name, value in fingerprint(job.spec).items()}
+    _show(report.fingerprint_lines())
+    print(SOURCES)
+    report.weight_notes = list(weight_notes(job.data))
+    _show(report.notes_lines())
+    for index in range(len(job.spec.sources)):
+        report.sources.append(source_summary(job, index, count=not args.no_count))
+        _show(report.sources[-1].lines())
+    report.schedule = schedule(job)
+    if report.schedule is not None:
+        _show(report.schedule.lines())
+    report.exclusion = exclusion(job)
+    if report.exclusion is not None:
+        _show(report.exclusion.lines())
+    report.validation = validation(job, count=not args.no_count)
+    _show(report.validation.lines())
+    _show(report.refusal_lines())
+    report.world_sizes = world_sizes(job, args.world_sizes)
+    _show(report.world_sizes.lines())
+    return report.status
+
+
+def job_summary(job: Job) -> JobSummary:
+    """Checks the layout, the tokenizer against the model and the seq_len stages."""
+    rows_per_lane = job.check_layout(1)
+    key, path = job.tokenizer_setting
+    tokenizer = job.tokenizer
+    job.check_model_vocab()
+    job.check_model_seq_len()
+    job.check_seq_len_schedule()
+    spec = job.spec  # opens every source's files
+    specials = []
+    for name, choice in (("bos", tokenizer.bos), ("eos", tokenizer.eos)):
+        token = tokenizer.tokenizer.id_to_token(choice.token_id) if choice.token_id is not None else None
+        specials.append(Special(name, token, choice.token_id, choice.reason))
+    return JobSummary(
+        path=str(job.path),
+        lanes=spec.num_lanes,
+        global_batch=job.global_batch_size,
+        seq_len=spec.seq_len,
+        rows_per_lane=rows_per_lane,
+        tokenizer_key=key,
+        tokenizer_path=os.path.abspath(path),
+        vocab_size=tokenizer.vocab_size,
+        model_vocab=job.model_vocab_size,
+        specials=specials,
+    )
+
+
+def source_summary(job: Job, index: int, count: bool) -> SourceSummary:
+    """A source's files, and with `count` its documents and tokens, read as a lane reads them."""
+    spec = job.spec
+    source, config = spec.sources[index], job.data.sources[index]
+    return SourceSummary(
+        name=source.name,
+        weight=spec.weights[index],
+        files=len(source.files),
+        bytes=sum(f.size for f in source.files),
+        blocks=source.num_blocks,
+        eval_fraction=config.eval_fraction,
+        counts=_count(job, index) if count else None,
+        excluded_from=spec.exclusion.from_step if spec.exclusion is not None else None,
+        index=config.index,
+        index_hint=len(source.files) >= INDEX_HINT_FILES,
+    )
+
+
+def _count(job: Job, index: int) -> Counts:
+    """Reads every block: surfaces bad lines or rows and ids outside the vocabulary, with file and position."""
+    import numpy as np
+
+    from zephon_titan.engine.feed import check_token_ids
+    from zephon_titan.engine.split import held_out
+    from zephon_titan.progress import tqdm
+
+    spec = job.spec
+    source, config = spec.sources[index], job.data.sources[index]
+    counts = Counts(documents=0, tokens=0, excluded=0, held_out=0)
+    for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
+        documents = source.read_block(block)
+        texts = documents.texts  # surfaces bad lines/rows with file and position
+        if source.specials_in_tokens or source.token_field:  # ids outside the vocabulary, as a lane names them
+            for ids, row in zip(texts, documents.rows):
+                check_token_ids(source, np.asarray(ids), documents.file, row, spec.tokenizer.vocab_size)
+        if spec.exclusion is not None:
+            counts.excluded += _excluded_in(spec.exclusion, index, documents)
+        counts.documents += len(texts)
+        counts.tokens += sum(len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens))
+        counts.held_out += int(
+            held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
+        )
+    return counts
+
+
+def _excluded_in(exclusion, index: int, documents) -> int:
+    """How many of a block's documents the exclusion skips (by place, or by the SHA-256 of their text)."""
+    return sum(
+        exclusion.excludes(index, documents.file, row) or exclusion.lists_text(text)
+        for text, row in zip(documents.texts, documents.rows)
+    )
+
+
+def schedule(job: Job) -> Schedule | None:
+    """The phases, each with its steps and the tokens per source it is expected to read (weight x slots)."""
+    if not job.data.phases:
+        return None
+    last = job.config.training.steps
+    starts = [p.start_step for p in job.data.phases] + [last + 1]
+    phases = []
+    for phase, start, end in zip(job.data.phases, starts, starts[1:]):
+        if start > last:
+            phases.append(Phase(start, None))
+            continue
+        steps = range(start, min(end, last + 1))
+        weights = job.spec.schedule.weights_by_name(steps[-1])  # after its ramp
+        expected = {name: 0.0 for name in job.spec.source_names}
+        for step in steps:
+            for name, w in job.spec.schedule.weights_by_name(step).items():
+                expected[name] += w * job.global_batch_size * job.spec.era_of(step).seq_len
+        phases.append(Phase(start, steps[-1], dict(weights), phase.ramp_steps, expected))
+    resting = [n for n in job.spec.source_names if all(p.weights.get(n, 0) <= 0 for p in job.data.phases)]
+    eras = [e for e in job.spec.seq_len_schedule if e.start <= last]
+    ends = [e.start - 1 for e in eras[1:]] + [last]
+    return Schedule(last, phases, resting, [Stage(e.start, end, e.seq_len) for e, end in zip(eras, ends)])
+
+
+def exclusion(job: Job) -> Exclusion | None:
+    """How many documents of the `[dataloader] exclude` list the sources hold, and which they do not."""
+    from zephon_titan.engine.exclusion import missing_entries, parse_list
+
+    spec = job.spec.exclusion
+    if spec is None:
+        return None
+    entries = parse_list(job.data.exclude)
+    missing = missing_entries(entries, list(job.spec.sources))
+    return Exclusion(
+        path=job.data.exclude,
+        from_step=spec.from_step,
+        sha256=spec.digest,
+        listed=len(entries),
+        missing=[Missing(e.line, e.normalized(), why) for e, why in missing],
+    )
+
+
+def validation(job: Job, count: bool) -> Validation:
+    """The eval set, built as the trainer's ZephonEvalLoader builds it; with `count`, its first step too."""
+    from zephon_titan.engine import build_engine, rows_per_lane
+    from zephon_titan.engine.eval_set import eval_steps
+    from zephon_titan.engine.packing import packer_class
+
+    validator = job.config.validator
+    if not validator.enable:
+        return Validation(enabled=False)
+    job.check_eval_layout(1)
+    eval_loader = validator.dataloader
+    data = eval_loader.data
+    from zephon_titan.titan.tokenizer import loader_tokenizer
+    from zephon_titan.titan.validator import eval_message
+
+    try:  # what the trainer's ZephonEvalLoader checks when it is built, named as [validator.dataloader]
+        packer_class(data.packing)
+        spec = build_engine(data, job.seq_len, loader_tokenizer(data, job.trainer_tokenizer))
+    except ConfigError as e:
+        raise ConfigError(f"{job.path}: {eval_message(e)}") from None
+    if count:  # its first step: an eval set without a single row is refused, as the trainer refuses it
+        next(eval_steps(spec, range(data.num_lanes), rows_per_lane(eval_loader.global_batch_size, data.num_lanes), 1))
+    size = "the whole eval set once" if validator.steps == -1 else f"{validator.steps} eval steps"
+    sources = []
+    for source in data.sources:
+        part = f"held-out part (eval_fraction {source.eval_fraction:g}, split_seed {data.split_seed})"
+        sources.append(EvalSource(source.name, part if data.split == "eval" else "all documents", list(source.paths)))
+    return Validation(True, validator.freq, size, eval_loader.global_batch_size, data.num_lanes, sources)
+
+
+def world_sizes(job: Job, asked: list[int]) -> WorldSizes:
+    """The data-parallel sizes that can run the job, and why each size asked for can or cannot."""
+    from zephon_titan.engine import valid_world_sizes
+
+    def misfit(w: int) -> str | None:
+        """Why `w` data-parallel ranks cannot run the job (None: they can)."""
+        try:
+            job.check_layout(w)
+            job.check_eval_layout(w)
+        except ZephonError as e:
+            return str(e).removeprefix(f"{job.path}: ")
+        return None
+
+    usable = [w for w in valid_world_sizes(job.global_batch_size) if misfit(w) is None]
+    checked = []
+    for w in asked:
+        why = misfit(w)
+        rows = job.global_batch_size // w
+        checked.append(WorldSize(w, why, rows, rows // job.local_batch_size if why is None else None))
+    return WorldSizes(
+        global_batch=job.global_batch_size,
+        local_batch=job.local_batch_size,
+        lanes=job.spec.num_lanes,
+        usable=usable,
+        checked=checked,
+    )
