@@ -53,11 +53,11 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 
 from elastic_scale import write_job  # noqa: E402  (the demo corpus and its job TOML)
 
+from zephon_titan.loader.ledger import gather_ledger_entry  # noqa: E402
 from zephon_titan.loader.state import restore  # noqa: E402
 from zephon_titan.plan import plan_ledger  # noqa: E402
 from zephon_titan.titan.data_run import DataJob, StepCounter  # noqa: E402
 from zephon_titan.titan.job import load_job  # noqa: E402
-from zephon_titan.titan.ledger import gather_ledger_entry  # noqa: E402
 
 
 def peak_rss_mb() -> float:

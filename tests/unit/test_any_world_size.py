@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import rank_rows
 from zephon_titan.engine.resume import HEADER_KEY, lane_key
-from zephon_titan.titan.dataloader import StepRecord, ZephonDataLoader
+from zephon_titan.loader.rank_steps import StepRecord
+from zephon_titan.titan.dataloader import ZephonDataLoader
 
 SEQ = 32
 

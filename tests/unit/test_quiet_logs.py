@@ -10,9 +10,9 @@ import os
 import pytest
 
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
+from zephon_titan.loader.ledger import open_ledger
 from zephon_titan.log_ranks import ENV, log_every_rank, quiet_other_ranks
 from zephon_titan.progress import tqdm
-from zephon_titan.titan.ledger import open_ledger
 
 
 def _entry(step: int) -> LedgerEntry:

@@ -43,11 +43,11 @@ from torch.distributed.checkpoint.stateful import Stateful
 from zephon_titan.engine import validate_batch_layout
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
 from zephon_titan.loader.checkpoint import DATALOADER, TRAIN_STATE
+from zephon_titan.loader.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.loader.save_failure import SAVE_ERRORS, save_failure
 from zephon_titan.loader.state import restore
 from zephon_titan.log_ranks import quiet_other_ranks
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.tokenizer import load_hf_tokenizer
 
 if TYPE_CHECKING:

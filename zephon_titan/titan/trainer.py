@@ -28,12 +28,12 @@ from torchtitan.trainer import Trainer
 from zephon_titan.engine.eval_set import slot_sources
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.errors import ConfigError
+from zephon_titan.loader.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.loader.rank_lanes import long_tensor
 from zephon_titan.loader.save_failure import SAVE_ERRORS, save_failure
 from zephon_titan.loader.state import restore
 from zephon_titan.progress import on_terminal
 from zephon_titan.titan.dataloader import ZephonDataLoader
-from zephon_titan.titan.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.titan.source_loss import (
     SourceCrossEntropyLoss,
     encode_labels,

@@ -3,11 +3,11 @@ gives the digests and tokens of the lanes it owns, so every lane counts once for
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 import torch.distributed as dist
-from torchtitan.tools.logging import logger
 
 from zephon_titan.engine import batch_digest
 from zephon_titan.engine.jsonl_log import read_entries
@@ -21,11 +21,13 @@ from zephon_titan.engine.ledger import (
     step_weights,
 )
 from zephon_titan.loader.rank_lanes import digest_table, lane_table
-from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.loader.rank_steps import RankSteps
+
+logger = logging.getLogger()  # TorchTitan's logger is the root logger: the same lines under any adapter
 
 
 def gather_ledger_entry(
-    loader: ZephonDataLoader, step: int, group: dist.ProcessGroup | None, device: torch.device | str = "cpu"
+    loader: RankSteps, step: int, group: dist.ProcessGroup | None, device: torch.device | str = "cpu"
 ) -> LedgerEntry | None:
     """Collective over the DP `group` (None: a single rank). Returns the entry on global rank 0, else None."""
     record = loader.last_step
@@ -45,7 +47,7 @@ def gather_ledger_entry(
     return LedgerEntry.of(
         step,
         sha256,
-        loader.config.global_batch_size,
+        loader.global_batch_size,
         spec.source_names,
         tokens.tolist(),
         weights,
