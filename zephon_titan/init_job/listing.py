@@ -36,10 +36,8 @@ class SourcePlan:
 
     @property
     def sampling(self) -> InitSampling:
-        """How init reads the source's format (its `Format.init`)."""
-        sampling = formats.get_format(self.format, "").init
-        assert sampling is not None, self.format  # a plan is made only for the formats init reads
-        return sampling
+        """How init reads the source's format (its `Format.init`: a plan is made only for the formats init reads)."""
+        return _init_of(formats.get_format(self.format, ""))
 
     @property
     def token_ids(self) -> bool:
@@ -55,6 +53,15 @@ class SourcePlan:
 def file_formats() -> list[formats.Format]:
     """The formats init reads whose paths name files (not dataset directories)."""
     return [f for f in formats.init_formats() if not f.datasets]
+
+
+def _reads_files(fmt: formats.Format | None) -> bool:
+    return fmt is not None and fmt.init is not None and not fmt.datasets
+
+
+def _init_of(fmt: formats.Format) -> InitSampling:
+    assert fmt.init is not None
+    return fmt.init
 
 
 def plan_sources(arguments: list[str]) -> list[SourcePlan]:
@@ -101,10 +108,10 @@ def _registered(path: str) -> formats.Format | None:
 
 def _format(path: str, argument: str) -> str:
     fmt = _registered(path)
-    if fmt is None or fmt not in file_formats():
-        named = [f"{f.init.title} ({', '.join(f.init.endings)})" for f in file_formats() if f.init]
+    if fmt is None or not _reads_files(fmt):
+        named = [f"{_init_of(f).title} ({', '.join(_init_of(f).endings)})" for f in file_formats()]
         listed = f"{', '.join(named[:-1])} or {named[-1]}" if len(named) > 1 else "".join(named)
-        datasets = [e for f in formats.init_formats() if f.datasets and f.init for e in f.init.endings]
+        datasets = [e for f in formats.init_formats() if f.datasets for e in _init_of(f).endings]
         nor = f" (nor a {' or '.join(datasets)} dataset)" if datasets else ""
         raise ConfigError(f"{argument}: {path} is not a {listed} file{nor}; leave it out, or name only the data files")
     return fmt.name
@@ -114,15 +121,13 @@ def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
     """Every data file (of a format init reads) under `directory`: one source per format, one glob per file
     ending."""
     endings: dict[str, set[str]] = {}
-    readable = file_formats()
     for _, _, files in os.walk(directory):
         for file in files:
             fmt = _registered(file)
-            if fmt in readable:
-                assert fmt is not None
+            if fmt is not None and _reads_files(fmt):
                 endings.setdefault(fmt.name, set()).add(max((e for e in fmt.extensions if file.endswith(e)), key=len))
     if not endings:
-        named = ", ".join(e for f in readable if f.init for e in f.init.endings)
+        named = ", ".join(e for f in file_formats() for e in _init_of(f).endings)
         raise ConfigError(f"{directory}: no data file ({named}) under it; name the folder that holds your data files")
     base = name or _name_of(directory)
     return [
