@@ -3,6 +3,7 @@
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -86,6 +87,7 @@ def test_layers():
                     "zephon_titan.toml_file",
                     "zephon_titan.cli",
                     "zephon_titan.plan",
+                    "zephon_titan.init_job",
                 )
             )
         }
@@ -120,6 +122,42 @@ def test_layers():
     loaded = _loaded_after("zephon_titan.engine", "zephon_titan.engine.resume")
     assert not loaded & {"torch", "torchtitan", "zephon_titan.titan", "zephon_titan.toml_file"}, loaded
     assert not {m for m in _loaded_after("zephon_titan.config") if m.startswith("zephon_titan.engine")}
+
+
+def _format_words(source: str) -> set[str]:
+    """The registered formats' names and file endings in `source`'s strings (docstrings aside)."""
+    from zephon_titan.engine.sources import formats
+
+    registered = [formats.get_format(n, "") for n in formats.format_names()]
+    words = {f.name for f in registered} | {e for f in registered for e in f.extensions}
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+        if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    strings = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
+    return {w for text in strings for w in re.findall(r"[\w.]+", text.lower()) if w in words}
+
+
+def test_init_names_no_format():
+    """`zephon-titan init` asks the format registry (each Format's `init` hook, engine/sources/init_sample.py):
+    a new format is its module and one registry line, with no edit to init_job/."""
+    init = {m: p for m, p in _modules().items() if m.startswith("zephon_titan.init_job")}
+    assert len(init) >= 5, init
+    for module, path in init.items():
+        with open(path, encoding="utf-8") as f:
+            assert not _format_words(f.read()), module
+    # Negative control: a branch on a format's name, or a file ending in a message, is seen.
+    assert _format_words('if fmt == "lance":\n    raise ValueError(f"{p} is not a .jsonl.gz file")') == {
+        "lance",
+        ".jsonl.gz",
+    }
 
 
 def test_the_command_line_imports_torch_only_for_the_commands_that_resolve_a_job(tmp_path):

@@ -1,13 +1,16 @@
 """A new source format is one class plus one `register_format` call (helpers.LinesSource, LINES): nothing else in
-the package changes."""
+the package changes; with an `init` hook on its Format, `zephon-titan init` samples its files too."""
 
+import dataclasses
 import os
 
 import pytest
 from helpers import LINES, data_table, registered_format, spec_of
 
+from zephon_titan.cli import main
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine.sources import open_source
+from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample
 from zephon_titan.errors import ConfigError
 from zephon_titan.testing import assert_each_document_once, assert_restores_exactly, epoch_rows
 
@@ -56,3 +59,38 @@ def test_an_unregistered_format_is_unknown(tmp_path, prose_docs):
         ConfigError, match=r"format must be one of auto, jsonl, lance, megatron, olmo, parquet, got 'lines'"
     ):
         open_source(SourceConfig(name="lines", paths=[os.path.join(folder, "*.txt")], format="lines"))
+
+
+def test_init_samples_a_registered_formats_files_through_its_hook(
+    tmp_path, prose_docs, tokenizer_dir, monkeypatch, capsys
+):
+    """The format's module declares how init reads it (Format.init); init's modules are not edited (and name no
+    format: test_architecture.py), yet `zephon-titan init` samples the files through the hook, picks the text
+    column, counts the documents and writes a job that resolves."""
+    folder = _write(tmp_path, prose_docs)
+    sampled = []
+
+    def sample_file(file) -> Sample:  # what a format's module writes: each non-empty line is a document
+        sampled.append(os.path.basename(file.path))
+        with open(file.path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f if line.strip()]
+        return Sample({"text": lines[:SAMPLE_ROWS]}, {}, min(len(lines), SAMPLE_ROWS), len(lines))
+
+    documents = sum(1 for i in range(3) for line in open(os.path.join(folder, f"part-{i}.txt")) if line.strip())
+    monkeypatch.chdir(tmp_path)
+    init = ["init", "lines", "--tokenizer", tokenizer_dir, "--gpus", "1,2", "-o", "job.toml"]
+    with registered_format(dataclasses.replace(LINES, init=InitSampling("Lines", (".txt",), sample_file=sample_file))):
+        assert main(init) == 0
+        said = capsys.readouterr().out
+        (tmp_path / "notes.md").write_text("x")
+        assert main(["init", "notes.md", "--tokenizer", tokenizer_dir, "-o", "other.toml"]) == 2
+        assert "or Lines (.txt) file" in capsys.readouterr().err  # init's messages list the registry's formats
+    assert sampled == ["part-0.txt", "part-1.txt", "part-2.txt"]
+    assert "lines: lines, 3 files, " in said and f"~{documents} documents" in said and "text_field 'text'" in said
+    job = (tmp_path / "job.toml").read_text()
+    assert 'paths = ["lines/**/*.txt"]' in job and 'text_field = "text"' in job and "weight = 1.0" in job
+    # Negative control: the same format without the hook is refused by init (the open path alone is not enough).
+    with registered_format(LINES):
+        assert main([*init, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert "lines: no data file (.jsonl, " in err and ".txt" not in err

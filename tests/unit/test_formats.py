@@ -168,7 +168,7 @@ def test_an_index_naming_a_missing_lance_fragment_is_one_line(tmp_path, plain, c
 def test_a_dictionary_encoded_text_column_equals_plain_strings(tmp_path, code_docs, corpus_dir, tokenizer_dir):
     """Arrow writers keep low-cardinality string columns dictionary-encoded: the same texts, the same rows (it was
     refused as "expected a string", and init found "no string column"); `init` picks it as the text column."""
-    from zephon_titan.init_job import _string_columns
+    from zephon_titan.engine.sources.init_sample import string_columns as _string_columns
 
     docs = code_docs[:30] + code_docs[:10]  # repeats: what a dictionary is for
     os.makedirs(tmp_path / "plain")

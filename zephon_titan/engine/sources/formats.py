@@ -3,7 +3,8 @@
 
 A format says which file names it reads under `format = "auto"`, how to open a source from its
 listed files (or index records), and how to check an index record's block count against its
-size, so a doctored index cannot drop documents or read past a file's end.
+size, so a doctored index cannot drop documents or read past a file's end; and, optionally, how
+`zephon-titan init` samples its files (`init`, sources/init_sample.py): init asks the registry, never a name.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.init_sample import InitSampling
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.errors import ConfigError
 
@@ -44,6 +46,9 @@ class Format:
     list_datasets: Callable[[str, list[str]], list[str]] | None = None
     """(source name, patterns) -> dataset names, for `datasets` formats."""
 
+    init: InitSampling | None = None
+    """How `zephon-titan init` reads a source of this format (None: init refuses its files)."""
+
 
 _FORMATS: dict[str, Format] = {}
 
@@ -57,6 +62,11 @@ def register_format(fmt: Format) -> Format:
 
 def format_names() -> list[str]:
     return sorted(_FORMATS)
+
+
+def init_formats() -> list[Format]:
+    """The formats `zephon-titan init` reads (those with an `init` hook), in registration order."""
+    return [fmt for fmt in _FORMATS.values() if fmt.init is not None]
 
 
 def get_format(name: str, where: str) -> Format:

@@ -27,8 +27,9 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, LazyTexts, Listing, Source
 from zephon_titan.engine.sources.formats import Format
+from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample
 from zephon_titan.engine.sources.storage import FileStat
-from zephon_titan.errors import DataError
+from zephon_titan.errors import ConfigError, DataError
 
 # The line crossing a block's end is completed in reads of this size, so a block costs at
 # most block_bytes + 1 + (its last line's tail rounded up to this) bytes of requests.
@@ -291,6 +292,61 @@ def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     return "block_rows must be empty for JSONL (its blocks are byte ranges)" if f.block_rows else ""
 
 
+INIT_SAMPLE_BYTES = 1 << 20  # bytes of JSONL parsed per file init samples
+INIT_COUNT_BYTES = 16 << 20  # bytes of a file (compressed) whose lines init counts; the rest is scaled from them
+
+
+def _init_sample(file: FileStat) -> Sample:
+    """The first lines (INIT_SAMPLE_BYTES, or up to the end of the first line) parsed; the file's lines counted.
+    A handle of its own: the sample reads it as a stream and closes it (a shared, cached one would be left
+    closed, or at another position, for the next reader in this process)."""
+    with storage.open_own_file(file.path) as handle:
+        codec = _compression(file.path)
+        stream = pa.CompressedInputStream(handle, codec) if codec else handle
+        data, whole = b"", False
+        while not whole and (len(data) < INIT_SAMPLE_BYTES or b"\n" not in data) and len(data) < 64 * INIT_SAMPLE_BYTES:
+            chunk = stream.read(INIT_SAMPLE_BYTES)
+            data, whole = data + chunk, not chunk
+        lines = data.split(b"\n")
+        if not whole:
+            lines.pop()  # the line the last read cut off
+        records = [_record(line, file.path, n) for n, line in enumerate(lines, 1) if line.strip()]
+        documents = len(records) if whole else _count_lines(stream, handle, data.count(b"\n"), file.size)
+    texts: dict[str, list[str]] = {}
+    others: dict[str, str] = {}
+    for record in records[:SAMPLE_ROWS]:
+        for key, value in record.items():
+            if isinstance(value, str):
+                texts.setdefault(key, []).append(value)
+            else:
+                others.setdefault(key, type(value).__name__)
+    read = min(len(records), SAMPLE_ROWS)
+    others.update({k: "not a string in every line" for k, v in texts.items() if len(v) < read})
+    return Sample({k: v for k, v in texts.items() if len(v) == read}, others, read, documents)
+
+
+def _count_lines(stream: pa.NativeFile, handle: pa.NativeFile, seen: int, size: int) -> float:
+    """The lines of a file `seen` of which were read: counted to its end within INIT_COUNT_BYTES of `handle`
+    (the file's own bytes, compressed or not), else scaled from the bytes read."""
+    last = b"\n"
+    while handle.tell() < INIT_COUNT_BYTES:
+        chunk = stream.read(INIT_SAMPLE_BYTES)
+        if not chunk:
+            return seen + (last != b"\n")  # a last line without a newline is a line too
+        seen, last = seen + chunk.count(b"\n"), chunk[-1:]
+    return float(seen * size / handle.tell())  # tell() is untyped
+
+
+def _record(line: bytes, path: str, number: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} line {number}: not valid JSON ({e}); fix the line or leave the file out") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"{path} line {number}: a JSON {type(record).__name__}, expected an object per line")
+    return record
+
+
 JSONL = Format(
     name="jsonl",
     extensions=tuple(f"{ext}{z}" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")),
@@ -299,4 +355,5 @@ JSONL = Format(
     ),
     check_record=_check_record,
     index_keys=("block_bytes",),
+    init=InitSampling("JSONL", (".jsonl", ".jsonl.gz", ".jsonl.zst"), sample_file=_init_sample),
 )

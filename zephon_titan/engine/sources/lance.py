@@ -16,11 +16,14 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs
 
+import pyarrow as pa
+
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.guards import refuse_credentials_in_path
+from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample, columns_sample, string_columns
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions, is_uri, s3_endpoint
 from zephon_titan.errors import ConfigError, DataError
 
@@ -181,6 +184,18 @@ def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     return ""
 
 
+def _init_sample(dataset: FileStat) -> Sample:
+    """The string columns of a dataset's first SAMPLE_ROWS rows, and its rows."""
+    try:
+        import lance
+    except ImportError:
+        raise ConfigError(f"{dataset.path}: a Lance dataset needs pylance: pip install 'zephon-titan[lance]'") from None
+    opened = lance.dataset(dataset.path)
+    strings, others = string_columns(opened.schema)
+    first = opened.to_table(columns=strings, limit=SAMPLE_ROWS) if strings else pa.table({})
+    return columns_sample(first, others, opened.count_rows())
+
+
 LANCE = Format(
     name="lance",
     extensions=(".lance",),
@@ -192,4 +207,5 @@ LANCE = Format(
     datasets=True,
     list_datasets=expand_datasets,
     index_keys=("block_rows",),
+    init=InitSampling("Lance", (".lance",), sample_file=_init_sample),
 )

@@ -39,6 +39,7 @@ from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.columns import TokenLists
 from zephon_titan.engine.sources.formats import Format
+from zephon_titan.engine.sources.init_sample import InitSampling, OpenWith, TokenCount
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import DataError
 
@@ -246,10 +247,18 @@ def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     return ""
 
 
+def _init_count(where: str, tokenizer: Any, open_with: OpenWith) -> TokenCount:
+    """Documents and tokens from the indexes (exact); no key beyond the paths."""
+    source = open_with({})
+    assert isinstance(source, MegatronSource)
+    return TokenCount(sum(f.block_rows[0] for f in source.files), source.token_count(), {})
+
+
 MEGATRON = Format(
     name="megatron",
     extensions=(".bin",),
     open=lambda source, files, max_chars, options: MegatronSource(source.name, files, source.block_rows, options),
     check_record=_check_record,
     index_keys=("block_rows",),
+    init=InitSampling("Megatron", (".bin",), count_tokens=_init_count),
 )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import io
+from itertools import accumulate
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.columns import TokenLists
 from zephon_titan.engine.sources.formats import Format
+from zephon_titan.engine.sources.init_sample import SAMPLE_FILES, InitSampling, OpenWith, TokenCount
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import ConfigError, DataError
 
@@ -268,6 +270,34 @@ def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     return "block_rows must be empty for OLMo token files (their blocks are byte ranges)" if f.block_rows else ""
 
 
+def _init_count(where: str, tokenizer: Any, open_with: OpenWith) -> TokenCount:
+    """eos_token_id and token_dtype from the tokenizer; tokens from the file sizes, documents from the mean length
+    of the documents in the first blocks of up to SAMPLE_FILES files."""
+    if tokenizer.eos_id is None:
+        raise ConfigError(
+            f"{where}: OLMo token files end each document with the tokenizer's EOS, and this "
+            "tokenizer adds none; write the job by hand with eos_token_id (docs/configuration.md)"
+        )
+    dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
+    settings = {
+        "eos_token_id": (tokenizer.eos_id, "the tokenizer's EOS: each document of the files ends with it"),
+        "token_dtype": (dtype, f"as OLMo-core picks it for a vocabulary of {tokenizer.vocab_size:,} ids"),
+    }
+    source = open_with({k: v for k, (v, _) in settings.items()})
+    assert isinstance(source, OlmoSource)
+    tokens = source.token_count()
+    starts = list(accumulate(f.num_blocks for f in source.files))  # each file's first block, + its blocks
+    firsts = [start - f.num_blocks for start, f in zip(starts, source.files) if f.num_blocks]
+    sampled = firsts[:: max(1, len(firsts) // SAMPLE_FILES)][:SAMPLE_FILES]
+    lengths = [len(t) for block in map(source.read_block, sampled) for t in block.texts]
+    return TokenCount(tokens / max(1.0, sum(lengths) / max(1, len(lengths))), tokens, settings)
+
+
 OLMO = Format(
-    name="olmo", extensions=(".npy",), open=_open, check_record=_check_record, index_keys=("block_bytes", "token_dtype")
+    name="olmo",
+    extensions=(".npy",),
+    open=_open,
+    check_record=_check_record,
+    index_keys=("block_bytes", "token_dtype"),
+    init=InitSampling("OLMo", (".npy",), count_tokens=_init_count),
 )

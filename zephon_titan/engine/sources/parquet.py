@@ -19,6 +19,7 @@ from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
 from zephon_titan.engine.sources.columns import column_documents
 from zephon_titan.engine.sources.formats import Format
+from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample, columns_sample, string_columns
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.errors import DataError
 
@@ -105,6 +106,18 @@ def _check_record(f: FileBlocks, source: SourceConfig) -> str:
     return ""
 
 
+def _init_sample(file: FileStat) -> Sample:
+    """The string columns of the first SAMPLE_ROWS rows; the rows from the footer. A handle of its own (a shared,
+    cached one would be left closed for the next reader in this process)."""
+    with storage.open_own_file(file.path) as handle:
+        parquet = pq.ParquetFile(handle)
+        strings, others = string_columns(parquet.schema_arrow)
+        rows = parquet.metadata.num_rows
+        batches = parquet.iter_batches(batch_size=SAMPLE_ROWS, columns=strings)
+        first = next(batches) if strings and rows else pa.table({})
+        return columns_sample(first, others, rows)
+
+
 PARQUET = Format(
     name="parquet",
     extensions=(".parquet", ".pq"),
@@ -113,4 +126,5 @@ PARQUET = Format(
     ),
     check_record=_check_record,
     token_field=True,
+    init=InitSampling("Parquet", (".parquet",), sample_file=_init_sample),
 )

@@ -1,0 +1,145 @@
+"""`zephon-titan init`: a starter job from your files and a tokenizer.
+
+    zephon-titan init web=data/web code=data/code --tokenizer assets/my_tokenizer --gpus 8,16 -o my_job.toml
+
+Each data argument is a source: a directory (every data file under it, one source per format), a file, a
+dataset directory, or a quoted glob; `NAME=PATH` names it (else the directory's name). Files the shell expanded
+from one directory (`data/code/*.parquet` unquoted) are one source again. Each source's format says how init
+reads it (its `Format.init` hook, engine/sources/init_sample.py): a text format's files are sampled, a few
+documents from a few files (spread over its list), to pick the text column and to estimate documents and tokens
+with the job's own tokenizer; a token format counts its ids from the files (its ids are the documents). Then
+init chooses the batch layout for the GPU counts named, writes a commented job TOML and resolves it as the
+trainer does (so `zephon-titan validate` accepts it).
+
+    listing.py   which sources the arguments name, their files listed
+    sampling.py  what the files hold, asked of each format's hook
+    choices.py   the batch layout, weights, vocabulary size, run folder
+    writer.py    the job TOML with a comment for each choice
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from zephon_titan.engine.sources.init_sample import SAMPLE_FILES, SAMPLE_ROWS
+from zephon_titan.errors import ConfigError
+from zephon_titan.init_job.choices import (
+    VOCAB_MULTIPLE,
+    JobChoices,
+    Layout,
+    distinct_dump_folder,
+    propose_layout,
+    round_vocab,
+    weights_of,
+)
+from zephon_titan.init_job.sampling import inspect_sources
+from zephon_titan.init_job.writer import count, describe, render
+
+
+def check_tokenizer_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        what = "is a file" if os.path.isfile(path) else "does not exist"
+        raise ConfigError(
+            f"--tokenizer {path} {what}; name the directory holding tokenizer.json and tokenizer_config.json "
+            "(e.g. a Hugging Face model download)"
+        )
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        raise ConfigError(
+            f"--tokenizer {path} holds no tokenizer.json; download it with the model's tokenizer_config.json "
+            "(huggingface-cli download <model> tokenizer.json tokenizer_config.json --local-dir DIR)"
+        )
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    weights = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--weights {text}: expected NAME=WEIGHT,... (e.g. web=0.7,code=0.3)") from None
+    return weights
+
+
+def parse_recipe(text: str) -> tuple[str, str]:
+    module, _, config = text.partition(":")
+    if not module or not config:
+        raise ConfigError(
+            f"--recipe {text}: expected MODULE:CONFIG, e.g. llama3:llama3_8b (TorchTitan's --module and --config)"
+        )
+    return module, config
+
+
+def run(args, command: str) -> int:
+    from zephon_titan.titan.tokenizer import load_tokenizer
+
+    if os.path.exists(args.output) and not args.force:
+        raise ConfigError(f"{args.output} exists; pass --force to replace it, or -o another file")
+    check_tokenizer_dir(args.tokenizer)
+    module, config = parse_recipe(args.recipe)
+    given = parse_weights(args.weights or "")
+    layout = propose_layout(args.gpus, args.seq_len, args.local_batch_size, args.global_batch_size)
+    tokenizer = load_tokenizer(args.tokenizer, key="--tokenizer", backend="tokenizers")  # ids to count only
+    plans = inspect_sources(args.data, tokenizer)
+    total = sum(p.tokens for p in plans)
+    one_pass = max(1, math.ceil(total / (layout.global_batch_size * args.seq_len)))
+    choices = JobChoices(
+        path=args.output,
+        tokenizer=args.tokenizer,
+        vocab_ids=tokenizer.vocab_size,
+        module=module,
+        config=config,
+        flavor=args.flavor or "",
+        seq_len=args.seq_len,
+        layout=layout,
+        steps=args.steps or one_pass,
+        one_pass=one_pass,
+        seed=args.seed,
+        dump_folder=distinct_dump_folder(args.output),
+        weights=weights_of(plans, given),
+        weights_given=bool(given),
+        sources=plans,
+    )
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(render(choices, command))
+    try:
+        check_written(args.output, layout)
+    except ConfigError:
+        os.remove(args.output)
+        raise
+    report(choices)
+    return 0
+
+
+def check_written(path: str, layout: Layout) -> None:
+    """The written job resolves as the trainer reads it (recipe, keys, vocabulary) at every GPU count."""
+    from zephon_titan.titan.job import load_job
+
+    job = load_job(path)
+    for w in layout.gpus:
+        job.check_layout(w)
+    job.check_model_vocab()
+
+
+def report(c: JobChoices) -> None:
+    print(f"sources (sampled up to {SAMPLE_FILES} files x {SAMPLE_ROWS} documents each, tokenized with {c.tokenizer}):")
+    for plan in c.sources:
+        field = plan.why_field if plan.token_ids else f"text_field {plan.text_field!r}"
+        print(
+            f"  {plan.name}: {describe(plan)}; {field}"
+            + (f" ({plan.why_field})" if plan.why_field and not plan.token_ids else "")
+        )
+    how = "as given" if c.weights_given else "each source's share of the tokens, so all run out at the same step"
+    print("weights: " + ", ".join(f"{n} {w:g}" for n, w in c.weights.items()) + f" ({how})")
+    print(f"vocab_size {round_vocab(c.vocab_ids)}: the tokenizer's {c.vocab_ids:,} ids rounded up to {VOCAB_MULTIPLE}")
+    for line in c.layout.why():
+        print(line)
+    print(
+        f"steps {c.steps} (one pass over ~{count(sum(p.tokens for p in c.sources))} tokens is ~{c.one_pass:,}); "
+        f"dump_folder {c.dump_folder}"
+    )
+    gpus = ",".join(map(str, c.layout.gpus))
+    print(
+        f"wrote {c.path} (it resolves as the trainer reads it); next: zephon-titan validate {c.path} --world-sizes {gpus}"
+    )

@@ -1,0 +1,86 @@
+"""What the files of `zephon-titan init`'s sources hold, asked of each format's `init` hook: a text format's
+files are sampled (a few documents from a few files spread over the list) to pick the text column and estimate
+documents and tokens with the job's own tokenizer; a token format counts its ids itself."""
+
+from __future__ import annotations
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.engine.sources import open_source
+from zephon_titan.engine.sources.base import Source
+from zephon_titan.engine.sources.init_sample import SAMPLE_FILES
+from zephon_titan.engine.sources.storage import FileStat
+from zephon_titan.errors import ConfigError
+from zephon_titan.init_job.listing import SourcePlan, plan_sources
+
+
+def spread(files: list[FileStat], count: int = SAMPLE_FILES) -> list[FileStat]:
+    """Up to `count` files evenly spread over the list (first and last included)."""
+    if len(files) <= count:
+        return files
+    return [files[round(i * (len(files) - 1) / (count - 1))] for i in range(count)]
+
+
+def choose_text_field(plan: SourcePlan) -> None:
+    """`text` if every sampled file has it as a string, else the string field with the longest average values."""
+    samples = [s for s in plan.samples if s.documents]  # an empty file has no say
+    common = set.intersection(*(set(s.texts) for s in samples))
+    if not common:
+        found = ", ".join(f"{k} ({t})" for k, t in samples[0].other_fields.items()) or "none"
+        raise ConfigError(
+            f"{plan.files[0].path}: no string column in every sampled document of source {plan.name!r} (columns: "
+            f"{found}); init needs a column of text (pre-tokenized ids: set token_field by hand, docs/configuration.md)"
+        )
+    mean = {
+        k: sum(len(t) for s in samples for t in s.texts[k]) / max(1, sum(len(s.texts[k]) for s in samples))
+        for k in common
+    }
+    ranked = sorted(common, key=lambda k: (-mean[k], k))
+    if "text" in common:
+        plan.text_field, plan.why_field = "text", ""
+        return
+    plan.text_field = ranked[0]
+    others = ", ".join(f"{k} {mean[k]:,.0f}" for k in ranked[1:4])
+    plan.why_field = (
+        f'no "text" column; {ranked[0]!r} has the longest texts (mean {mean[ranked[0]]:,.0f} characters'
+        + (f"; others: {others})" if others else ")")
+    )
+
+
+def estimate(plan: SourcePlan, tokenizer) -> None:
+    """Documents from the sampled files' counts scaled by bytes; tokens from the sample tokenized."""
+    read = sum(s.file_documents for s in plan.samples)
+    plan.documents = read * plan.bytes / max(1, sum(f.size for f in spread(plan.files)))
+    texts = [t for s in plan.samples for t in s.texts.get(plan.text_field, [])]  # an empty file has none
+    ids = tokenizer.encode(texts) if texts else []
+    plan.tokens = plan.documents * (sum(len(i) for i in ids) / max(1, len(ids)))
+
+
+def count_token_files(plan: SourcePlan, tokenizer) -> None:
+    """A token source's documents and tokens, as its format counts them (with the keys it needs to read the
+    ids), plus the BOS/EOS the job adds to each document."""
+
+    def open_with(settings: dict) -> Source:
+        return open_source(SourceConfig(name=plan.name, paths=plan.paths, format=plan.format, **settings))
+
+    count_tokens = plan.sampling.count_tokens
+    assert count_tokens is not None
+    specials = (tokenizer.bos_id is not None) + (tokenizer.eos_id is not None)
+    counted = count_tokens(", ".join(plan.paths), tokenizer, open_with)
+    plan.token_settings, plan.documents = counted.settings, counted.documents
+    plan.tokens = counted.tokens + plan.documents * specials  # a document's own BOS/EOS not doubled: a bound
+    plan.why_field = "token ids: no tokenization"
+
+
+def inspect_sources(arguments: list[str], tokenizer) -> list[SourcePlan]:
+    plans = plan_sources(arguments)
+    for plan in plans:
+        sample_file = plan.sampling.sample_file
+        if sample_file is None:
+            count_token_files(plan, tokenizer)
+            continue
+        plan.samples = [sample_file(f) for f in spread(plan.files)]
+        if not any(s.documents for s in plan.samples):
+            raise ConfigError(f"{', '.join(plan.paths)}: the sampled files hold no document; check the files")
+        choose_text_field(plan)
+        estimate(plan, tokenizer)
+    return plans

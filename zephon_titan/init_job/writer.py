@@ -1,0 +1,103 @@
+"""The job TOML `zephon-titan init` writes: every choice with a comment saying why."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from zephon_titan.init_job.choices import VOCAB_MULTIPLE, JobChoices, round_vocab
+from zephon_titan.init_job.listing import SourcePlan
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (str, list)) else str(value)  # a JSON string is a TOML string
+
+
+def _line(key: str, value, comment: str = "") -> str:
+    """`key = value  # comment`; a long value gets its comment on the line above."""
+    text = f"{key} = {_toml(value)}"
+    if not comment:
+        return text
+    return f"{text:<37} # {comment}" if len(text) <= 37 else f"# {comment}\n{text}"
+
+
+def count(n: float, units: tuple[str, ...] = ("", "K", "M", "B")) -> str:
+    """1234567 -> 1.2M; 999 -> 999."""
+    power = min(len(units) - 1, max(0, int(math.log10(max(n, 1)) // 3)))
+    return f"{n / 1000**power:.1f}{units[power]}" if power else f"{n:.0f}{units[0]}"
+
+
+def size(n: int) -> str:
+    return count(n, (" bytes", " KB", " MB", " GB", " TB"))
+
+
+def describe(plan: SourcePlan) -> str:
+    unit = "dataset" if plan.datasets else "file"
+    files = f"{len(plan.files)} {unit}{'s' if len(plan.files) > 1 else ''}"
+    return (
+        f"{plan.format}, {files}, {size(plan.bytes)}, ~{count(plan.documents)} documents, ~{count(plan.tokens)} tokens"
+    )
+
+
+def render(c: JobChoices, command: str) -> str:
+    """The job TOML, every choice with a comment saying why."""
+    gpus = ",".join(map(str, c.layout.gpus))
+    tokens_per_step = c.layout.global_batch_size * c.seq_len
+    out = [
+        f"# Written by: {command if len(command) < 300 else command[:300] + ' ...'}",
+        f"# Check:  zephon-titan validate {c.path} --world-sizes {gpus}",
+        f"# Train:  torchrun --nproc_per_node {c.layout.gpus[0]} -m zephon_titan.train --job.config_file {c.path}",
+        "#         (no GPU: -m zephon_titan.train_cpu). Every key: docs/configuration.md.",
+        "# Relative paths start from the directory you launch from.",
+        _line("hf_assets_path", c.tokenizer, f"the tokenizer (the trainer's and the loader's): {c.vocab_ids:,} ids"),
+        _line("dump_folder", c.dump_folder, "this run's own folder: checkpoints, ledger.jsonl"),
+        "",
+        "[model]",
+        _line("module", c.module, "a TorchTitan model package (or an importable recipe module)"),
+        _line("config", c.config, "a function of its config_registry: its settings are the defaults"),
+    ]
+    if c.flavor:
+        out.append(_line("flavor", c.flavor, "the model size"))
+    out += [
+        _line(
+            "vocab_size",
+            round_vocab(c.vocab_ids),
+            f"the tokenizer's {c.vocab_ids:,} ids rounded up to {VOCAB_MULTIPLE}",
+        ),
+        "",
+        "[training]",
+        _line("seq_len", c.seq_len),
+        _line(
+            "global_batch_size",
+            c.layout.global_batch_size,
+            f"rows per step, fixed for the run: {gpus} GPUs all divide it",
+        ),
+        _line("local_batch_size", c.layout.local_batch_size, "rows per microbatch; lower it if one does not fit a GPU"),
+        _line("steps", c.steps, f"one pass over the data: ~{c.one_pass:,} steps of {tokens_per_step:,} tokens"),
+        "",
+        "[checkpoint]",
+        _line("enable", True),
+        _line("interval", max(1, min(500, c.steps // 10)), "steps between checkpoints (a resume may use any count)"),
+        _line("last_save_model_only", False, "keep the loader state in the last checkpoint (to resume)"),
+        "",
+        "[dataloader]",
+        _line("num_lanes", c.layout.num_lanes, "fixed for the run; a multiple of every GPU count named"),
+        _line("seed", c.seed, "every shuffle; another seed is another data order"),
+        "# Validation on held-out documents: eval_fraction per source and [validator] (docs/validation.md).",
+    ]
+    for plan in c.sources:
+        share = "as given" if c.weights_given else "its share of the estimated tokens: sources run out together"
+        out += [
+            "",
+            f"[dataloader.sources.{plan.name}]",
+            _line("paths", plan.paths, describe(plan)),
+            *(
+                [_line(key, value, why) for key, (value, why) in plan.token_settings.items()]
+                if plan.token_ids
+                else [_line("text_field", plan.text_field, plan.why_field or "the text column")]
+            ),
+            _line("weight", c.weights[plan.name], share),
+        ]
+    return "\n".join(out) + "\n"
