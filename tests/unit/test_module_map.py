@@ -52,9 +52,7 @@ def map_problems(text: str, root: str = REPO) -> list[str]:
     and modules or folders it names under zephon_titan/ that do not exist."""
     named = {p for p in named_paths(text) if p == PACKAGE or p.startswith(PACKAGE + "/")}
     present = package_paths(root)
-    missing = sorted(
-        p for p in present - named if not (p.endswith("/__init__.py") and p.rsplit("/", 1)[0] in named)
-    )
+    missing = sorted(p for p in present - named if not (p.endswith("/__init__.py") and p.rsplit("/", 1)[0] in named))
     gone = sorted(named - present)
     return [f"not in the map: {p}" for p in missing] + [f"in the map, not in the tree: {p}" for p in gone]
 
