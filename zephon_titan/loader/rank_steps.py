@@ -25,7 +25,7 @@ from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.loader.prefetch import PrefetchedSteps, StepSource
 from zephon_titan.loader.rank_lanes import RankLanes, dp_rank_zero, every_rank
-from zephon_titan.loader.state import Decoded, encode_header, encode_state, templates
+from zephon_titan.loader.state import Decoded, encode_header, encode_state
 
 log = logging.getLogger()  # TorchTitan's logger is the root logger: the same lines under any adapter
 
@@ -98,7 +98,6 @@ class RankSteps:
             log.warning(f"zephon_titan: {self.spec.exclusion.unplaced_note}")
         self._steps_done = 0  # whole steps consumed (a row's step matters under a mixture schedule)
         self.restored: Restored | None = None  # what the last load_state_dict restored
-        self.load_sizes: tuple[int, int] | None = None  # set by loader/state.restore() during one DCP load
         try:
             encode_header(self._header())  # fails here, at startup, never at the first save
         except ResumeError:
@@ -249,8 +248,6 @@ class RankSteps:
         return self._steps_done
 
     def state_dict(self) -> dict[str, Any]:
-        if self.load_sizes is not None:  # templates for restore()'s DCP load: only the size counts
-            return templates(self.lane_ids, self.load_sizes)
         # Only the lanes this rank owns: every lane is saved once, whichever ranks produce it.
         lanes = {
             lane: LaneEntry(self._consumed[lane], self._tokens[lane], self._padding[lane]) for lane in self.lanes.owned

@@ -177,13 +177,28 @@ def check_step(checkpoint_id: str, step: int, train_step: object) -> None:
 
 
 class LaneTarget(Protocol):
-    """What restore() loads the loader state into: ZephonDataLoader, or PlannedLanes (plan). Its state_dict()
-    gives templates of `load_sizes` while they are set; its load_state_dict() sets `restored` (read_state)."""
+    """What restore() loads the loader state into: a RankSteps (the loaders), or PlannedLanes (plan). Its
+    load_state_dict() sets `restored` (read_state)."""
 
     lane_ids: list[int]
     num_lanes: int
-    load_sizes: tuple[int, int] | None
     restored: Restored | None
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+class _Loading:
+    """A loader as DCP loads it: as its state_dict, templates sized from the checkpoint's index (only their size
+    counts); its load_state_dict, the loader's. The loader's own state_dict() always means its state."""
+
+    def __init__(self, loader: LaneTarget, sizes: tuple[int, int]):
+        self.loader, self.sizes = loader, sizes
+
+    def state_dict(self) -> dict[str, Any]:
+        return templates(self.loader.lane_ids, self.sizes)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state_dict)
 
 
 def templates(lane_ids: Any, sizes: tuple[int, int]) -> dict[str, torch.Tensor]:
@@ -211,12 +226,12 @@ def restore(
         return metadata
     assert any(value is loader for value in states.values()), "restore() loads the loader it is given in states"
     sizes = check_index(metadata, checkpoint_id, loader.lane_ids, loader.num_lanes)
-    loader.restored, loader.load_sizes = None, sizes
-    try:
-        with _quiet():
-            safe_load(states, checkpoint_id, metadata=metadata)
-    finally:
-        loader.load_sizes = None  # saves size their entries for this run's sources
+    loader.restored = None
+    loading = {key: _Loading(loader, sizes) if value is loader else value for key, value in states.items()}
+    with _quiet():
+        safe_load(loading, checkpoint_id, metadata=metadata)
+    # DCP loads tensors in place and replaces other values in the dict it is given: those go back to `states`.
+    states.update({key: value for key, value in loading.items() if not isinstance(value, _Loading)})
     assert loader.restored is not None, "DCP restores the loader state it loaded"
     check_step(checkpoint_id, loader.restored.step, _train_step(states.get(TRAIN_STATE)))
     return metadata
@@ -245,12 +260,7 @@ class PlannedLanes:
         self.lane_ids = list(lane_ids)
         self.num_lanes = len(self.lane_ids)
         self.fingerprint, self.allow = fingerprint, allow
-        self.load_sizes: tuple[int, int] | None = None
         self.restored: Restored | None = None
-
-    def state_dict(self) -> dict[str, Any]:
-        assert self.load_sizes is not None, "only loaded, through restore()"
-        return templates(self.lane_ids, self.load_sizes)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.restored = read_state(Decoded(state_dict), self.lane_ids, self.fingerprint, self.allow)
