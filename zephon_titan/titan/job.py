@@ -49,7 +49,7 @@ from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, val
 from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.dataloader import loader_config
+from zephon_titan.titan.dataloader import loader_config, titan_layout_message
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
 from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data, eval_message
@@ -195,7 +195,7 @@ class Job:
                 self.data.num_lanes, self.global_batch_size, dp_world_size, self.local_batch_size
             )
         except ConfigError as e:
-            raise ConfigError(f"{self.path}: {e}") from None
+            raise ConfigError(f"{self.path}: {titan_layout_message(e)}") from None
 
     def check_eval_layout(self, dp_world_size: int) -> None:
         """The eval set's batch layout at this data-parallel size (when validation is on)."""
