@@ -13,6 +13,7 @@ from zephon_titan.engine import (
     rank_rows,
     rows_per_lane,
     valid_world_sizes,
+    validate_batch_layout,
 )
 from zephon_titan.testing import assert_same_rows_for_any_layout, global_batches
 
@@ -83,3 +84,45 @@ def test_the_initial_state_is_known_without_reading_data(corpus_dir, tokenizer_d
     stream = LaneStream(spec, 0)
     stream.next_row()
     assert stream.state() != LaneState.initial(0, len(spec.sources))
+
+
+@pytest.mark.parametrize(
+    "batch, world, local, titan",
+    [
+        (
+            0,
+            2,
+            2,
+            "training.global_batch_size must be set explicitly (rows per optimizer step, a multiple of "
+            "[dataloader] num_lanes = 8). TorchTitan's default (-1) means local_batch_size x data-parallel size",
+        ),
+        (
+            16,
+            3,
+            2,
+            "the data-parallel size is 3, which does not divide training.global_batch_size = 16 rows per step; "
+            "valid data-parallel sizes: [1, 2, 4, 8, 16] (data_parallel_replicate_degree x data_parallel_shard_degree; "
+            "local_batch_size must also divide the rows per rank)",
+        ),
+        (
+            16,
+            4,
+            3,
+            "each of the 4 data-parallel ranks takes global_batch_size / 4 = 4 rows per step, which is not a "
+            "multiple of training.local_batch_size = 3; use a local_batch_size in [1, 2, 4]",
+        ),
+        (2**21, 1, 1, "[training] global_batch_size = 2097152 rows per step is above the bound of 1048576"),
+    ],
+)
+def test_layout_errors_are_the_engines_words_and_the_adapter_names_torchtitans_keys(batch, world, local, titan):
+    import pickle
+
+    from zephon_titan.engine import LayoutError
+    from zephon_titan.titan.dataloader import titan_layout_message
+
+    with pytest.raises(LayoutError) as raised:
+        validate_batch_layout(8, batch, world, local)
+    engine = str(raised.value)
+    assert not any(key in engine for key in ("training", "_size", "data_parallel", "TorchTitan")), engine
+    assert titan_layout_message(raised.value).startswith(titan)
+    assert titan_layout_message(pickle.loads(pickle.dumps(raised.value))) == titan_layout_message(raised.value)

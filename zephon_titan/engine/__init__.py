@@ -4,6 +4,7 @@ from zephon_titan.engine.digest import batch_digest, lane_digest
 from zephon_titan.engine.fingerprint import check_fingerprint, check_mixture, fingerprint
 from zephon_titan.engine.lanes import (
     LaneGroup,
+    LayoutError,
     RankRows,
     lanes_of_rank,
     open_lane_group,
@@ -48,4 +49,5 @@ __all__ = [
     "tally",
     "valid_world_sizes",
     "validate_batch_layout",
+    "LayoutError",
 ]

@@ -78,12 +78,44 @@ def lanes_of_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> range:
 MAX_GLOBAL_BATCH_SIZE = 1 << 20
 
 
+class LayoutError(ConfigError):
+    """A batch layout the lanes cannot serve, phrased in the engine's words (global batch, local batch, ranks).
+    An adapter names its own settings once: `in_terms` renders the same message with its words for TERMS
+    (titan/dataloader.py `titan_layout_message`: TorchTitan's keys)."""
+
+    TERMS = {
+        "global_batch": "the global batch size",  # the setting, where it is the subject
+        "global_batch_key": "global batch size",  # the setting, named with its value (`<key> = 16`)
+        "global_batch_short": "global batch size",  # the setting in a formula (`<short> / 4`)
+        "local_batch": "the local batch size",
+        "local_batch_short": "local batch size",
+        "dp_size": "the number of data-parallel ranks",
+        "unset_why": "",  # why an unset global batch is refused, after the sentence
+    }
+
+    def __init__(self, template: str, **values: Any):
+        self.template, self.values = template, values
+        super().__init__(self.in_terms({}))
+
+    def in_terms(self, terms: dict[str, str]) -> str:
+        return self.template.format(**{**self.TERMS, **terms}, **self.values)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _layout_error, (self.template, self.values)
+
+
+def _layout_error(template: str, values: dict[str, Any]) -> LayoutError:
+    return LayoutError(template, **values)
+
+
 def rows_per_lane(global_batch_size: int, num_lanes: int) -> int:
     if global_batch_size > MAX_GLOBAL_BATCH_SIZE:
-        raise ConfigError(
-            f"[training] global_batch_size = {global_batch_size} rows per step is above the bound of "
-            f"{MAX_GLOBAL_BATCH_SIZE} (2**20): a step's rows are produced and held in memory together (all of "
-            "them in `zephon-titan plan`); the largest published runs take ~16K rows per step"
+        raise LayoutError(
+            "{global_batch_key} = {batch} rows per step is above the bound of {bound} (2**20): a step's rows are "
+            "produced and held in memory together (all of them in `zephon-titan plan`); the largest published runs "
+            "take ~16K rows per step",
+            batch=global_batch_size,
+            bound=MAX_GLOBAL_BATCH_SIZE,
         )
     if global_batch_size < 1 or global_batch_size % num_lanes:
         raise ConfigError(
@@ -94,28 +126,32 @@ def rows_per_lane(global_batch_size: int, num_lanes: int) -> int:
 
 
 def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size: int, local_batch_size: int) -> int:
-    """Check the run's batch shape against the lanes; returns rows per lane per step."""
+    """Check the run's batch shape against the lanes; returns rows per lane per step. Refusals are LayoutErrors
+    (in the engine's words) or, for a global batch that is not a multiple of the lanes, ConfigErrors."""
     if global_batch_size <= 0:
-        raise ConfigError(
-            "training.global_batch_size must be set explicitly (rows per optimizer step, a multiple of "
-            f"[dataloader] num_lanes = {num_lanes}). TorchTitan's default (-1) means local_batch_size x "
-            "data-parallel size, which changes with the number of GPUs and so would change the data of every step"
+        raise LayoutError(
+            "{global_batch} must be set explicitly (rows per optimizer step, a multiple of [dataloader] num_lanes = "
+            "{lanes}){unset_why}",
+            lanes=num_lanes,
         )
     rows = rows_per_lane(global_batch_size, num_lanes)
     if dp_world_size < 1 or global_batch_size % dp_world_size:
-        raise ConfigError(
-            f"the data-parallel size is {dp_world_size}, which does not divide training.global_batch_size = "
-            f"{global_batch_size} rows per step; valid data-parallel sizes: {valid_world_sizes(global_batch_size)} "
-            "(data_parallel_replicate_degree x data_parallel_shard_degree; local_batch_size must also divide "
-            "the rows per rank)"
+        raise LayoutError(
+            "the data-parallel size is {ranks}, which does not divide {global_batch} = {batch} rows per step; "
+            "valid data-parallel sizes: {sizes} ({dp_size}; {local_batch_short} must also divide the rows per rank)",
+            ranks=dp_world_size,
+            batch=global_batch_size,
+            sizes=valid_world_sizes(global_batch_size),
         )
     rows_per_rank = global_batch_size // dp_world_size
     if local_batch_size < 1 or rows_per_rank % local_batch_size:
-        fits = divisors(rows_per_rank)
-        raise ConfigError(
-            f"each of the {dp_world_size} data-parallel ranks takes global_batch_size / {dp_world_size} = "
-            f"{rows_per_rank} rows per step, which is not a multiple of training.local_batch_size = "
-            f"{local_batch_size}; use a local_batch_size in {fits}"
+        raise LayoutError(
+            "each of the {ranks} data-parallel ranks takes {global_batch_short} / {ranks} = {rows} rows per step, "
+            "which is not a multiple of {local_batch} = {local}; use a {local_batch_short} in {fits}",
+            ranks=dp_world_size,
+            rows=rows_per_rank,
+            local=local_batch_size,
+            fits=divisors(rows_per_rank),
         )
     return rows
 

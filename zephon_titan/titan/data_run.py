@@ -47,7 +47,7 @@ from zephon_titan.loader.ledger import gather_ledger_entry, open_ledger
 from zephon_titan.loader.save_failure import SAVE_ERRORS, save_failure
 from zephon_titan.loader.state import restore
 from zephon_titan.log_ranks import quiet_other_ranks
-from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.dataloader import ZephonDataLoader, titan_layout_message
 from zephon_titan.titan.tokenizer import load_hf_tokenizer
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ class DataJob:
         try:
             validate_batch_layout(data.num_lanes, self.global_batch_size, dp_world_size, self.local_batch_size)
         except ConfigError as e:
-            raise ConfigError(f"{self.path}: {e}") from None
+            raise ConfigError(f"{self.path}: {titan_layout_message(e)}") from None
 
     def trainer_tokenizer(self) -> Any:
         """Job.trainer_tokenizer: the tokenizer object TorchTitan's trainer builds from hf_assets_path."""

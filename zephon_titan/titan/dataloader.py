@@ -16,11 +16,31 @@ import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 
 from zephon_titan.config import DataConfig, config_from_dict, short_repr
-from zephon_titan.engine import Row
+from zephon_titan.engine import LayoutError, Row
 from zephon_titan.errors import ConfigError
 from zephon_titan.loader.rank_lanes import long_tensor
 from zephon_titan.loader.rank_steps import RankSteps
 from zephon_titan.titan.tokenizer import loader_tokenizer
+
+# The batch layout's terms as TorchTitan's config names them (its trainer's `training` fields and the parallelism
+# degrees behind the data-parallel size): the engine's LayoutErrors get them here, once.
+TITAN_TERMS = {
+    "global_batch": "training.global_batch_size",
+    "global_batch_key": "[training] global_batch_size",
+    "global_batch_short": "global_batch_size",
+    "local_batch": "training.local_batch_size",
+    "local_batch_short": "local_batch_size",
+    "dp_size": "data_parallel_replicate_degree x data_parallel_shard_degree",
+    "unset_why": ". TorchTitan's default (-1) means local_batch_size x data-parallel size, which changes with the "
+    "number of GPUs and so would change the data of every step",
+}
+
+
+def titan_layout_message(error: ConfigError, terms: dict[str, str] | None = None) -> str:
+    """A batch layout error in TorchTitan's words (`terms` overriding some, e.g. the eval set's keys)."""
+    if isinstance(error, LayoutError):
+        return error.in_terms({**TITAN_TERMS, **(terms or {})})
+    return str(error)
 
 
 class ZephonDataLoader(RankSteps, BaseDataLoader):
@@ -54,17 +74,20 @@ class ZephonDataLoader(RankSteps, BaseDataLoader):
     ):
         self.config = config
         data = config.data
-        RankSteps.__init__(
-            self,
-            data,
-            global_batch_size=config.global_batch_size,
-            dp_world_size=dp_world_size,
-            dp_rank=dp_rank,
-            local_batch_size=local_batch_size,
-            seq_len=seq_len,
-            tokenizer=lambda: loader_tokenizer(data, lambda: tokenizer),
-            ledger=config.ledger,
-        )
+        try:
+            RankSteps.__init__(
+                self,
+                data,
+                global_batch_size=config.global_batch_size,
+                dp_world_size=dp_world_size,
+                dp_rank=dp_rank,
+                local_batch_size=local_batch_size,
+                seq_len=seq_len,
+                tokenizer=lambda: loader_tokenizer(data, lambda: tokenizer),
+                ledger=config.ledger,
+            )
+        except LayoutError as e:
+            raise ConfigError(titan_layout_message(e)) from None
         self.checkpointer: Any = None  # the ZephonCheckpointManager that saves and loads this loader, if any
         self.last_rows: list[Row] = []  # the rows of the microbatch yielded last (ZephonTrainer: loss per source)
 

@@ -41,6 +41,7 @@ from functools import cached_property
 from typing import Any
 
 from torchtitan.components.checkpoint import DATALOADER
+from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.trainer import Trainer
 
 from zephon_titan.config import INHERITED, DataConfig, config_from_dict, eval_rules, short_repr
@@ -48,7 +49,7 @@ from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, val
 from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.dataloader import loader_config
+from zephon_titan.titan.dataloader import loader_config, titan_layout_message
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
 from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data, eval_message
@@ -169,20 +170,23 @@ class Job:
             )
 
     def dp_world_size(self, world_size: int) -> int:
-        """Data-parallel size (dp_replicate x dp_shard) of a run on `world_size` processes, as TorchTitan
-        computes it; a ConfigError naming the degrees when they do not multiply to world_size."""
+        """Data-parallel size (dp_replicate x dp_shard, TorchTitan's "batch" degree) of a run on `world_size`
+        processes, resolved by TorchTitan's own ParallelDims (dp_shard = -1: the rest); a ConfigError naming the
+        degrees when TorchTitan refuses them."""
         p = self.config.parallelism
-        others = p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree
-        replicate, shard = p.data_parallel_replicate_degree, p.data_parallel_shard_degree
-        if shard < 0:
-            shard = world_size // max(1, replicate * others)
-        if min(replicate, shard, others) < 1 or replicate * shard * others != world_size:
+        try:
+            dims = ParallelDims.from_config(p, world_size)  # validates; builds no mesh, needs no process group
+            fits = dims.dp_replicate * dims.dp_shard * dims.non_data_parallel_size == world_size  # also under -O
+        except (AssertionError, ValueError, ZeroDivisionError):
+            fits = False
+        if not fits:
             raise ConfigError(
                 f"{self.path}: [parallelism] degrees do not fit {world_size} processes: data_parallel_replicate_degree "
-                f"{replicate} x data_parallel_shard_degree {p.data_parallel_shard_degree} x context {p.context_parallel_degree} "
-                f"x tensor {p.tensor_parallel_degree} x pipeline {p.pipeline_parallel_degree} must equal {world_size}"
+                f"{p.data_parallel_replicate_degree} x data_parallel_shard_degree {p.data_parallel_shard_degree} x "
+                f"context {p.context_parallel_degree} x tensor {p.tensor_parallel_degree} x pipeline "
+                f"{p.pipeline_parallel_degree} must equal {world_size}"
             )
-        return replicate * shard
+        return dims.dp_replicate * dims.dp_shard
 
     def check_layout(self, dp_world_size: int) -> int:
         """The batch layout at this data-parallel size; returns rows per lane per step."""
@@ -191,7 +195,7 @@ class Job:
                 self.data.num_lanes, self.global_batch_size, dp_world_size, self.local_batch_size
             )
         except ConfigError as e:
-            raise ConfigError(f"{self.path}: {e}") from None
+            raise ConfigError(f"{self.path}: {titan_layout_message(e)}") from None
 
     def check_eval_layout(self, dp_world_size: int) -> None:
         """The eval set's batch layout at this data-parallel size (when validation is on)."""
@@ -219,26 +223,26 @@ class Job:
 
     def checkpoint_to_resume(self) -> str | None:
         """The local DCP folder whose loader state TorchTitan's CheckpointManager.load will restore, found by its
-        rule: the step-N folder of `checkpoint.load_step` (-1: the latest with a `.metadata`) under
-        dump_folder/checkpoint.folder, else `initial_load_path` unless it loads the model only; None when the
-        run starts fresh, the loader is not restored, or the checkpoint is remote (checked when loaded)."""
+        rule: the step-N folder of `checkpoint.load_step` (-1: the latest with a `.metadata` or an HF
+        `model.safetensors.index.json`) under dump_folder/checkpoint.folder, else `initial_load_path` unless it loads
+        the model only; None when the run starts fresh, the loader is not restored, or the checkpoint is remote
+        (checked when loaded). A step folder that does not exist is returned as is: TorchTitan refuses it, and so
+        does train.check_resume. Pinned against CheckpointManager.load by tests/unit/test_titan_rules.py."""
         ck = self.config.checkpoint
         if not ck.enable or DATALOADER in ck.exclude_from_loading:
             return None
         folder = os.path.join(self.config.dump_folder, ck.folder)
         if "://" in folder:
             return None
-        steps = [int(m.group(1)) for m in map(_STEP_FOLDER.search, _listdir(folder)) if m]  # TorchTitan's match
-        step = (
-            ck.load_step
-            if ck.load_step != -1
-            else max((n for n in steps if os.path.isfile(os.path.join(folder, f"step-{n}", ".metadata"))), default=-1)
-        )
-        if step > 0:  # TorchTitan loads the model only from step 0
-            return os.path.join(folder, f"step-{step}")
-        if step == -1 and ck.initial_load_path and not ck.initial_load_model_only and not ck.initial_load_in_hf:
-            return None if "://" in ck.initial_load_path else ck.initial_load_path
-        return None
+        step = ck.load_step if ck.load_step != -1 else _latest_step(folder)
+        if step == -1:
+            if ck.initial_load_path and not ck.initial_load_model_only and not ck.initial_load_in_hf:
+                return None if "://" in ck.initial_load_path else ck.initial_load_path
+            return None
+        path = os.path.join(folder, f"step-{step}")
+        if step == 0 and os.path.isdir(path):  # TorchTitan loads the model only from step 0
+            return None
+        return path
 
     def preflight(self, world_size: int) -> None:
         """Every check that can fail before training, in the order a user would fix them."""
@@ -252,10 +256,20 @@ class Job:
 
 
 _STEP_FOLDER = re.compile(r"step-(\d+)")
+# What makes a step folder a checkpoint for TorchTitan's CheckpointManager._find_load_step (a DCP or an HF save).
+_CHECKPOINT_FILES = (".metadata", "model.safetensors.index.json")
 
 
-def _listdir(folder: str) -> list[str]:
-    return os.listdir(folder) if os.path.isdir(folder) else []
+def _latest_step(folder: str) -> int:
+    """The step CheckpointManager._find_load_step finds (its regex, searched; -1: none)."""
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    steps = [
+        int(m.group(1))
+        for name in names
+        if (m := _STEP_FOLDER.search(name))
+        and any(os.path.isfile(os.path.join(folder, name, f)) for f in _CHECKPOINT_FILES)
+    ]
+    return max(steps, default=-1)
 
 
 def _round_up(n: int, multiple: int) -> int:

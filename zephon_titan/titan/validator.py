@@ -44,6 +44,7 @@ from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
 from zephon_titan.loader.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
+from zephon_titan.titan.dataloader import titan_layout_message
 from zephon_titan.titan.source_loss import (
     decode_labels,
     encode_labels,
@@ -141,9 +142,8 @@ def check_eval_data(data: DataConfig) -> None:
 
 def eval_message(error: ConfigError) -> str:
     """A [dataloader] (or batch layout) error raised for the eval set, naming the table it came from."""
-    text = str(error)
-    for training in ("[training] global_batch_size", "training.global_batch_size"):
-        text = text.replace(training, "[validator.dataloader] global_batch_size")
+    eval_batch = "[validator.dataloader] global_batch_size"
+    text = titan_layout_message(error, {"global_batch": eval_batch, "global_batch_key": eval_batch})
     if "[dataloader" in text:
         return text.replace("[dataloader", "[validator.dataloader")
     return text if "[validator.dataloader" in text else f"[validator.dataloader]: {text}"
