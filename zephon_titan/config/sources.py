@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from zephon_titan.config.expressions import check_keep, check_repeat
 from zephon_titan.config.schema import check_settings, not_empty, setting, short_repr
 from zephon_titan.errors import ConfigError
 
@@ -127,6 +128,28 @@ class SourceConfig:
     document's file name and row ([dataloader] split_seed): training never reads them, and
     [validator.dataloader] reads them when it names no sources of its own. 0: none held out;
     otherwise in [1e-9, 0.99] (MIN_EVAL_FRACTION)."""
+
+    keep: str = setting(
+        "",
+        rows=True,
+        rows_note="the pipeline component of the source, present only with keep or repeat",
+        check=check_keep,
+        allowed="a condition over the record's columns (docs/processing.md), e.g. `quality >= 0.7 and lang == 'en'`",
+    )
+    """Train only the documents for which this condition over the record's columns (Parquet, Lance) or fields
+    (JSON Lines) is true, e.g. `quality >= 0.7 and lang == 'en' and chars > 200`; a missing value is never
+    true. Not for token files. The grammar: docs/processing.md."""
+
+    repeat: str = setting(
+        "",
+        rows=True,
+        rows_note="the pipeline component of the source, present only with keep or repeat",
+        check=check_repeat,
+        allowed="a number or a bounded numeric expression (docs/processing.md), e.g. `0.3` or `min(score * 2, 3)`",
+    )
+    """How many times a pass trains each document: floor(x), and once more with probability frac(x) (a keyed
+    hash of the document and the pass), e.g. `0.3` (30 % of the source each pass) or `min(score * 2, 3)`. The
+    expression must be bounded (at most 16); the copies are shuffled apart. Empty: once."""
 
     index: str = setting(
         "",

@@ -15,6 +15,10 @@ Everything is a pure function of (seed, source, epoch or lane and window, index)
 Splitting. A source with an eval_fraction has its held-out documents removed from each
 block before the window is shuffled (split.py); the validator's loader keeps only them.
 
+Keeping and repeating. A source with `keep` or `repeat` (pipeline.py) has `copies` slots per document in each
+window, copy c of document d at slot c * n + d (n documents in the window), all placed by the window's shuffle;
+a slot its pass does not train is skipped where it is read, so the documents kept keep their order.
+
 Excluding. From `exclude_from_step` on (the lane says when: `excluding`), a listed document is skipped where
 it is read, the rest of it too if it was partly read (exclusion.py); the other documents keep their order.
 """
@@ -106,6 +110,12 @@ class Document:
     stop: int
 
 
+# A slot of a window that its pass does not train (pipeline.py): read as this one object, never encoded, and
+# skipped by the feed (an identity test: an empty document is another empty array).
+DROPPED = np.empty(0, dtype=np.int32)
+DROPPED.flags.writeable = False
+
+
 @dataclass(frozen=True, slots=True)
 class _Window:
     index: int
@@ -116,12 +126,30 @@ class _Window:
     """Documents of the window up to and including each block (block order). Not a list of every
     document's (block, index): a window of Parquet row groups may hold ~10^5 documents per lane."""
     order: Permutation | range
+    """The window's slots in shuffled order."""
+    counts: np.ndarray | None = None
+    """With a pipeline: how many of each document's slots are trained (block order); None: one each."""
+    copies: int = 1
+    """Slots per document."""
 
-    def __len__(self) -> int:
+    @property
+    def documents(self) -> int:
         return self.ends[-1] if self.ends else 0
 
-    def document(self, i: int) -> tuple[str | np.ndarray, str, int]:
-        """Document i (block order): its text or token ids (read or decoded now), file and row."""
+    def __len__(self) -> int:
+        return self.documents * self.copies
+
+    def trained(self, slot: int) -> bool:
+        """Whether the slot's pass trains it (copy slot // n of document slot % n)."""
+        if self.counts is None:
+            return True
+        copy, i = divmod(slot, self.documents)
+        return bool(self.counts[i] > copy)
+
+    def document(self, slot: int) -> tuple[str | np.ndarray, str, int]:
+        """The document of a slot (its copy 0 is document `slot` in block order): its text or token ids (read or
+        decoded now), file and row."""
+        i = slot % self.documents if self.copies > 1 else slot
         b = bisect.bisect_right(self.ends, i)
         j = int(self.kept[b][i - (self.ends[b - 1] if b else 0)])
         block = self.blocks[b]
@@ -200,11 +228,13 @@ def _own_buffer(documents: list[np.ndarray]) -> list[np.ndarray]:
     """The documents as views into a buffer of their own. An encode call's documents are views into one buffer
     (tokenize.py), which lives while any of them does: a shared call's buffer would stay while the slowest of
     its readers holds a document, tens of times the tokens held ahead at thousands of lanes."""
-    if not documents:
+    real = [d for d in documents if d is not DROPPED]
+    if not real:
         return documents
-    bounds = [0, *accumulate(len(d) for d in documents)]
-    buffer = np.concatenate(documents, out=lasting_array(bounds[-1], documents[0].dtype))
-    return [buffer[a:b] for a, b in zip(bounds, bounds[1:])]
+    bounds = [0, *accumulate(len(d) for d in real)]
+    buffer = np.concatenate(real, out=lasting_array(bounds[-1], real[0].dtype))
+    views = iter([buffer[a:b] for a, b in zip(bounds, bounds[1:])])
+    return [DROPPED if d is DROPPED else next(views) for d in documents]
 
 
 class LaneSourceReader:
@@ -257,11 +287,37 @@ class LaneSourceReader:
             return None
         kept = [self._split_rows(docs) for docs in blocks]
         ends = list(accumulate(len(k) for k in kept))
-        order = self._order(ends[-1], "docs", self.source.name, self.lane_id, w)
-        self._window = _Window(w, blocks, kept, ends, order)
+        counts = self._counts(w, blocks, kept)
+        copies = self.copies if counts is not None else 1
+        order = self._order(ends[-1] * copies, "docs", self.source.name, self.lane_id, w)
+        self._window = _Window(w, blocks, kept, ends, order, counts, copies)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
+
+    @property
+    def copies(self) -> int:
+        """Slots per document in this loader's windows: the pipeline's copies when training (an eval set takes each
+        document it keeps once: repeat is how training samples a source)."""
+        pipeline = self.source.pipeline
+        return pipeline.copies if pipeline is not None and self.spec.config.split == "train" else 1
+
+    def _counts(self, w: int, blocks: list[BlockDocuments], kept: list[range | np.ndarray]) -> np.ndarray | None:
+        """How many slots of each document of window w its pass trains (block order); None without a pipeline."""
+        pipeline = self.source.pipeline
+        if pipeline is None:
+            return None
+        counts = []
+        for docs, k, (_, epoch) in zip(blocks, kept, self._window_blocks(w)):
+            assert docs.keep is not None and docs.repeat is not None, "Source._fill evaluates the pipeline"
+            index = np.asarray(k, dtype=np.int64)
+            if self.spec.config.split == "train":
+                rows = np.asarray(docs.rows, dtype=np.int64)[index]
+                count = pipeline.counts(docs.keep[index], docs.repeat[index], self.spec.seed, docs.file, rows, epoch)
+            else:
+                count = docs.keep[index].astype(np.int64)
+            counts.append(count)
+        return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
 
     def _split_rows(self, docs: BlockDocuments) -> range | np.ndarray:
         """Indices of the block's documents in this loader's part of the source (split.py)."""
@@ -285,15 +341,19 @@ class LaneSourceReader:
         if (self._read_ahead or self.source.decodes_in_threads) and self._ahead is None:
             self._ahead = (w, self._fetch(w))
 
-    def _window_block_ids(self, w: int) -> list[int]:
+    def _window_blocks(self, w: int) -> list[tuple[int, int]]:
+        """The blocks of window w, each with its pass over the source (its epoch)."""
         k0 = w * self.spec.config.shuffle_window_blocks
-        ids = []
+        out = []
         for k in range(k0, k0 + self.spec.config.shuffle_window_blocks):
             block = self.block_at(k)
             if block is None:
                 break
-            ids.append(block)
-        return ids
+            out.append((block, (self.lane_id + k * self.spec.num_lanes) // self.source.num_blocks))
+        return out
+
+    def _window_block_ids(self, w: int) -> list[int]:
+        return [block for block, _ in self._window_blocks(w)]
 
     def _fetch(self, w: int) -> list[Future[BlockDocuments]]:
         """Start reading window w's blocks in the background."""
@@ -363,8 +423,9 @@ class LaneSourceReader:
             raise DataError(
                 f"source {self.source.name!r}: lane {self.lane_id} met {met} "
                 "without a document that gives a row a token (every text empty, one token long under labels = "
-                f'"document", or excluded){self._split_note()}; check field {self.source.text_field!r} and the '
-                "add_bos/add_eos settings, or give this source weight 0"
+                f'"document", excluded, or left out by its keep or repeat){self._split_note()}; check field '
+                f"{self.source.text_field!r}, the add_bos/add_eos settings and its keep and repeat, or give this "
+                "source weight 0"
             )
 
     def document(self, cursor: SourceCursor) -> Document:
@@ -402,7 +463,8 @@ class LaneSourceReader:
         docs = []
         chars, most = 0, tokenize_batch_chars()
         for i in range(p, stop):
-            docs.append(window.document(window.order[i]))
+            slot = window.order[i]
+            docs.append(window.document(slot) if window.trained(slot) else (DROPPED, "", -1))
             chars += len(docs[-1][0])
             if chars >= most:
                 break
@@ -424,7 +486,7 @@ class LaneSourceReader:
             docs = self._read_batch(window, start)
         except Exception:  # read again, and raised, when the lane reaches that document
             return None
-        return (start, docs) if all(isinstance(item, str) for item, _, _ in docs) else None
+        return (start, docs) if all(_textual(item) for item, _, _ in docs) else None
 
     def take_ahead(self, start: int, docs: list[_Text], encoded: list[np.ndarray]) -> None:
         """Keep the next batch (documents from window position `start`), encoded in another reader's call."""
@@ -434,16 +496,16 @@ class LaneSourceReader:
         """Read and encode the batch from position p, with the next batches of readers about to need theirs."""
         docs = self._read_batch(window, p)
         for item, file, row in docs:
-            if not isinstance(item, str):
+            if not isinstance(item, str) and item is not DROPPED:
                 check_token_ids(self.source, item, file, row, self.spec.tokenizer.vocab_size)
-        others = self.batcher.join(self, docs) if all(isinstance(d[0], str) for d in docs) else []
+        others = self.batcher.join(self, docs) if all(_textual(d[0]) for d in docs) else []
         texts = [item for item, _, _ in docs] + [item for _, _, more in others for item, _, _ in more]
         try:
-            encoded = self.spec.tokenizer.encode(texts, self.source.specials_in_tokens)
-        except BackendMismatch as e:  # the e.index-th text of the batch
-            if e.index < len(docs) or not others:  # one of this reader's documents
+            encoded = self._encode(texts)
+        except BackendMismatch as e:  # the e.index-th text of the batch, not counting dropped slots
+            if e.index < sum(item is not DROPPED for item, _, _ in docs) or not others:  # one of this reader's
                 raise self._mismatch(e, docs) from None
-            encoded = self.spec.tokenizer.encode([item for item, _, _ in docs], self.source.specials_in_tokens)
+            encoded = self._encode([item for item, _, _ in docs])
             others = []  # the other readers meet their document when it is due
         at = len(docs)
         for reader, start, more in others:
@@ -453,9 +515,23 @@ class LaneSourceReader:
             encoded = _own_buffer(encoded[: len(docs)])
         return _batch_of(p, docs, encoded)
 
+    def _encode(self, items: list[str | np.ndarray]) -> list[np.ndarray]:
+        """Each document's ids; a dropped slot stays DROPPED (never encoded)."""
+        if not any(item is DROPPED for item in items):
+            return self.spec.tokenizer.encode(items, self.source.specials_in_tokens)
+        encoded = iter(
+            self.spec.tokenizer.encode([i for i in items if i is not DROPPED], self.source.specials_in_tokens)
+        )
+        return [DROPPED if item is DROPPED else next(encoded) for item in items]
+
     def _mismatch(self, e: BackendMismatch, docs: list[_Text]) -> DataError:
         _, file, row = [doc for doc in docs if isinstance(doc[0], str)][e.index]
         return DataError(f"{file} {self.source.row_unit} {row} (source {self.source.name!r}): {e}")
+
+
+def _textual(item: str | np.ndarray) -> bool:
+    """A text to encode, or a dropped slot (which another reader's encode call may carry along)."""
+    return isinstance(item, str) or item is DROPPED
 
 
 def check_token_ids(source: Source, ids: np.ndarray, file: str, row: int, vocab: int) -> None:
@@ -558,7 +634,7 @@ class DocumentFeed:
                     f"{doc.file} {self.readers[s].source.row_unit} {doc.row}: the lane's state is {cursor.offset} "
                     f"tokens into this document, which has {n}; was the data changed?"
                 )
-            dropped = self.excluding and self.dropped(s, doc.file, doc.row)
+            dropped = doc.tokens is DROPPED or (self.excluding and self.dropped(s, doc.file, doc.row))
             self._watch_barren(s, cursor, 0 if dropped else n)
             if dropped:  # the document, or its rest, is skipped
                 self._has_document[s] = None  # its cursor moves to the next document

@@ -30,15 +30,27 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def _top53(key: int, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+    """A keyed hash of each row, as its top 53 bits: an integer in [0, 2^53) (uint64)."""
+    with np.errstate(over="ignore"):
+        h = _mix(np.asarray(rows, dtype=np.uint64) * _GOLDEN + np.uint64(key))
+    out: np.ndarray = h >> np.uint64(11)
+    return out
+
+
+def uniform53(key: int, rows: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Per row, u * 2^53 for u uniform in [0, 1) from a keyed hash (float64, exact: 53 bits fit). Compared with
+    p * 2^53 it is true with probability p (engine/pipeline.py: a repeat's fractional copy)."""
+    return _top53(key, rows).astype(np.float64)
+
+
 def held_out(split_seed: int, file: str, rows: Sequence[int], fraction: float) -> np.ndarray:
     """A bool per row of `file`: is that document in the eval part?"""
     if fraction <= 0.0 or not len(rows):
         return np.zeros(len(rows), dtype=bool)
-    key = np.uint64(derive_key(split_seed, "split", posixpath.basename(file)))
-    with np.errstate(over="ignore"):
-        h = _mix(np.asarray(rows, dtype=np.uint64) * _GOLDEN + key)
     # The top 53 bits as an integer compared with f * 2^53: exact, no float rounding of the hash.
-    return (h >> np.uint64(11)) < np.uint64(int(fraction * (1 << 53)))
+    key = derive_key(split_seed, "split", posixpath.basename(file))
+    return _top53(key, rows) < np.uint64(int(fraction * (1 << 53)))
 
 
 def kept(split: str, split_seed: int, file: str, rows: Sequence[int], fraction: float) -> np.ndarray:

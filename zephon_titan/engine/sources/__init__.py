@@ -4,8 +4,9 @@ format registry (formats.py): a new format is one module plus one `register_form
 from __future__ import annotations
 
 from zephon_titan.config import SourceConfig
+from zephon_titan.engine.pipeline import SourcePipeline, source_pipeline
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
-from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, register_format
+from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, get_format, register_format
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
 from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
 from zephon_titan.engine.sources.lance import LANCE
@@ -46,7 +47,27 @@ def open_source(
         opened = _open_files(source, listed, max_document_chars, options)
     if write_index:
         save_index_after_first_use(source, opened, options)
+    opened.pipeline = _pipeline(source, get_format(opened.format_name, f"[dataloader.sources.{source.name}]"))
     return opened
+
+
+def _pipeline(source: SourceConfig, fmt: Format) -> SourcePipeline | None:
+    """The source's keep and repeat, where its format can give what they read."""
+    pipeline = source_pipeline(source)
+    if pipeline is None:
+        return None
+    where = f"[dataloader.sources.{source.name}]"
+    if pipeline.fields and not fmt.fields:
+        raise ConfigError(
+            f"{where} keep or repeat reads {', '.join(map(repr, pipeline.fields))}, but {fmt.name} files hold only "
+            'token ids, no columns; a repeat that is a number (repeat = "0.5") needs none'
+        )
+    if pipeline.uses_text and (source.token_field or not fmt.fields):
+        raise ConfigError(
+            f"{where} keep or repeat uses chars or bytes, the length of a text, but the source's documents are "
+            "token ids; use a column of the file instead"
+        )
+    return pipeline
 
 
 def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks]) -> None:

@@ -8,6 +8,7 @@ order, so the numbering is a pure function of the files.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ from typing import Any, TypeAlias, overload
 import numpy as np
 import pyarrow as pa
 
+from zephon_titan.engine.pipeline import SourcePipeline
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.retry import read_with_retries
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
@@ -92,6 +94,13 @@ class BlockDocuments:
     """Document texts (str; LazyTexts, read when asked for), or token-id arrays for a pre-tokenized source."""
     rows: Sequence[int]
     """A list (JSONL's byte offsets) or a range (row numbers)."""
+    fields: pa.Table | None = None
+    """As a format reads it, when the source has a pipeline: the columns it reads (Source.pipeline_fields), one
+    row per document. Source._fill turns them into `keep` and `repeat` and lets them go."""
+    keep: np.ndarray | None = None
+    """With a pipeline: per document, whether its keep condition holds (engine/pipeline.py)."""
+    repeat: np.ndarray | None = None
+    """With a pipeline: per document, its repeat value."""
 
 
 FileRecord: TypeAlias = list[Any]
@@ -151,6 +160,8 @@ class Source(ABC):
         self.text_field = text_field
         self.max_document_chars = max_document_chars
         self.storage_options = storage_options
+        self.pipeline: SourcePipeline | None = None
+        """Set by open_source from the source's keep and repeat, before any block is read."""
         self.files: list[FileBlocks] = self._scan_all(files)
         # first_block[i] is the global number of file i's first block.
         self._first_block: list[int] = []
@@ -232,6 +243,8 @@ class Source(ABC):
                 )
             else:
                 block = self._read(file_index, local)
+            if self.pipeline is not None:
+                block = self._with_pipeline(block, self.pipeline)
         except BaseException as e:  # every caller waiting for this read gets its error; a later call reads again
             with self._held_lock:
                 del self._reading[block_id]
@@ -243,6 +256,27 @@ class Source(ABC):
         future.set_result(block)
 
     @property
+    def pipeline_fields(self) -> list[str]:
+        """The top-level columns or fields `_read` gives in BlockDocuments.fields: those the pipeline reads, and
+        the text's when it uses chars or bytes (empty without a pipeline)."""
+        if self.pipeline is None:
+            return []
+        return list(dict.fromkeys([*self.pipeline.fields, *([self.text_field] if self.pipeline.uses_text else [])]))
+
+    def _with_pipeline(self, block: BlockDocuments, pipeline: SourcePipeline) -> BlockDocuments:
+        """The block with each document's keep and repeat, from the fields its format read."""
+        size = len(block.texts)
+        if not size:  # a block without a line start (JSONL): nothing to decide
+            return dataclasses.replace(block, fields=None, keep=np.zeros(0, dtype=bool), repeat=np.zeros(0))
+        table = block.fields if block.fields is not None else pa.table({"_": pa.nulls(size)})
+        if table.num_rows != size:
+            raise AssertionError(f"{block.file}: {table.num_rows} rows of fields for {size} documents")
+        text = table.column(self.text_field).combine_chunks() if pipeline.uses_text else None
+        first = block.rows[0] if len(block.rows) else 0
+        keep, repeat = pipeline.values(table, text, f"{block.file} {self.row_unit} {first}..")
+        return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat)
+
+    @property
     def column(self) -> str:
         """The column holding each document (columnar formats)."""
         return self.token_field or self.text_field
@@ -252,6 +286,14 @@ class Source(ABC):
             which = "token_field" if self.token_field else "text_field"
             raise DataError(
                 f"{path}: no column {self.column!r} (columns: {', '.join(names)}); set {which} for source {self.name!r}"
+            )
+
+    def check_field(self, path: str, name: str, names: list[str]) -> None:
+        """A column the source's keep or repeat reads must be in the file."""
+        if name not in names:
+            raise DataError(
+                f"{path}: no column {name!r}, which source {self.name!r}'s keep or repeat reads (columns: "
+                f"{', '.join(names)}); fix the expression or the file"
             )
 
     def check_size(self, text: str, where: str) -> None:

@@ -40,6 +40,10 @@ class Format:
     """The source settings its block numbering depends on: an index records them, and one written for
     other values is refused naming the change (sources/index.py)."""
 
+    fields: bool = False
+    """Its Source reads a document's other columns or fields (BlockDocuments.fields): a source's keep and repeat
+    may name them."""
+
     datasets: bool = False
     """Paths name dataset directories (listed by `list_datasets`), not files; blocks carry their own names."""
 

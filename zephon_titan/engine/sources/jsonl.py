@@ -105,14 +105,51 @@ class JsonlSource(Source):
         # of their tokens/s); past it, a block keeps only where its lines are, and each line is read again
         # when its document is due (from the page cache, usually), so thousands of lanes never hold bytes
         # they have not reached. Either way a document's text is the same.
+        fields = self._fields(f.path, data, start, rows, lengths, line_number) if self.pipeline_fields else None
         keep = bool(codec) or storage.is_uri(f.path) or _held_bytes.take(len(data))
         held = data if keep else None
         if held is None:
             del data  # an uncompressed file's line numbers are counted from the file, only on error
-        block = BlockDocuments(f.path, LazyTexts(len(rows), text), rows)
+        block = BlockDocuments(f.path, LazyTexts(len(rows), text), rows, fields=fields)
         if held is not None and not codec and not storage.is_uri(f.path):
             weakref.finalize(block, _held_bytes.give_back, len(held))
         return block
+
+    def _fields(
+        self, path: str, data: bytes, start: int, rows: list[int], lengths: list[int], line_number: Callable[[int], int]
+    ) -> pa.Table:
+        """The fields the source's pipeline reads, one row per line (a field a record lacks is null)."""
+        names = self.pipeline_fields
+        values: dict[str, list[Any]] = {name: [] for name in names}
+        present: set[str] = set()
+        for offset, length in zip(rows, lengths):
+            line = data[offset - start : offset - start + length]
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                self._text_of(line, path, offset, line_number)  # its one-line error
+                raise AssertionError("a line that is not a JSON object parsed")
+            present.update(name for name in names if name in record)
+            for name in names:
+                values[name].append(record.get(name))
+        missing = [name for name in names if name not in present]
+        if missing and rows:
+            raise DataError(
+                f"{path} (from byte {rows[0]:,}): no record of this block has the field {missing[0]!r} that source "
+                f"{self.name!r}'s keep or repeat reads; check its name (a record without it gives null)"
+            )
+        columns = {}
+        for name, column in values.items():
+            try:
+                columns[name] = pa.array(column)
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise DataError(
+                    f"{path} (from byte {rows[0]:,}): field {name!r} holds values of different types ({e}); "
+                    f"source {self.name!r}'s keep or repeat reads it"
+                ) from None
+        return pa.table(columns) if columns else pa.table({"_": pa.nulls(len(rows))})
 
     def _read_line(self, f: FileBlocks, offset: int, length: int) -> bytes:
         """One line of a local file, read when its document is due (checked unchanged since it was listed)."""
@@ -348,6 +385,7 @@ def _record(line: bytes, path: str, number: int) -> dict[str, Any]:
 
 
 JSONL = Format(
+    fields=True,
     name="jsonl",
     extensions=tuple(f"{ext}{z}" for ext in (".jsonl", ".json", ".ndjson") for z in ("", ".gz", ".zst", ".zstd")),
     open=lambda source, files, max_chars, options: JsonlSource(

@@ -11,6 +11,7 @@ Blocks are named `<dataset>?version=<v>&fragment=<id>`; rows are row numbers in 
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
@@ -141,7 +142,12 @@ class LanceSource(Source):
                     f"{f.path}: version {version} of the dataset has no fragment {fragment_id}; the source's index "
                     "does not describe this dataset: rebuild it with `zephon-titan index <job.toml>`"
                 )
-            table = fragment.to_table(columns=[self.column], offset=first_row, limit=self.block_rows)
+            fields = self.pipeline_fields
+            for name in fields:
+                self.check_field(f.path, name, fragment.schema.names)
+            table = fragment.to_table(
+                columns=list(dict.fromkeys([self.column, *fields])), offset=first_row, limit=self.block_rows
+            )
         except (OSError, ValueError) as e:
             raise DataError(
                 f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the dataset cleaned up?"
@@ -149,7 +155,8 @@ class LanceSource(Source):
         expected = min(self.block_rows, f.size - first_row)
         if table.num_rows != expected:
             raise self.changed_file(f, f"block {local_block} has {table.num_rows} rows instead of {expected}")
-        return column_documents(self, table.column(0), f.path, first_row)
+        block = column_documents(self, table.column(self.column), f.path, first_row)
+        return dataclasses.replace(block, fields=table.select(fields)) if fields else block
 
 
 def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
@@ -197,6 +204,7 @@ def _init_sample(dataset: FileStat) -> Sample:
 
 
 LANCE = Format(
+    fields=True,
     name="lance",
     extensions=(".lance",),
     open=lambda source, datasets, max_chars, options: LanceSource(

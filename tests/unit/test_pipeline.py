@@ -1,0 +1,379 @@
+"""A source's keep and repeat (engine/pipeline.py, config/expressions.py), against an independent reference.
+
+The reference here reads the fixture's records itself, decides each document's fate with plain Python (the
+condition by hand, the repeat's hash by splitmix64 over Python integers), and the loader's rows must train
+exactly those documents that many times, for several rank and worker counts and across restores. Negative
+controls: another threshold and another seed give other rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import posixpath
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zephon_titan.config.expressions import ExpressionError, check_keep, check_repeat, parse, upper_bound
+from zephon_titan.engine.feed import Document
+from zephon_titan.engine.packing import RowShape
+from zephon_titan.engine.shuffle import derive_key
+from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.testing import (
+    assert_restores_exactly,
+    assert_same_rows_for_any_layout,
+    epoch_rows,
+    spec_from_table,
+)
+
+LANGS = ["en", "de", "fr", None]
+
+
+def _record(i: int, text: str) -> dict:
+    """A document's columns: a quality in [0, 1) (null for every 11th), a language, a nested source."""
+    quality = None if i % 11 == 5 else ((i * 7919) % 1000) / 1000
+    return {"text": text, "quality": quality, "lang": LANGS[i % 4], "meta": {"site": f"s{i % 3}", "score": i % 5}}
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory, prose_docs, code_docs) -> str:
+    """prose: 2 JSONL files; code: 2 Parquet files (4 rows per row group), each record with _record's columns."""
+    root = str(tmp_path_factory.mktemp("scored"))
+    os.makedirs(f"{root}/prose")
+    os.makedirs(f"{root}/code")
+    docs = [d for d in prose_docs if d.strip()][:120]
+    for f in range(2):
+        with open(f"{root}/prose/part-{f}.jsonl", "w") as out:
+            for i in range(f, len(docs), 2):
+                out.write(json.dumps(_record(i, docs[i])) + "\n")
+    code = [d for d in code_docs if d.strip()][:40]
+    for f in range(2):
+        records = [_record(i, code[i]) for i in range(f, len(code), 2)]
+        pq.write_table(pa.Table.from_pylist(records), f"{root}/code/part-{f}.parquet", row_group_size=4)
+    return root
+
+
+def _table(root, tokenizer_dir, keep=("", ""), repeat=("", ""), **overrides) -> dict:
+    sources = {
+        "code": {"paths": [f"{root}/code/*.parquet"], "weight": 0.4, "keep": keep[0], "repeat": repeat[0]},
+        "prose": {
+            "paths": [f"{root}/prose/*.jsonl"],
+            "weight": 0.6,
+            "block_bytes": 8192,
+            "keep": keep[1],
+            "repeat": repeat[1],
+        },
+    }
+    table = {"num_lanes": 4, "seed": 7, "tokenizer_path": tokenizer_dir, "shuffle_window_blocks": 2}
+    table.update(sources=sources, **overrides)
+    return table
+
+
+# ---- the reference ------------------------------------------------------------------------------------------
+
+
+def _records(root: str) -> dict[tuple[str, int], dict]:
+    """Every document by (file, row) as the sources name them: Parquet row numbers, JSONL byte offsets."""
+    out = {}
+    for name in sorted(os.listdir(f"{root}/code")):
+        path = f"{root}/code/{name}"
+        for row, record in enumerate(pq.read_table(path).to_pylist()):
+            out[(path, row)] = record
+    for name in sorted(os.listdir(f"{root}/prose")):
+        path = f"{root}/prose/{name}"
+        offset = 0
+        with open(path, "rb") as f:
+            for line in f:
+                out[(path, offset)] = json.loads(line)
+                offset += len(line)
+    return out
+
+
+def _mix64(x: int) -> int:
+    m = (1 << 64) - 1
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & m
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & m
+    return x ^ (x >> 31)
+
+
+def _copies(repeat: float, seed: int, source: str, file: str, row: int, epoch: int = 0) -> int:
+    """A document's trained copies in a pass, computed apart from the engine (Python integers, not numpy)."""
+    key = derive_key(seed, "repeat", source, posixpath.basename(file), epoch)
+    u = _mix64((row * 0x9E3779B97F4A7C15 + key) & ((1 << 64) - 1)) >> 11
+    whole = math.floor(repeat)
+    return whole + (u < (repeat - whole) * 2.0**53)
+
+
+def _trained(spec) -> Counter:
+    """Per (file, row), how many whole copies of the document the rows of one pass hold (tokens / its length)."""
+    tokens: Counter = Counter()
+    for row in epoch_rows(spec):
+        for piece in row.pieces:
+            tokens[(piece.file, piece.row)] += piece.length
+    shape, lengths = RowShape.of(spec), {}
+    for source in spec.sources:
+        for b in range(source.num_blocks):
+            block = source.read_block(b)
+            for row_id, ids in zip(block.rows, spec.tokenizer.encode(list(block.texts))):
+                lengths[(block.file, row_id)] = shape.piece_slots(Document(0, ids, block.file, row_id, 0, len(ids)))
+    out = Counter()
+    for key, n in tokens.items():
+        assert n % lengths[key] == 0, f"{key}: {n} tokens of a document of {lengths[key]}: a copy is cut"
+        out[key] = n // lengths[key]
+    return out
+
+
+# Conditions drawn for the property, each with the same rule in Python (None: a missing value).
+CONDITIONS = {
+    "quality >= {t}": lambda r, t: r["quality"] is not None and r["quality"] >= t,
+    "quality < {t} or quality is null": lambda r, t: r["quality"] is None or r["quality"] < t,
+    "lang in ['en', 'fr'] and quality > {t}": lambda r, t: (
+        r["lang"] in ("en", "fr") and (r["quality"] or 0) > t and r["quality"] is not None
+    ),
+    "not (lang == 'de') and meta.score >= {k}": lambda r, t: (
+        r["lang"] is not None and r["lang"] != "de" and r["meta"]["score"] >= round(t * 4)
+    ),
+    "chars > {c} and meta.site != 's1'": lambda r, t: len(r["text"]) > round(t * 2000) and r["meta"]["site"] != "s1",
+}
+REPEATS = {
+    "": lambda r: 1.0,
+    "{t}": lambda r, t=None: None,  # filled in below: a constant share
+    "min(meta.score * {t} + 0.5, 3)": lambda r, t=None: None,
+}
+
+
+def _repeat_value(text: str, record: dict, t: float) -> float:
+    if not text:
+        return 1.0
+    if text == "{t}":
+        return t
+    return min(record["meta"]["score"] * t + 0.5, 3.0)
+
+
+def _fill(text: str, t: float) -> str:
+    return text.format(t=t, k=round(t * 4), c=round(t * 2000))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    condition=st.sampled_from(sorted(CONDITIONS)),
+    repeat=st.sampled_from(sorted(REPEATS)),
+    t=st.floats(0.05, 0.95),
+    seed=st.integers(0, 2**32),
+    packing=st.sampled_from(["wrap", "best_fit"]),
+)
+def test_the_rows_train_what_the_reference_decides(scored, tokenizer_dir, condition, repeat, t, seed, packing):
+    keep, rep = _fill(condition, t), _fill(repeat, t)
+    table = _table(scored, tokenizer_dir, keep=(keep, keep), repeat=(rep, rep), seed=seed, packing=packing)
+    spec = spec_from_table({**table, "exhaustion": "redistribute"})
+    expected = Counter()
+    for (file, row), record in _records(scored).items():
+        source = "code" if "/code/" in file else "prose"
+        if CONDITIONS[condition](record, t):
+            n = _copies(_repeat_value(repeat, record, t), seed, source, file, row)
+            if n:
+                expected[(file, row)] = n
+    assert _trained(spec) == expected
+
+
+def test_any_layout_and_exact_restores(scored, tokenizer_dir):
+    table = _table(
+        scored, tokenizer_dir, keep=("quality >= 0.3", "lang != 'de'"), repeat=("0.7", "min(meta.score, 2.5)")
+    )
+    spec = spec_from_table(table)
+    assert_same_rows_for_any_layout(spec)
+    for lane in (0, 3):
+        assert_restores_exactly(spec, lane, [0, 1, 3, 7, 12], rows=4)
+
+
+def test_worker_processes_give_the_same_rows_and_resume_them(scored, tokenizer_dir):
+    """Workers rebuild the pipeline from the config (the expressions are text): the same rows, and a restore in
+    workers continues the in-process lanes."""
+    from zephon_titan.engine import LaneGroup, open_lane_group
+
+    table = _table(
+        scored, tokenizer_dir, keep=("quality >= 0.3", "lang != 'de'"), repeat=("1.5", "min(meta.score, 2.5)")
+    )
+    spec = spec_from_table(table)
+    group = LaneGroup(spec, range(4), 2)
+    expected = [group.next_step() for _ in range(3)]
+    states = group.state()
+    expected += [group.next_step() for _ in range(3)]
+
+    def digest(steps) -> list[bytes]:
+        return [row.to_bytes() for step in steps for lane in step for row in lane]
+
+    with open_lane_group(spec, range(4), 2, num_workers=2) as workers:
+        assert digest([workers.next_step() for _ in range(6)]) == digest(expected)
+    with open_lane_group(spec, range(4), 2, num_workers=2, states=states, first_step=3) as workers:
+        assert digest([workers.next_step() for _ in range(3)]) == digest(expected[3:])
+
+
+def test_negative_controls_another_threshold_and_another_seed(scored, tokenizer_dir):
+    def rows(**kw):
+        return [
+            r.to_bytes()
+            for r in epoch_rows(spec_from_table({**_table(scored, tokenizer_dir, **kw), "exhaustion": "redistribute"}))
+        ]
+
+    base = rows(keep=("quality >= 0.5", ""), repeat=("", "0.5"))
+    assert base == rows(keep=("quality >= 0.5", ""), repeat=("", "0.5"))
+    assert base != rows(keep=("quality >= 0.6", ""), repeat=("", "0.5"))
+    assert base != rows(keep=("quality >= 0.5", ""), repeat=("", "0.5"), seed=8)
+
+
+def test_a_filter_leaves_the_kept_documents_in_their_order(scored, tokenizer_dir):
+    """A stricter condition only removes documents: each source's others come in the same order (mixing, which
+    counts tokens, may interleave the sources differently)."""
+
+    def order(keep):
+        spec = spec_from_table({**_table(scored, tokenizer_dir, keep=(keep, keep)), "exhaustion": "redistribute"})
+        seen = []
+        for row in epoch_rows(spec):
+            for p in row.pieces:
+                if p.doc_offset == 0:
+                    seen.append((p.file, p.row))
+        return seen
+
+    for source in ("code", "prose"):
+        loose = [d for d in order("quality >= 0.2") if f"/{source}/" in d[0]]
+        strict = [d for d in order("quality >= 0.6") if f"/{source}/" in d[0]]
+        assert set(strict) < set(loose)
+        assert [d for d in loose if d in set(strict)] == strict
+
+
+def test_a_pipeline_that_keeps_everything_once_is_the_loader_without_one(scored, tokenizer_dir):
+    """`keep = "true"` and `repeat = "1"` take the pipeline's path (slots, counts, skips) and must give the rows
+    of the path without a pipeline, which is the loader as it was; only the fingerprint tells them apart."""
+    from zephon_titan.engine import fingerprint
+
+    def rows(**kw):
+        spec = spec_from_table({**_table(scored, tokenizer_dir, **kw), "exhaustion": "redistribute"})
+        return [r.to_bytes() for r in epoch_rows(spec)], fingerprint(spec)
+
+    plain, fp = rows()
+    assert not any(k.startswith("pipeline.") for k in fp)
+    assert rows(keep=("true", "quality is null or quality >= 0"))[0] == plain
+    assert rows(repeat=("1", "if(quality is null, 1, 1)"))[0] == plain
+    assert rows(keep=("quality is not null", ""))[0] != plain  # the control: a filter that drops some
+
+
+def test_the_pipeline_is_in_the_fingerprint(scored, tokenizer_dir):
+    from zephon_titan.engine import fingerprint
+
+    fp = fingerprint(
+        spec_from_table(_table(scored, tokenizer_dir, keep=("quality > 0.5", ""), repeat=("", "min(quality * 4, 2.5)")))
+    )
+    assert fp["pipeline.code"] == "keep quality > 0.5 (1 slot per document)"
+    assert fp["pipeline.prose"] == "repeat min(quality * 4, 2.5) (3 slots per document)"
+
+
+def test_repeat_counts_follow_the_fraction_per_pass():
+    """floor(x) copies always, one more with probability frac(x), drawn anew each pass."""
+    from zephon_titan.engine.pipeline import SourcePipeline
+
+    pipeline = SourcePipeline("web", None, parse("2.3", "repeat", "number"), 3)
+    rows = np.arange(20_000)
+    keep, repeat = np.ones(len(rows), dtype=bool), np.full(len(rows), 2.3)
+    a = pipeline.counts(keep, repeat, 1, "x/part-0.jsonl", rows, epoch=0)
+    b = pipeline.counts(keep, repeat, 1, "y/part-0.jsonl", rows, epoch=1)
+    assert set(a) == {2, 3} and abs((a == 3).mean() - 0.3) < 0.02
+    assert (a != b).any() and abs((b == 3).mean() - 0.3) < 0.02
+    assert (a == pipeline.counts(keep, repeat, 1, "z/part-0.jsonl", rows, epoch=0)).all()  # the name, not the place
+    assert [_copies(2.3, 1, "web", "part-0.jsonl", int(r)) for r in rows[:300]] == list(a[:300])
+
+
+# ---- the language -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("quality >", "expected a value, found 'the end' at character 10"),
+        ("quality >= 0.7 and", "expected a value"),
+        ("foo(quality)", "unknown function 'foo'"),
+        ("lang == 1 + 'a'", "'+' needs a number, got a string"),
+        ("quality and lang", None),  # columns: their kinds are the data's
+        ("1 + 2", "gives a number, expected a condition"),
+        ("quality @ 2", "cannot read '@ 2' at character 9"),
+        ("lang in ['en', 3]", "'in' needs a non-empty list"),
+        ("(quality > 1", "expected ')'"),
+        ("min(quality)", "min() takes 2 to 8 arguments, got 1"),
+        ("__import__('os').system('x')", 'cannot read ".system(\'x"'),
+        ("__import__('os')", "unknown function '__import__'"),
+    ],
+)
+def test_a_bad_keep_is_one_line_naming_the_key(text, problem):
+    if problem is None:
+        check_keep(text, "[dataloader.sources.web] keep")
+        return
+    with pytest.raises(ExpressionError) as e:
+        check_keep(text, "[dataloader.sources.web] keep")
+    assert problem in str(e.value) and "[dataloader.sources.web] keep = " in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, bound",
+    [
+        ("0.3", 0.3),
+        ("min(score * 2, 3)", 3),
+        ("if(quality > 0.5, 2, 0.5)", 2),
+        ("abs(min(x, 1))", math.inf),
+        ("max(min(x, 2), 0.5) * 1.5", 3),
+        ("min(chars / 1000, 4)", 4),
+        ("-min(x, -2)", math.inf),
+    ],
+)
+def test_a_repeat_is_bounded_by_interval_arithmetic(text, bound):
+    assert upper_bound(parse(text, "repeat", "number")) == bound
+    if math.isinf(bound):
+        with pytest.raises(ExpressionError, match=r"bound it, e\.g\. min\("):
+            check_repeat(text, "[dataloader.sources.web] repeat")
+
+
+def test_the_config_refuses_a_bad_expression_when_it_is_made(scored, tokenizer_dir):
+    with pytest.raises(ConfigError, match=r"\[dataloader.sources.code\] keep = 'quality >>= 1'"):
+        spec_from_table(_table(scored, tokenizer_dir, keep=("quality >>= 1", "")))
+    with pytest.raises(ConfigError, match=r"repeat = 'score \* 2' can be any number"):
+        spec_from_table(_table(scored, tokenizer_dir, repeat=("score * 2", "")))
+
+
+@pytest.mark.parametrize(
+    "keep, repeat, message",
+    [
+        ("qualty > 0.5", "", r"code/part-\d.parquet: no column 'qualty', which source 'code'"),
+        ("lang > 0.5", "", r"code/part-\d.parquet row \d+\.\. \(source 'code'\): 'lang > 0.5' does not fit"),
+        ("", "min(lang, 2)", r"does not fit the data's types"),
+    ],
+)
+def test_data_that_does_not_fit_is_one_line_naming_file_and_column(scored, tokenizer_dir, keep, repeat, message):
+    table = _table(scored, tokenizer_dir, keep=(keep, ""), repeat=(repeat, ""), exhaustion="redistribute")
+    with pytest.raises(DataError, match=message) as e:
+        epoch_rows(spec_from_table(table))
+    assert "\n" not in str(e.value)
+
+
+def test_a_jsonl_field_no_record_has_is_named(scored, tokenizer_dir):
+    spec = spec_from_table(_table(scored, tokenizer_dir, keep=("", "qualty > 0.5"), exhaustion="redistribute"))
+    with pytest.raises(
+        DataError, match=r"prose/part-\d.jsonl \(from byte [\d,]+\): no record of this block has the field 'qualty'"
+    ):
+        epoch_rows(spec)
+
+
+def test_a_source_whose_pipeline_keeps_nothing_is_one_line_not_a_hang(scored, tokenizer_dir):
+    spec = spec_from_table(_table(scored, tokenizer_dir, keep=("quality > 2", "")))
+    from zephon_titan.engine import LaneStream
+
+    with pytest.raises(DataError, match="left out by its keep or repeat"):
+        stream = LaneStream(spec, 0)
+        for _ in range(10_000):
+            stream.next_row()

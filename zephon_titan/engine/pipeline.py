@@ -1,0 +1,215 @@
+"""A source's document pipeline: which documents are trained, and how many times (`keep` and `repeat`).
+
+    [dataloader.sources.web]
+    keep = "quality >= 0.7 and lang == 'en'"     # a condition over the record's columns (expressions.py)
+    repeat = "min(score * 2, 3)"                 # copies per pass: floor(x), and one more with probability frac(x)
+
+Both are evaluated once per block when it is read (vectorized over its documents), and they never move a
+document: a lane's shuffle window holds `copies` slots per document (copies = the ceiling of the largest value
+`repeat` can take, 1 without it), and slot c of a document is trained in a pass when c < its count there. The
+count is keep(d) * (floor(x) + [u < frac(x)]), with u uniform in [0, 1) from a keyed hash of the document's file
+name, row and the pass (as split.py keys the eval split), so:
+- the documents a filter keeps are in the order they have without it (a stricter filter only leaves some out);
+- a repeated document's copies are separate slots that the window's shuffle places apart;
+- everything is a pure function of the files and the config: the same for every W and worker count, and
+  `plan` sees it.
+A dropped slot is skipped where the lane reads it (feed.py), like an excluded document.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from zephon_titan.config import SourceConfig
+from zephon_titan.config.expressions import (
+    ARITHMETIC,
+    Apply,
+    Column,
+    Derived,
+    Expression,
+    Literal,
+    Node,
+    copies_of,
+    parse,
+)
+from zephon_titan.engine.shuffle import derive_key
+from zephon_titan.engine.split import uniform53
+from zephon_titan.errors import DataError
+
+
+@dataclass(frozen=True)
+class SourcePipeline:
+    source: str
+    keep: Expression | None
+    repeat: Expression | None
+    copies: int
+    """Slots per document in a shuffle window: how many times a pass can train it."""
+
+    @property
+    def fields(self) -> list[str]:
+        """The top-level columns or fields the expressions read (a dotted name reads its first part)."""
+        names = [n for e in (self.keep, self.repeat) if e is not None for n in e.columns()]
+        return list(dict.fromkeys(name.split(".")[0] for name in names))
+
+    @property
+    def uses_text(self) -> bool:
+        return any(e is not None and e.uses_text() for e in (self.keep, self.repeat))
+
+    def describe(self) -> str:
+        """The fingerprint's `pipeline.<source>`: what decides the rows (and, as text, what a resume changed)."""
+        parts = [f"keep {self.keep.text}" if self.keep else "", f"repeat {self.repeat.text}" if self.repeat else ""]
+        return "; ".join(p for p in parts if p) + f" ({self.copies} slot{'s' * (self.copies > 1)} per document)"
+
+    def values(self, table: pa.Table, text: pa.Array | None, where: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per document of a block: kept (bool) and its repeat value (float64 in [0, copies]). `table`: the
+        block's `fields`; `text`: its texts (when the expressions use chars or bytes)."""
+        size = table.num_rows
+
+        def column(node: Node) -> pa.Array:
+            if isinstance(node, Derived):
+                assert text is not None
+                return pc.utf8_length(text) if node.name == "chars" else pc.binary_length(text)
+            assert isinstance(node, Column)
+            return field_values(table, node.path)
+
+        try:
+            keep = (
+                np.asarray(pc.fill_null(evaluate(self.keep, column, size), False), dtype=bool)
+                if self.keep is not None
+                else np.ones(size, dtype=bool)
+            )
+            if self.repeat is None:
+                return keep, np.ones(size)
+            repeat = pc.fill_null(evaluate(self.repeat, column, size).cast(pa.float64()), 0.0).to_numpy()
+        except DataError as e:
+            raise DataError(f"{where} (source {self.source!r}): {e}") from None
+        return keep, np.clip(np.nan_to_num(repeat, nan=0.0), 0.0, self.copies)
+
+    def counts(
+        self, keep: np.ndarray, repeat: np.ndarray, seed: int, file: str, rows: Sequence[int] | np.ndarray, epoch: int
+    ) -> np.ndarray:
+        """How many of each document's slots are trained in pass `epoch` (documents of one file, at `rows`)."""
+        whole = np.floor(repeat)
+        counts = whole.astype(np.int64)
+        fraction = repeat - whole
+        if fraction.any():
+            key = derive_key(seed, "repeat", self.source, posixpath.basename(file), epoch)
+            u = uniform53(key, rows)
+            counts += (u < fraction * float(1 << 53)).astype(np.int64)
+        return np.where(keep, counts, 0)
+
+
+def field_values(table: pa.Table, path: str) -> pa.Array:
+    """A column, or a field of a struct column by dotted name; a dictionary-encoded column as its values."""
+    if path in table.column_names:
+        array = table.column(path).combine_chunks()
+    else:
+        first, *rest = path.split(".")
+        array = table.column(first).combine_chunks()
+        for part in rest:
+            if not pa.types.is_struct(array.type) or array.type.get_field_index(part) < 0:
+                raise DataError(f"no field {path!r} (column {first!r} has type {table.column(first).type})")
+            array = pc.struct_field(array, part)
+    if pa.types.is_dictionary(array.type):
+        array = array.cast(array.type.value_type)
+    return array
+
+
+def source_pipeline(source: SourceConfig) -> SourcePipeline | None:
+    """The source's pipeline from its config; None when it has neither keep nor repeat."""
+    if not source.keep and not source.repeat:
+        return None
+    where = f"[dataloader.sources.{source.name}]"
+    keep = parse(source.keep, f"{where} keep", "bool") if source.keep else None
+    repeat = parse(source.repeat, f"{where} repeat", "number") if source.repeat else None
+    copies = copies_of(repeat, f"{where} repeat") if repeat is not None else 1
+    return SourcePipeline(source.name, keep, repeat, copies)
+
+
+Values = Callable[[Node], pa.Array]
+"""The arrays of a block's documents for a Column or Derived node (one value per document)."""
+
+
+def evaluate(expression: Expression, values: Values, size: int) -> pa.Array:
+    """The expression over a block of `size` documents: one value per document. DataError when the data's types
+    do not fit it (a string column compared with a number): the message names the expression; the caller adds
+    the file."""
+    try:
+        out = _evaluate(expression.tree, values)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        first = str(e).splitlines()[0]
+        raise DataError(f"{expression.text!r} does not fit the data's types ({first})") from None
+    if isinstance(out, pa.Scalar):
+        return pa.array([out.as_py()] * size, type=out.type)
+    return out
+
+
+def _evaluate(node: Node, values: Values) -> Any:
+    if isinstance(node, Literal):
+        return pa.scalar(node.value)
+    if isinstance(node, (Column, Derived)):
+        return values(node)
+    assert isinstance(node, Apply)
+    args = [_evaluate(a, values) for a in node.args]
+    if any(pa.types.is_null(a.type) for a in args) and node.op not in ("is_null", "is_valid"):
+        typed = _typed_nulls(node, args)
+        if typed is None:  # a value missing from every document of the block: so is the result
+            size = next(len(a) for a in _arrays(node, values) if isinstance(a, pa.Array))
+            return pa.nulls(size, _KINDS.get(node.kind, pa.null()))
+        args = typed
+    if node.op in ARITHMETIC.values() or node.op == "negate":
+        args = [a.cast(pa.float64()) for a in args]
+    if node.op == "is_in":
+        value_set = pa.array(node.values)
+        if args[0].type != value_set.type and not pa.types.is_null(args[0].type):
+            args[0] = args[0].cast(value_set.type) if _numeric(args[0].type) else args[0]
+        # A missing value is in no list and outside none: null, as a comparison with it is (not False, which
+        # `not in` would turn into a kept document).
+        return pc.if_else(pc.is_valid(args[0]), pc.is_in(args[0], value_set=value_set), pa.scalar(None, pa.bool_()))
+    if node.op in ("min_element_wise", "max_element_wise"):
+        return getattr(pc, node.op)(*[a.cast(pa.float64()) for a in args], skip_nulls=False)
+    if node.op in ("and_kleene", "or_kleene"):
+        out = args[0]
+        for a in args[1:]:
+            out = pc.call_function(node.op, [out, a])
+        return out
+    if node.op in ("is_null", "is_valid") and isinstance(args[0], pa.Scalar):
+        return pa.scalar(args[0].is_valid == (node.op == "is_valid"))
+    return pc.call_function(node.op, args)
+
+
+def _numeric(kind: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(kind) or pa.types.is_floating(kind))
+
+
+_KINDS = {"bool": pa.bool_(), "number": pa.float64(), "string": pa.string()}
+_LOGICAL = ("and_kleene", "or_kleene", "invert")
+
+
+def _typed_nulls(node: Apply, args: list[Any]) -> list[Any] | None:
+    """Arguments where a column is null in every document of a block (Arrow's null type, which no kernel
+    compares): as nulls of the type the operator needs, or None when the result is null whatever the rest."""
+    if node.op in _LOGICAL:
+        return [a.cast(pa.bool_()) if pa.types.is_null(a.type) else a for a in args]
+    if node.op == "if_else":
+        if pa.types.is_null(args[0].type):
+            return None
+        other = next((a.type for a in args[1:] if not pa.types.is_null(a.type)), None)
+        return (
+            None if other is None else [args[0], *(a.cast(other) if pa.types.is_null(a.type) else a for a in args[1:])]
+        )
+    return None
+
+
+def _arrays(node: Node, values: Values) -> list[Any]:
+    """The node's column values (to learn a block's size)."""
+    if isinstance(node, (Column, Derived)):
+        return [values(node)]
+    return [a for child in getattr(node, "args", ()) for a in _arrays(child, values)]
