@@ -63,6 +63,8 @@ class WhereReport:
     """The documents held out for validation (eval_fraction): never trained."""
     excluded_from: dict[Document, int] = field(default_factory=dict)
     """The documents on the `[dataloader] exclude` list, with the first step that skips them."""
+    decided: dict[Document, str] = field(default_factory=dict)
+    """With keep or repeat: what the source's pipeline decides for each document, in words."""
 
     def reached(self) -> list[Document]:
         seen = {p.document for p in self.placements}
@@ -88,6 +90,7 @@ class WhereReport:
                     key: row,
                     "held_out": (file, row) in self.held_out,
                     "excluded_from_step": self.excluded_from.get((file, row)),
+                    "pipeline": self.decided.get((file, row)),
                     "placements": [
                         {
                             "step": p.step,
@@ -108,6 +111,8 @@ class WhereReport:
         out = []
         for document, mine in self.by_document().items():
             name = f"{self.source}: {document[0]} {self.row_unit} {document[1]}"
+            if document in self.decided:
+                out.append(f"{name}: {self.decided[document]}")
             if not mine:
                 why = " (held out for validation: eval_fraction)" if document in self.held_out else ""
                 out.append(f"{name}: in no step of {self.first}-{self.last}{why}")
@@ -202,6 +207,34 @@ def excluded_documents(spec: EngineSpec, source: int, documents: list[Document])
     return {d: exclusion.from_step for d in documents if d in listed}
 
 
+def pipeline_decisions(spec: EngineSpec, source: int, documents: list[Document]) -> dict[Document, str]:
+    """What the source's keep and repeat decide for each of `documents`, in words (engine/pipeline.py)."""
+    src = spec.sources[source]
+    pipeline = src.pipeline
+    if pipeline is None:
+        return {}
+    out, wanted = {}, set(documents)
+    for path in sorted({file for file, _ in documents}):
+        for block in file_blocks(src, path):
+            assert block.keep is not None and block.repeat is not None
+            for i, row in enumerate(block.rows):
+                if (path, row) not in wanted:
+                    continue
+                if not block.keep[i]:
+                    out[(path, row)] = (
+                        f"left out by its keep ({pipeline.keep.text if pipeline.keep else ''}): never trained"
+                    )
+                    continue
+                x = float(block.repeat[i])
+                first = int(
+                    pipeline.counts(block.keep[i : i + 1], block.repeat[i : i + 1], spec.seed, path, [row], 0)[0]
+                )
+                whole = int(x)
+                copies = f"{whole}" if x == whole else f"{whole} or {whole + 1}"
+                out[(path, row)] = f"kept, repeat {x:.4g}: {copies} copies per pass ({first} in the first)"
+    return out
+
+
 def find_documents(source: Source, file: str | None, row: int | None, match: str | None) -> list[Document]:
     """The documents to look for: those containing `match`, else the one at `file` and `row`."""
     if match is None:
@@ -282,6 +315,7 @@ def where(
     report = WhereReport(source_name, source.row_unit, first, last, documents, [])
     report.held_out = held_out_documents(job, s, documents)
     report.excluded_from = excluded_documents(spec, s, documents)
+    report.decided = pipeline_decisions(spec, s, documents)
     wanted = set(documents)
     group = open_lane_group(
         spec, lanes, rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start

@@ -290,6 +290,55 @@ def test_repeat_counts_follow_the_fraction_per_pass():
     assert [_copies(2.3, 1, "web", "part-0.jsonl", int(r)) for r in rows[:300]] == list(a[:300])
 
 
+# ---- the command line ---------------------------------------------------------------------------------------
+
+
+PIPELINE_TOML = 'keep = "quality >= 0.4"\nrepeat = "min(meta.score * 0.75, 2.5)"'
+
+
+def test_validate_plan_and_where_see_the_pipeline(scored, tokenizer_dir, tmp_path, capsys):
+    from helpers import write_job
+
+    from zephon_titan.cli import main
+
+    job = write_job(tmp_path / "job.toml", scored, tokenizer_dir, source=PIPELINE_TOML)
+    assert main(["validate", job, "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    records = _records(scored)
+    for source in ("code", "prose"):
+        mine = [r for (f, _), r in records.items() if f"/{source}/" in f]
+        kept = sum(r["quality"] is not None and r["quality"] >= 0.4 for r in mine)
+        assert f"keeps {kept:,} of {len(mine):,} documents ({kept / len(mine):.1%})" in out
+    assert "pipeline: keep quality >= 0.4; repeat min(meta.score * 0.75, 2.5) (3 slots per document)" in out
+    assert "pipeline.prose" in out
+    assert main(["plan", job, "--steps", "3", "-o", str(tmp_path / "a.jsonl")]) == 0
+    capsys.readouterr()
+    # A document the filter drops, and one trained twice or three times a pass, as `where` says them.
+    (dropped,) = [k for k, r in records.items() if "/code/" in k[0] and r["quality"] is None][:1]
+    assert (
+        main(["where", job, "--source", "code", "--file", dropped[0], "--row", str(dropped[1]), "--steps", "1-2"]) == 1
+    )
+    assert "left out by its keep (quality >= 0.4): never trained" in capsys.readouterr().out
+    (twice,) = [
+        k for k, r in records.items() if "/code/" in k[0] and (r["quality"] or 0) >= 0.4 and r["meta"]["score"] == 3
+    ][:1]
+    main(["where", job, "--source", "code", "--file", twice[0], "--row", str(twice[1]), "--steps", "1-2"])
+    assert "kept, repeat 2.25: 2 or 3 copies per pass" in capsys.readouterr().out
+
+
+def test_a_typo_in_the_job_is_one_line_at_validate(scored, tokenizer_dir, tmp_path, capsys):
+    from helpers import write_job
+
+    from zephon_titan.cli import main
+
+    job = write_job(tmp_path / "job.toml", scored, tokenizer_dir, source="keep = \"quality >= 0.4 adn lang == 'en'\"")
+    assert main(["validate", job]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith(
+        "[dataloader.sources.code] keep = \"quality >= 0.4 adn lang == 'en'\": unexpected 'adn' at character 16"
+    )
+
+
 # ---- the language -------------------------------------------------------------------------------------------
 
 

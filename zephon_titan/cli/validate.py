@@ -125,6 +125,7 @@ def source_summary(job: Job, index: int, count: bool) -> SourceSummary:
         excluded_from=spec.exclusion.from_step if spec.exclusion is not None else None,
         index=config.index,
         index_hint=len(source.files) >= INDEX_HINT_FILES,
+        pipeline=source.pipeline.describe() if source.pipeline is not None else "",
     )
 
 
@@ -148,10 +149,17 @@ def _count(job: Job, index: int) -> Counts:
         if spec.exclusion is not None:
             counts.excluded += _excluded_in(spec.exclusion, index, documents)
         counts.documents += len(texts)
-        counts.tokens += sum(len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens))
+        lengths = np.array([len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens)], dtype=np.int64)
+        counts.tokens += int(lengths.sum())
+        if documents.keep is not None and documents.repeat is not None:  # the pipeline's decisions (pipeline.py)
+            copies = np.where(documents.keep, documents.repeat, 0.0)
+            counts.kept += int(documents.keep.sum())
+            counts.copies += float(copies.sum())
+            counts.tokens_after += float((copies * lengths).sum())
         counts.held_out += int(
             held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
         )
+    counts.pipeline_seconds = source.pipeline_seconds
     return counts
 
 

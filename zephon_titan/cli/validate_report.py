@@ -63,6 +63,10 @@ class Counts:
     tokens: int
     excluded: int  # skipped by the `[dataloader] exclude` list
     held_out: int  # the eval set's part (eval_fraction)
+    kept: int = 0  # with keep or repeat: documents its keep condition holds for
+    copies: float = 0.0  # and the copies a pass trains of them, expected (sum of the repeat values)
+    tokens_after: float = 0.0  # and the tokens those copies hold, expected
+    pipeline_seconds: float = 0.0  # evaluating keep and repeat (CPU of this process)
 
 
 @dataclass
@@ -79,6 +83,7 @@ class SourceSummary:
     excluded_from: int | None  # the exclusion's first step (None: no exclusion)
     index: str | None
     index_hint: bool  # so many files that an index would spare every rank listing them
+    pipeline: str = ""  # its keep and repeat as the fingerprint says them ("" without)
 
     @property
     def all_excluded(self) -> bool:
@@ -96,6 +101,8 @@ class SourceSummary:
                 if not c.held_out:
                     line += "; WARNING: none, so validation reports no loss for this source (raise eval_fraction)"
         yield line
+        if self.pipeline:
+            yield from self.pipeline_lines()
         if self.index:
             yield f"  {'':<12} index {self.index}"
         elif self.index_hint:
@@ -103,6 +110,21 @@ class SourceSummary:
                 f"  {'':<12} hint: every rank lists these {self.files:,} files at startup; set "
                 f'index = "<path or URI>" in [dataloader.sources.{self.name}] to read one manifest instead'
             )
+
+    def pipeline_lines(self) -> Iterator[str]:
+        yield f"  {'':<12} pipeline: {self.pipeline}"
+        c = self.counts
+        if c is None or not c.documents:
+            return
+        share = c.kept / c.documents
+        line = (
+            f"  {'':<12} keeps {c.kept:,} of {c.documents:,} documents ({share:.1%}), {c.copies / max(c.kept, 1):.2f} "
+            f"copies each on average: ~{c.tokens_after:,.0f} tokens per pass ({c.tokens_after / max(c.tokens, 1):.1%} "
+            f"of the source's), {1e6 * c.pipeline_seconds / c.documents:.1f} us per document to decide"
+        )
+        if not c.copies:
+            line += "; WARNING: nothing, so the source gives no token (loosen keep or raise repeat)"
+        yield line
 
 
 @dataclass

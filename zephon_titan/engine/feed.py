@@ -16,8 +16,9 @@ Splitting. A source with an eval_fraction has its held-out documents removed fro
 block before the window is shuffled (split.py); the validator's loader keeps only them.
 
 Keeping and repeating. A source with `keep` or `repeat` (pipeline.py) has `copies` slots per document in each
-window, copy c of document d at slot c * n + d (n documents in the window), all placed by the window's shuffle;
-a slot its pass does not train is skipped where it is read, so the documents kept keep their order.
+window, copy c of document d at slot c * n + d (n documents in the window): the window's first n positions are
+first copies in the window's shuffled order, the next n second copies in another order (CopyMajor); a slot its
+pass does not train is skipped where it is read, so the documents kept keep their order.
 
 Excluding. From `exclude_from_step` on (the lane says when: `excluding`), a listed document is skipped where
 it is read, the rest of it too if it was partly read (exclusion.py); the other documents keep their order.
@@ -125,7 +126,7 @@ class _Window:
     ends: list[int]
     """Documents of the window up to and including each block (block order). Not a list of every
     document's (block, index): a window of Parquet row groups may hold ~10^5 documents per lane."""
-    order: Permutation | range
+    order: Permutation | range | CopyMajor
     """The window's slots in shuffled order."""
     counts: np.ndarray | None = None
     """With a pipeline: how many of each document's slots are trained (block order); None: one each."""
@@ -154,6 +155,24 @@ class _Window:
         j = int(self.kept[b][i - (self.ends[b - 1] if b else 0)])
         block = self.blocks[b]
         return block.texts[j], block.file, block.rows[j]
+
+
+class CopyMajor:
+    """A window's slot order with copies: its first n positions are the documents' first copies in their
+    shuffled order, the next n their second copies in another order, and so on (slot c * n + d: copy c of document
+    d). Copy 0 is the window's order without copies, and more copies only add positions after it."""
+
+    __slots__ = ("orders", "n")
+
+    def __init__(self, orders: list[Permutation | range]):
+        self.orders, self.n = orders, len(orders[0])
+
+    def __len__(self) -> int:
+        return self.n * len(self.orders)
+
+    def __getitem__(self, q: int) -> int:
+        c, r = divmod(q, self.n)
+        return c * self.n + self.orders[c][r]
 
 
 @lru_cache(maxsize=1024)
@@ -289,7 +308,10 @@ class LaneSourceReader:
         ends = list(accumulate(len(k) for k in kept))
         counts = self._counts(w, blocks, kept)
         copies = self.copies if counts is not None else 1
-        order = self._order(ends[-1] * copies, "docs", self.source.name, self.lane_id, w)
+        order = self._order(ends[-1], "docs", self.source.name, self.lane_id, w)
+        if copies > 1:
+            path = ("docs", self.source.name, self.lane_id, w)
+            order = CopyMajor([order, *(self._order(ends[-1], *path, "copy", c) for c in range(1, copies))])
         self._window = _Window(w, blocks, kept, ends, order, counts, copies)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))

@@ -10,7 +10,8 @@ document: a lane's shuffle window holds `copies` slots per document (copies = th
 count is keep(d) * (floor(x) + [u < frac(x)]), with u uniform in [0, 1) from a keyed hash of the document's file
 name, row and the pass (as split.py keys the eval split), so:
 - the documents a filter keeps are in the order they have without it (a stricter filter only leaves some out);
-- a repeated document's copies are separate slots that the window's shuffle places apart;
+- a repeated document's copies are separate slots placed apart: its first copy among the window's first copies,
+  its second among the second copies, each group in a shuffled order of its own (feed.CopyMajor);
 - everything is a pure function of the files and the config: the same for every W and worker count, and
   `plan` sees it.
 A dropped slot is skipped where the lane reads it (feed.py), like an excluded document.

@@ -14,6 +14,7 @@ import json
 import os
 import posixpath
 import threading
+import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -162,6 +163,8 @@ class Source(ABC):
         self.storage_options = storage_options
         self.pipeline: SourcePipeline | None = None
         """Set by open_source from the source's keep and repeat, before any block is read."""
+        self.pipeline_seconds = 0.0
+        """CPU time this process spent evaluating it (`zephon-titan validate` reports it per document)."""
         self.files: list[FileBlocks] = self._scan_all(files)
         # first_block[i] is the global number of file i's first block.
         self._first_block: list[int] = []
@@ -273,7 +276,9 @@ class Source(ABC):
             raise AssertionError(f"{block.file}: {table.num_rows} rows of fields for {size} documents")
         text = table.column(self.text_field).combine_chunks() if pipeline.uses_text else None
         first = block.rows[0] if len(block.rows) else 0
+        started = time.process_time()
         keep, repeat = pipeline.values(table, text, f"{block.file} {self.row_unit} {first}..")
+        self.pipeline_seconds += time.process_time() - started
         return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat)
 
     @property
