@@ -308,7 +308,7 @@ class LaneSourceReader:
         ends = list(accumulate(len(k) for k in kept))
         counts = self._counts(w, blocks, kept)
         copies = self.copies if counts is not None else 1
-        order = self._order(ends[-1], "docs", self.source.name, self.lane_id, w)
+        order: Permutation | range | CopyMajor = self._order(ends[-1], "docs", self.source.name, self.lane_id, w)
         if copies > 1:
             path = ("docs", self.source.name, self.lane_id, w)
             order = CopyMajor([order, *(self._order(ends[-1], *path, "copy", c) for c in range(1, copies))])
