@@ -308,10 +308,11 @@ class LaneSourceReader:
         ends = list(accumulate(len(k) for k in kept))
         counts = self._counts(w, blocks, kept)
         copies = self.copies if counts is not None else 1
-        order: Permutation | range | CopyMajor = self._order(ends[-1], "docs", self.source.name, self.lane_id, w)
+        path = ("docs", self.source.name, self.lane_id, w)
+        first = self._order(ends[-1], *path)
+        order: Permutation | range | CopyMajor = first
         if copies > 1:
-            path = ("docs", self.source.name, self.lane_id, w)
-            order = CopyMajor([order, *(self._order(ends[-1], *path, "copy", c) for c in range(1, copies))])
+            order = CopyMajor([first, *(self._order(ends[-1], *path, "copy", c) for c in range(1, copies))])
         self._window = _Window(w, blocks, kept, ends, order, counts, copies)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
