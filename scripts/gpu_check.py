@@ -108,16 +108,29 @@ def _timed_classes():
     from zephon_titan.titan.trainer import ZephonTrainer
 
     class PremadeLoader(ZephonDataLoader):
-        """One real microbatch from our loader, yielded forever: data that costs nothing."""
+        """One real microbatch from our loader, yielded forever: data that costs nothing. It hands out the same
+        rows at every step, so it counts the steps it stands in for (the checkpoint manager checks that the loader
+        handed out the trainer's steps) and writes no ledger."""
 
         @dataclasses.dataclass(kw_only=True, slots=True)
         class Config(ZephonDataLoader.Config):
             pass
 
+        def __init__(self, config, *, dp_world_size: int, **kwargs):
+            config.ledger = False
+            super().__init__(config, dp_world_size=dp_world_size, **kwargs)
+            self.microbatches = 0
+            self.per_step = config.global_batch_size // dp_world_size // self.local_batch_size
+
+        @property
+        def steps_done(self) -> int:
+            return self.microbatches // self.per_step
+
         def __iter__(self) -> Iterator:
             batch = next(super().__iter__())
             self.close()
             while True:
+                self.microbatches += 1
                 yield batch
 
     class TimedTrainer(ZephonTrainer):

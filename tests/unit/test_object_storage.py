@@ -358,6 +358,8 @@ TRANSIENT_ERRORS = [
     '"message": "Backend Error"}}',
     "google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of PerformWork() - CURL error "
     "[56]=Failure when receiving data from the peer",
+    "google::cloud::Status(DEADLINE_EXCEEDED: Retry policy exhausted in Read(): Retry policy exhausted before "
+    "first request attempt error_info={reason=DEADLINE_EXCEEDED, domain=gcloud-cpp}",
     "ReadAt failed to read the required byte range. Azure Error: [] Error while reading from network socket. "
     "CURLE code: 56. Failure when receiving data from the peer",
     "Azure Error: [ServerBusy] 503 The server is currently unable to receive requests.",

@@ -28,10 +28,11 @@ ATTEMPTS = 6
 FIRST_DELAY_S = 0.25
 MAX_DELAY_S = 4.0
 # What providers define as retryable, as pyarrow's clients word it (AWS SDK error names and HTTP statuses,
-# curl's errors, Azure's ServerBusy), and a body shorter than the range asked for.
+# curl's errors, Azure's ServerBusy, Google's UNAVAILABLE and DEADLINE_EXCEEDED: its client's own retries ran out of
+# time, as they do on a loaded machine), and a body shorter than the range asked for.
 _TRANSIENT = re.compile(
     r"SLOW_?DOWN|SERVICE_UNAVAILABLE|Service ?Unavailable|INTERNAL_FAILURE|InternalError|THROTTL|TooManyRequests"
-    r"|REQUEST_TIMEOUT|RequestTimeout|NETWORK_CONNECTION|CURLE? ?(?:code|error)|\bUNAVAILABLE:|Connection reset|reset by peer|Broken pipe"
+    r"|REQUEST_TIMEOUT|RequestTimeout|NETWORK_CONNECTION|CURLE? ?(?:code|error)|\bUNAVAILABLE:|\bDEADLINE_EXCEEDED:|Connection reset|reset by peer|Broken pipe"
     r"|ServerBusy|timed out|HTTP (?:response )?(?:code|status)[: ]+(?:408|429|5\d\d)|\b(?:429|500|502|503|504)\b"
     r"|is cut short|returned [\d,]+ bytes|cannot read row group",
     re.IGNORECASE,
