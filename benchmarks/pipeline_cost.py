@@ -1,6 +1,6 @@
 """What a source's keep and repeat cost: the same Parquet documents read by lanes with and without them.
 
-    python benchmarks/pipeline_cost.py [--docs 20000] [--rows 3000] [--pairs 5]
+    python benchmarks/pipeline_cost.py [--docs 20000] [--rows 3000] [--pairs 5] [--root DIR] [--only CASE]
 
 The Python documentation topics (examples/corpus.py), repeated to `--docs` documents, written as Parquet (256 rows
 a row group) with a quality, a language and a nested meta column, tokenized by a byte-level BPE trained on them.
@@ -12,6 +12,9 @@ alternating `--pairs` times so that they meet the same load. Cases:
 - keep all: `keep = "quality >= 0 and lang is not null"`, true for every document (the predicate's cost alone);
 - keep half: `keep = "quality >= 0.5"`;
 - repeat: `repeat = "min(quality * 2, 1.5)"` (copies, and slots skipped where a pass trains fewer).
+
+`--root DIR` keeps the corpus there (written once) and `--only none` runs one case once: the path without a
+pipeline timed from outside against an older checkout (farm-bench, PYTHONPATH naming each checkout).
 """
 
 from __future__ import annotations
@@ -85,8 +88,15 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=20000)
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--root", help="the corpus folder (written if it has none)")
+    parser.add_argument("--only", choices=sorted(CASES), help="run this case once, print nothing")
     args = parser.parse_args()
-    root = write_corpus(tempfile.mkdtemp(prefix="zephon_pipeline_"), args.docs)
+    root = args.root or tempfile.mkdtemp(prefix="zephon_pipeline_")
+    if not os.path.exists(f"{root}/tok/tokenizer.json"):
+        write_corpus(root, args.docs)
+    if args.only:
+        run(root, CASES[args.only], args.rows)
+        return
     run(root, {}, 64)  # warm: imports, the page cache
     cpu: dict[str, list[float]] = {name: [] for name in CASES}
     wall: dict[str, list[float]] = {name: [] for name in CASES}
