@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from zephon_titan.engine import LaneState, Row, open_lane_group
 from zephon_titan.engine.exclusion import files_named
 from zephon_titan.engine.lanes import group_steps
+from zephon_titan.engine.pipeline import DROPPED
 from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ZephonError
@@ -174,6 +175,8 @@ def matching_documents(source: Source, text: str) -> list[Document]:
     for f in tqdm(source.files, desc=f"searching {source.name}", unit="file"):
         for block in file_blocks(source, f.path):
             for row, document in zip(block.rows, block.texts):
+                if document is DROPPED:
+                    continue  # a transform drops it: never trained, and its text is not the files'
                 if not isinstance(document, str):
                     raise ZephonError(
                         f"source {source.name} is pre-tokenized: --match needs text; use --file and --row"
@@ -211,15 +214,20 @@ def pipeline_decisions(spec: EngineSpec, source: int, documents: list[Document])
     """What the source's keep and repeat decide for each of `documents`, in words (engine/pipeline.py)."""
     src = spec.sources[source]
     pipeline = src.pipeline
-    if pipeline is None:
+    if pipeline is None and not src.transforms:
         return {}
     out, wanted = {}, set(documents)
     for path in sorted({file for file, _ in documents}):
         for block in file_blocks(src, path):
-            assert block.keep is not None and block.repeat is not None
             for i, row in enumerate(block.rows):
                 if (path, row) not in wanted:
                     continue
+                if src.transforms and block.texts[i] is DROPPED:
+                    out[(path, row)] = f"dropped by its transforms ({', '.join(t.reference for t in src.transforms)})"
+                    continue
+                if pipeline is None:
+                    continue
+                assert block.keep is not None and block.repeat is not None
                 if not block.keep[i]:
                     out[(path, row)] = (
                         f"left out by its keep ({pipeline.keep.text if pipeline.keep else ''}): never trained"

@@ -180,6 +180,7 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
     "SourceConfig.eval_fraction": lambda job: _same(job, "sources.prose.eval_fraction", 0.2),
     "SourceConfig.keep": lambda job: _same(job, "sources.prose.keep", "chars > 100"),
     "SourceConfig.repeat": lambda job: _same(job, "sources.prose.repeat", "0.5"),
+    "SourceConfig.transform": lambda job: _same(job, "sources.prose.transform", ["pipeline_transforms:drop_short"]),
     "SourceConfig.index": lambda job: _same(job, "sources.prose.index", job.extra["index"]),
     "PhaseConfig.start_step": lambda job: (job.phased(), _set(job.phased(), "phases.1.start_step", 20)),
     "PhaseConfig.weights": lambda job: (job.phased(), _set(job.phased(), "phases.1.weights.prose", 2.0)),

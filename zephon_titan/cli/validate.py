@@ -8,6 +8,7 @@ after the sections it did not stop.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -126,6 +127,7 @@ def source_summary(job: Job, index: int, count: bool) -> SourceSummary:
         index=config.index,
         index_hint=len(source.files) >= INDEX_HINT_FILES,
         pipeline=source.pipeline.describe() if source.pipeline is not None else "",
+        transforms="; ".join(t.describe() for t in source.transforms),
     )
 
 
@@ -142,7 +144,12 @@ def _count(job: Job, index: int) -> Counts:
     counts = Counts(documents=0, tokens=0, excluded=0, held_out=0)
     for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
         documents = source.read_block(block)
-        texts = documents.texts  # surfaces bad lines/rows with file and position
+        started = time.process_time()
+        texts: list[str | np.ndarray] = list(documents.texts)  # bad lines/rows named (and the transforms run)
+        dropped: list[bool] = []
+        if source.transforms:
+            counts.transform_seconds += time.process_time() - started
+            texts, dropped = _transformed(source, documents, texts, counts)
         if source.specials_in_tokens or source.token_field:  # ids outside the vocabulary, as a lane names them
             for ids, row in zip(texts, documents.rows):
                 check_token_ids(source, np.asarray(ids), documents.file, row, spec.tokenizer.vocab_size)
@@ -150,6 +157,8 @@ def _count(job: Job, index: int) -> Counts:
             counts.excluded += _excluded_in(spec.exclusion, index, documents)
         counts.documents += len(texts)
         lengths = np.array([len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens)], dtype=np.int64)
+        if dropped:
+            lengths[np.asarray(dropped)] = 0
         counts.tokens += int(lengths.sum())
         if documents.keep is not None and documents.repeat is not None:  # the pipeline's decisions (pipeline.py)
             copies = np.where(documents.keep, documents.repeat, 0.0)
@@ -161,6 +170,24 @@ def _count(job: Job, index: int) -> Counts:
         )
     counts.pipeline_seconds = source.pipeline_seconds
     return counts
+
+
+def _transformed(source, documents, texts: list, counts: Counts) -> tuple[list, list[bool]]:
+    """The block's texts after the transforms, counted (dropped, characters before and after), and which the
+    transforms dropped (an empty text here, no token)."""
+    from zephon_titan.engine.pipeline import DROPPED
+
+    assert documents.records is not None
+    out = []
+    for i, text in enumerate(texts):
+        counts.chars_before += len(documents.records(i)[source.text_field] or "")
+        if text is DROPPED:
+            counts.transform_dropped += 1
+            out.append("")
+        else:
+            counts.chars_after += len(text)
+            out.append(text)
+    return out, [t is DROPPED for t in texts]
 
 
 def _excluded_in(exclusion, index: int, documents) -> int:

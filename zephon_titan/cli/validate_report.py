@@ -67,6 +67,10 @@ class Counts:
     copies: float = 0.0  # and the copies a pass trains of them, expected (sum of the repeat values)
     tokens_after: float = 0.0  # and the tokens those copies hold, expected
     pipeline_seconds: float = 0.0  # evaluating keep and repeat (CPU of this process)
+    transform_dropped: int = 0  # with transforms: documents one of them dropped
+    chars_before: int = 0  # and the characters of the texts before them
+    chars_after: int = 0  # and after them (of the documents kept)
+    transform_seconds: float = 0.0  # running them (CPU of this process, reading the records included)
 
 
 @dataclass
@@ -84,6 +88,7 @@ class SourceSummary:
     index: str | None
     index_hint: bool  # so many files that an index would spare every rank listing them
     pipeline: str = ""  # its keep and repeat as the fingerprint says them ("" without)
+    transforms: str = ""  # its transforms as the fingerprint says them ("" without)
 
     @property
     def all_excluded(self) -> bool:
@@ -103,6 +108,8 @@ class SourceSummary:
         yield line
         if self.pipeline:
             yield from self.pipeline_lines()
+        if self.transforms:
+            yield from self.transform_lines()
         if self.index:
             yield f"  {'':<12} index {self.index}"
         elif self.index_hint:
@@ -110,6 +117,21 @@ class SourceSummary:
                 f"  {'':<12} hint: every rank lists these {self.files:,} files at startup; set "
                 f'index = "<path or URI>" in [dataloader.sources.{self.name}] to read one manifest instead'
             )
+
+    def transform_lines(self) -> Iterator[str]:
+        yield f"  {'':<12} transforms: {self.transforms}"
+        c = self.counts
+        if c is None or not c.documents:
+            return
+        kept = c.documents - c.transform_dropped
+        line = (
+            f"  {'':<12} they drop {c.transform_dropped:,} of {c.documents:,} documents ({c.transform_dropped / c.documents:.1%}); "
+            f"the others' text {c.chars_after:,} characters ({c.chars_after / max(c.chars_before, 1):.1%} of the "
+            f"{c.chars_before:,} the files hold), {1e6 * c.transform_seconds / c.documents:.1f} us per document"
+        )
+        if not kept:
+            line += "; WARNING: nothing is left, so the source gives no token"
+        yield line
 
     def pipeline_lines(self) -> Iterator[str]:
         yield f"  {'':<12} pipeline: {self.pipeline}"

@@ -8,6 +8,7 @@ whole when it is made, before the DataConfig that lists it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from zephon_titan.config.expressions import check_keep, check_repeat
@@ -39,6 +40,19 @@ def _check_eval_fraction(value: float, what: str) -> None:
             f"{what} must be 0 (no eval part) or >= {MIN_EVAL_FRACTION:g}, got {value:g} "
             "(the share of documents held out: this one would hold out none of any real corpus)"
         )
+
+
+_REFERENCE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_transforms(value: list[str], what: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f'{what} must be a list of "module:function" strings, got {short_repr(value)}')
+    for reference in value:
+        if not _REFERENCE.fullmatch(reference):
+            raise ConfigError(
+                f'{what}: {reference!r} is not module:function (e.g. "my_cleanup.text:strip_boilerplate")'
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -150,6 +164,17 @@ class SourceConfig:
     """How many times a pass trains each document: floor(x), and once more with probability frac(x) (a keyed
     hash of the document and the pass), e.g. `0.3` (30 % of the source each pass) or `min(score * 2, 3)`. The
     expression must be bounded (at most 16); the copies are shuffled apart. Empty: once."""
+
+    transform: list[str] = setting(
+        factory=list,
+        rows=True,
+        rows_note="the transform component of the source: each function's module, name and code digest (or version)",
+        check=_check_transforms,
+        allowed="a list of `module:function` names (docs/processing.md)",
+    )
+    """Your own functions, applied in order to each document this source trains: `module:function`, importable
+    by every process of the job. Each takes the record (a dict of its columns, the text included) and returns the
+    new text, a new record, or None to drop the document. Checked for determinism when the job starts."""
 
     index: str = setting(
         "",

@@ -40,6 +40,7 @@ import numpy as np
 from zephon_titan.engine.buffers import lasting_array
 from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.mixing import choose_source, lane_phases
+from zephon_titan.engine.pipeline import DROPPED
 from zephon_titan.engine.shuffle import Permutation, derive_key
 from zephon_titan.engine.sources.base import BlockDocuments, Source
 from zephon_titan.engine.spec import EngineSpec
@@ -109,12 +110,6 @@ class Document:
     row: int
     start: int
     stop: int
-
-
-# A slot of a window that its pass does not train (pipeline.py): read as this one object, never encoded, and
-# skipped by the feed (an identity test: an empty document is another empty array).
-DROPPED = np.empty(0, dtype=np.int32)
-DROPPED.flags.writeable = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
         **_split_component(spec),
         **{f"pipeline.{s.name}": s.pipeline.describe() for s in spec.sources if s.pipeline is not None},
+        **{f"transform.{s.name}": "; ".join(t.describe() for t in s.transforms) for s in spec.sources if s.transforms},
         **_mixing_components(spec),
         **({SEQ_LENS_KEY: eras_text(spec.eras)} if spec.eras else {}),
         **({EXCLUDE_KEY: spec.exclusion.describe()} if spec.exclusion is not None else {}),

@@ -44,6 +44,12 @@ from zephon_titan.engine.shuffle import derive_key
 from zephon_titan.engine.split import uniform53
 from zephon_titan.errors import DataError
 
+# A document that is not trained: a slot its pass does not train, or one a transform dropped (transforms.py).
+# Read as this one object, never encoded, and skipped by the feed (an identity test: an empty document is another
+# empty array).
+DROPPED = np.empty(0, dtype=np.int32)
+DROPPED.flags.writeable = False
+
 
 @dataclass(frozen=True)
 class SourcePipeline:

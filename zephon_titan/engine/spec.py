@@ -20,6 +20,7 @@ from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenize import DocumentTokenizer
+from zephon_titan.engine.transforms import SAMPLE_DOCUMENTS, check_deterministic
 from zephon_titan.errors import ConfigError
 
 
@@ -177,6 +178,9 @@ def build_engine(
         _open(s, config, [FileBlocks.from_record(r) for r in listings[s.name]] if s.name in listings else None)
         for s in config.sources
     )
+    if not listings:  # the process that lists the files checks the transforms (workers get the listing)
+        for source in sources:
+            check_source_transforms(source)
     exclusion = None
     if config.exclude:
         files = [(s.name, [f.path for f in s.files]) for s in sources]
@@ -294,6 +298,20 @@ def spec_from_portable(data: PortableSpec) -> EngineSpec:
     if offsets is not None:
         spec = dataclasses.replace(spec, phase_offsets=tuple(map(Fraction, offsets)))
     return spec.with_eras(tuple(Era(*e) for e in data["eras"]))
+
+
+def check_source_transforms(source: Source) -> None:
+    """A source's transforms on a sample of its first documents: deterministic, or ConfigError (transforms.py)."""
+    if not source.transforms:
+        return
+    records: list[dict[str, Any]] = []
+    for b in range(source.num_blocks):
+        block = source.read_block(b)
+        assert block.records is not None, "a source with transforms reads records"
+        records += [block.records(i) for i in range(min(SAMPLE_DOCUMENTS - len(records), len(block.texts)))]
+        if len(records) >= SAMPLE_DOCUMENTS:
+            break
+    check_deterministic(source.transforms, records, f"[dataloader.sources.{source.name}]")
 
 
 def _open(source: SourceConfig, config: DataConfig, listed: list[FileBlocks] | None) -> Source:

@@ -14,6 +14,7 @@ from zephon_titan.engine.sources.megatron import MEGATRON
 from zephon_titan.engine.sources.olmo import OLMO
 from zephon_titan.engine.sources.parquet import PARQUET, ParquetSource
 from zephon_titan.engine.sources.storage import StorageOptions
+from zephon_titan.engine.transforms import Transform, load_transform
 from zephon_titan.errors import ConfigError
 
 register_format(JSONL)
@@ -47,8 +48,18 @@ def open_source(
         opened = _open_files(source, listed, max_document_chars, options)
     if write_index:
         save_index_after_first_use(source, opened, options)
-    opened.pipeline = _pipeline(source, get_format(opened.format_name, f"[dataloader.sources.{source.name}]"))
+    fmt = get_format(opened.format_name, f"[dataloader.sources.{source.name}]")
+    opened.pipeline = _pipeline(source, fmt)
+    opened.transforms = _transforms(source, fmt)
     return opened
+
+
+def _transforms(source: SourceConfig, fmt: Format) -> tuple[Transform, ...]:
+    """The source's transforms, imported, where its format gives records of text."""
+    where = f"[dataloader.sources.{source.name}]"
+    if source.transform and (source.token_field or not fmt.fields):
+        raise ConfigError(f"{where} transform needs documents of text with records; the source's are token ids")
+    return tuple(load_transform(reference, where) for reference in source.transform)
 
 
 def _pipeline(source: SourceConfig, fmt: Format) -> SourcePipeline | None:

@@ -25,10 +25,11 @@ from typing import Any, TypeAlias, overload
 import numpy as np
 import pyarrow as pa
 
-from zephon_titan.engine.pipeline import SourcePipeline
+from zephon_titan.engine.pipeline import DROPPED, SourcePipeline
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.retry import read_with_retries
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
+from zephon_titan.engine.transforms import Transform
 from zephon_titan.errors import ConfigError, DataError
 
 SCAN_THREADS = 16
@@ -102,6 +103,8 @@ class BlockDocuments:
     """With a pipeline: per document, whether its keep condition holds (engine/pipeline.py)."""
     repeat: np.ndarray | None = None
     """With a pipeline: per document, its repeat value."""
+    records: Callable[[int], dict[str, Any]] | None = None
+    """As a format reads it, when the source has transforms: document i's record (all its columns or fields)."""
 
 
 FileRecord: TypeAlias = list[Any]
@@ -163,6 +166,8 @@ class Source(ABC):
         self.storage_options = storage_options
         self.pipeline: SourcePipeline | None = None
         """Set by open_source from the source's keep and repeat, before any block is read."""
+        self.transforms: tuple[Transform, ...] = ()
+        """Set by open_source from the source's transform list, before any block is read."""
         self.pipeline_seconds = 0.0
         """CPU time this process spent evaluating it (`zephon-titan validate` reports it per document)."""
         self.files: list[FileBlocks] = self._scan_all(files)
@@ -248,6 +253,8 @@ class Source(ABC):
                 block = self._read(file_index, local)
             if self.pipeline is not None:
                 block = self._with_pipeline(block, self.pipeline)
+            if self.transforms:
+                block = self._transformed(block)
         except BaseException as e:  # every caller waiting for this read gets its error; a later call reads again
             with self._held_lock:
                 del self._reading[block_id]
@@ -280,6 +287,26 @@ class Source(ABC):
         keep, repeat = pipeline.values(table, text, f"{block.file} {self.row_unit} {first}..")
         self.pipeline_seconds += time.process_time() - started
         return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat)
+
+    def _transformed(self, block: BlockDocuments) -> BlockDocuments:
+        """The block whose texts are its records through the source's transforms (DROPPED where one drops it)."""
+        records = block.records
+        assert records is not None, f"{self.format_name} gives records when the source has transforms"
+        transforms, field, unit = self.transforms, self.text_field, self.row_unit
+
+        def text(i: int) -> Any:
+            record = records(i)
+            where = f"{block.file} {unit} {block.rows[i]} (source {self.name!r})"
+            for t in transforms:
+                out = t.apply(record, field, where)
+                if out is None:
+                    return DROPPED
+                record = {**record, field: out}
+            result = record[field]
+            self.check_size(result, where)
+            return result
+
+        return dataclasses.replace(block, texts=LazyTexts(len(block.texts), text))
 
     @property
     def column(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import overload
 
@@ -40,6 +41,17 @@ def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_r
     # The column stays in Arrow's compact form (one buffer, no Python object per row): a row becomes a
     # Python string only when its document is due. A row group may be hundreds of MiB of text.
     return BlockDocuments(path, LazyTexts(len(column), lambda i: column[i].as_py()), rows)
+
+
+def with_columns(block: BlockDocuments, table: pa.Table, fields: list[str], records: bool) -> BlockDocuments:
+    """The block with what its source's pipeline and transforms read from the row group's `table`."""
+    if not fields and not records:
+        return block
+    return dataclasses.replace(
+        block,
+        fields=table.select(fields) if fields else None,
+        records=(lambda i: table.slice(i, 1).to_pylist()[0]) if records else None,
+    )
 
 
 def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> TokenLists:

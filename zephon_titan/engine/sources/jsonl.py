@@ -92,12 +92,16 @@ class JsonlSource(Source):
             offset += end - at + 1
             at = end + 1
 
-        def text(i: int) -> str:
+        def line(i: int) -> bytes:
             if held is None:
-                line = self._read_line(f, rows[i], lengths[i])
-            else:
-                line = held[rows[i] - start : rows[i] - start + lengths[i]]
-            return self._text_of(line, f.path, rows[i], line_number)
+                return self._read_line(f, rows[i], lengths[i])
+            return held[rows[i] - start : rows[i] - start + lengths[i]]
+
+        def text(i: int) -> str:
+            return self._text_of(line(i), f.path, rows[i], line_number)
+
+        def record(i: int) -> dict[str, Any]:
+            return self._record_of(line(i), f.path, rows[i], line_number)
 
         # A compressed file cannot be read from the middle, and a request per document to object storage
         # would be slow: those blocks keep their bytes. A local file's block keeps them too while the
@@ -110,7 +114,8 @@ class JsonlSource(Source):
         held = data if keep else None
         if held is None:
             del data  # an uncompressed file's line numbers are counted from the file, only on error
-        block = BlockDocuments(f.path, LazyTexts(len(rows), text), rows, fields=fields)
+        records = record if self.transforms else None
+        block = BlockDocuments(f.path, LazyTexts(len(rows), text), rows, fields=fields, records=records)
         if held is not None and not codec and not storage.is_uri(f.path):
             weakref.finalize(block, _held_bytes.give_back, len(held))
         return block
@@ -252,7 +257,13 @@ class JsonlSource(Source):
         except _BadLine as e:  # name the line too (counting lines costs a read, so only on error)
             raise DataError(f"{path} line {line_number(offset):,} (at byte {offset:,}): {e}") from None
 
-    def _parse_line(self, line: bytes) -> str:
+    def _record_of(self, line: bytes, path: str, offset: int, line_number: Callable[[int], int]) -> dict[str, Any]:
+        try:
+            return self._parse_record(line)
+        except _BadLine as e:
+            raise DataError(f"{path} line {line_number(offset):,} (at byte {offset:,}): {e}") from None
+
+    def _parse_record(self, line: bytes) -> dict[str, Any]:
         try:
             record = json.loads(line)
         except UnicodeDecodeError as e:
@@ -261,6 +272,10 @@ class JsonlSource(Source):
             raise _BadLine(f"line is not valid JSON ({e.msg}, column {e.colno}); fix or remove it") from None
         if not isinstance(record, dict):
             raise _BadLine(f"expected a JSON object per line, got {type(record).__name__}")
+        return record
+
+    def _parse_line(self, line: bytes) -> str:
+        record = self._parse_record(line)
         if self.text_field not in record:
             keys = ", ".join(sorted(record)[:10])
             raise _BadLine(f"no field {self.text_field!r} (fields: {keys}); set text_field for source {self.name!r}")

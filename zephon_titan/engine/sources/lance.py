@@ -11,7 +11,6 @@ Blocks are named `<dataset>?version=<v>&fragment=<id>`; rows are row numbers in 
 
 from __future__ import annotations
 
-import dataclasses
 from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
@@ -21,7 +20,7 @@ import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
-from zephon_titan.engine.sources.columns import column_documents
+from zephon_titan.engine.sources.columns import column_documents, with_columns
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.guards import refuse_credentials_in_path
 from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample, columns_sample, string_columns
@@ -145,9 +144,8 @@ class LanceSource(Source):
             fields = self.pipeline_fields
             for name in fields:
                 self.check_field(f.path, name, fragment.schema.names)
-            table = fragment.to_table(
-                columns=list(dict.fromkeys([self.column, *fields])), offset=first_row, limit=self.block_rows
-            )
+            columns = None if self.transforms else list(dict.fromkeys([self.column, *fields]))
+            table = fragment.to_table(columns=columns, offset=first_row, limit=self.block_rows)
         except (OSError, ValueError) as e:
             raise DataError(
                 f"{f.path}: cannot read rows {first_row}.. ({e}); was version {version} of the dataset cleaned up?"
@@ -156,7 +154,7 @@ class LanceSource(Source):
         if table.num_rows != expected:
             raise self.changed_file(f, f"block {local_block} has {table.num_rows} rows instead of {expected}")
         block = column_documents(self, table.column(self.column), f.path, first_row)
-        return dataclasses.replace(block, fields=table.select(fields)) if fields else block
+        return with_columns(block, table, fields, bool(self.transforms))
 
 
 def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:

@@ -1,0 +1,46 @@
+"""Transforms for the tests of `transform` (tests/unit/test_transforms.py): importable by name from every process
+of a test (tests/ is on the path of the test process, its workers and the fresh process that checks them)."""
+
+from __future__ import annotations
+
+import itertools
+
+_calls = itertools.count()
+
+
+def drop_short(record: dict) -> str | None:
+    """Drop documents under 300 characters; the rest stripped of surrounding whitespace."""
+    text = record["text"]
+    return None if len(text) < 300 else text.strip()
+
+
+def tag_language(record: dict) -> dict:
+    """A new record: the text with its language in front (from another column)."""
+    return {**record, "text": f"[{record.get('lang') or 'xx'}] {record['text']}"}
+
+
+def versioned(record: dict) -> str:
+    return record["text"].lower()
+
+
+versioned.version = "3"  # type: ignore[attr-defined]
+
+
+def numbered(record: dict) -> str:
+    """Not a function of its record: a counter across calls."""
+    return f"{next(_calls)} {record['text']}"
+
+
+def by_hash(record: dict) -> str | None:
+    """Not a function of its record across processes: the string hash depends on PYTHONHASHSEED."""
+    return record["text"] if hash(record["text"]) % 2 else None
+
+
+def fails_on_long(record: dict) -> str:
+    if len(record["text"]) > 3000:
+        raise ValueError(f"too long: {len(record['text'])} characters")
+    return record["text"]
+
+
+def returns_a_number(record: dict) -> int:
+    return len(record["text"])

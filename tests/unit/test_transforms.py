@@ -1,0 +1,141 @@
+"""A source's `transform` (engine/transforms.py): the rows train what applying the functions by hand gives, in
+process and in workers; the determinism checks catch state across documents and dependence on the hash seed;
+every misuse is one line. The transforms: tests/pipeline_transforms.py."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections import Counter
+
+import pytest
+from test_pipeline import _records, _table, scored  # noqa: F401  (the scored corpus fixture)
+
+from zephon_titan.engine.feed import Document
+from zephon_titan.engine.packing import RowShape
+from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.testing import epoch_rows, spec_from_table
+
+
+def _spec(root, tokenizer_dir, transform, keep=("", ""), **overrides):
+    table = _table(root, tokenizer_dir, keep=keep, **{"exhaustion": "redistribute", **overrides})
+    for source in table["sources"].values():
+        source["transform"] = transform
+    return spec_from_table(table)
+
+
+def _slots_trained(spec) -> Counter:
+    out: Counter = Counter()
+    for row in epoch_rows(spec):
+        for piece in row.pieces:
+            out[(piece.file, piece.row)] += piece.length
+    return out
+
+
+def test_the_rows_train_the_transformed_documents(scored, tokenizer_dir):  # noqa: F811
+    import pipeline_transforms as t
+
+    spec = _spec(scored, tokenizer_dir, ["pipeline_transforms:tag_language", "pipeline_transforms:drop_short"],
+                 keep=("quality >= 0.3", "quality >= 0.3"))  # fmt: skip
+    shape = RowShape.of(spec)
+    expected = Counter()
+    for (file, row), record in _records(scored).items():
+        if record["quality"] is None or record["quality"] < 0.3:
+            continue
+        text = t.drop_short(t.tag_language(record))
+        if text is None:
+            continue
+        (ids,) = spec.tokenizer.encode([text])
+        expected[(file, row)] = shape.piece_slots(Document(0, ids, file, row, 0, len(ids)))
+    assert _slots_trained(spec) == +expected
+    plain = _slots_trained(_spec(scored, tokenizer_dir, [], keep=("quality >= 0.3", "quality >= 0.3")))
+    assert plain != +expected  # the control: without the transforms the rows differ
+
+
+def test_workers_import_the_transforms_and_give_the_same_rows(scored, tokenizer_dir):  # noqa: F811
+    from zephon_titan.engine import LaneGroup, open_lane_group
+
+    spec = _spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short"], exhaustion="repeat")
+    group = LaneGroup(spec, range(4), 2)
+    expected = [row.to_bytes() for _ in range(4) for lane in group.next_step() for row in lane]
+    with open_lane_group(spec, range(4), 2, num_workers=2) as workers:
+        assert [row.to_bytes() for _ in range(4) for lane in workers.next_step() for row in lane] == expected
+
+
+def test_the_fingerprint_names_each_function_and_its_code(scored, tokenizer_dir, tmp_path, monkeypatch):  # noqa: F811
+    from zephon_titan.engine import fingerprint
+
+    fp = fingerprint(_spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short", "pipeline_transforms:versioned"]))
+    assert fp["transform.code"].startswith("pipeline_transforms:drop_short (sha256 ")
+    assert fp["transform.code"].endswith("; pipeline_transforms:versioned (version 3)")
+    # Another body under the same name is another fingerprint (a resume refuses it).
+    monkeypatch.syspath_prepend(str(tmp_path))
+    digests = []
+    for body in ("return record['text']", "return record['text'].strip()"):
+        (tmp_path / "my_cleanup.py").write_text(f"def clean(record):\n    {body}\n")
+        sys.modules.pop("my_cleanup", None)
+        importlib.invalidate_caches()
+        digests.append(fingerprint(_spec(scored, tokenizer_dir, ["my_cleanup:clean"]))["transform.code"])
+    assert digests[0] != digests[1]
+
+
+@pytest.mark.parametrize(
+    "reference, message",
+    [
+        ("pipeline_transforms:numbered", "is not a pure function of its record: sample record 0 gave"),
+        ("pipeline_transforms:by_hash", "gave another result in a fresh process with another hash seed"),
+        ("no_such_module:f", "cannot import 'no_such_module' (ModuleNotFoundError"),
+        ("pipeline_transforms:nothing", "module 'pipeline_transforms' has no function 'nothing'"),
+    ],
+)
+def test_a_transform_that_cannot_be_trusted_is_refused_before_any_row(scored, tokenizer_dir, reference, message):  # noqa: F811
+    with pytest.raises(ConfigError, match=r"\[dataloader.sources.code\] transform") as e:
+        _spec(scored, tokenizer_dir, [reference])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "reference, message",
+    [
+        (
+            "pipeline_transforms:fails_on_long",
+            r"(row|byte offset) \d+ \(source '\w+'\): transform pipeline_transforms:fails_on_long raised ValueError: too long",
+        ),
+        (
+            "pipeline_transforms:returns_a_number",
+            r"transform pipeline_transforms:returns_a_number returned int; return the new text",
+        ),
+    ],
+)
+def test_a_transform_that_fails_on_a_document_names_it(scored, tokenizer_dir, reference, message):  # noqa: F811
+    spec = _spec(scored, tokenizer_dir, [reference])
+    with pytest.raises(DataError, match=message) as e:
+        epoch_rows(spec)
+    assert "\n" not in str(e.value)
+
+
+def test_a_malformed_reference_is_refused_when_the_config_is_made(scored, tokenizer_dir):  # noqa: F811
+    with pytest.raises(ConfigError, match=r"'strip' is not module:function"):
+        _spec(scored, tokenizer_dir, ["strip"])
+
+
+def test_validate_and_where_report_the_transforms(scored, tokenizer_dir, tmp_path, capsys):  # noqa: F811
+    import pipeline_transforms as t
+    from helpers import write_job
+
+    from zephon_titan.cli import main
+
+    job = write_job(
+        tmp_path / "job.toml", scored, tokenizer_dir, source='transform = ["pipeline_transforms:drop_short"]'
+    )
+    assert main(["validate", job, "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    records = _records(scored)
+    for source in ("code", "prose"):
+        mine = [r for (f, _), r in records.items() if f"/{source}/" in f]
+        dropped = sum(t.drop_short(r) is None for r in mine)
+        assert f"they drop {dropped:,} of {len(mine):,} documents ({dropped / len(mine):.1%})" in out
+    assert "transforms: pipeline_transforms:drop_short (sha256 " in out
+    short = next(k for k, r in records.items() if "/prose/" in k[0] and t.drop_short(r) is None)
+    assert main(["where", job, "--source", "prose", "--file", short[0], "--row", str(short[1]), "--steps", "1-2"]) == 1
+    assert "dropped by its transforms (pipeline_transforms:drop_short)" in capsys.readouterr().out

@@ -1,0 +1,170 @@
+"""Your own transforms: a Python function per source that rewrites a record's text or drops the record.
+
+    [dataloader.sources.web]
+    transform = ["my_cleanup.text:strip_boilerplate"]     # module:function, applied in order
+
+A transform takes the record (a dict of its columns or JSON fields, the text included) and returns the new text
+(a str), a new record (a dict: its text field is the text), or None to drop the document. It runs where the lane
+reads its documents (in the worker processes when num_workers > 0, which import it by the same name), after
+`keep` and `repeat` have decided on the record's columns.
+
+Rows must stay a pure function of the files and the config, so a transform is held to it:
+- its identity is in the fingerprint (`transform.<source>`): module, name and a SHA-256 of its source code, or the
+  `version` attribute the function declares (`fn.version = "2"`) for code whose source cannot be read or that
+  should be versioned by hand;
+- when the job starts, every transform runs on a sample of real documents twice, forwards and backwards (the same
+  output for a record whatever came before it: no state carried across documents), and once more in a fresh
+  Python process with another hash seed (no dependence on set or dict order, id() or the process); any difference
+  is one line naming the function and the document.
+A checkpoint never runs code: a job that names a transform runs it in every tool that reads rows (the trainer,
+`validate`, `plan`, `inspect`, `where`), as TorchTitan's `[model] module` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zephon_titan.errors import ConfigError, DataError
+
+# Documents of a source each transform is checked on when the job starts (from its first blocks).
+SAMPLE_DOCUMENTS = 16
+_checked: set[tuple[str, str]] = set()  # (reference, digest) checked in this process
+
+
+@dataclass(frozen=True)
+class Transform:
+    reference: str
+    """`module:function` as the config names it."""
+    function: Callable[[dict[str, Any]], Any]
+    digest: str
+    """What identifies its code: `version <v>` or the SHA-256 of its source (16 hex digits)."""
+
+    def describe(self) -> str:
+        return f"{self.reference} ({self.digest})"
+
+    def apply(self, record: dict[str, Any], text_field: str, where: str) -> str | None:
+        """The document's new text, or None to drop it; DataError naming the function and `where`."""
+        try:
+            out = self.function(record)
+        except Exception as e:  # the user's code: any error, said as one line
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise DataError(f"{where}: transform {self.reference} raised {type(e).__name__}: {first}") from None
+        if out is None or isinstance(out, str):
+            return out
+        if isinstance(out, dict) and isinstance(out.get(text_field), str):
+            return str(out[text_field])
+        what = f"a dict without a string {text_field!r}" if isinstance(out, dict) else type(out).__name__
+        raise DataError(
+            f"{where}: transform {self.reference} returned {what}; return the new text (str), a record (dict) "
+            f"with its text in {text_field!r}, or None to drop the document"
+        )
+
+
+def load_transform(reference: str, where: str) -> Transform:
+    """Import `module:function` (ConfigError in one line if it cannot be)."""
+    module_name, _, name = reference.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module's own error while importing
+        raise ConfigError(
+            f"{where} transform {reference!r}: cannot import {module_name!r} ({type(e).__name__}: {e}); it must be "
+            "importable by every process of the job (on PYTHONPATH, or installed)"
+        ) from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ConfigError(f"{where} transform {reference!r}: module {module_name!r} has no function {name!r}")
+    version = getattr(function, "version", None)
+    if version is not None:
+        digest = f"version {version}"
+    else:
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            raise ConfigError(
+                f"{where} transform {reference!r}: its source code cannot be read to fingerprint it; give the "
+                'function a version of its own (function.version = "1")'
+            ) from None
+        digest = "sha256 " + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+    return Transform(reference, function, digest)
+
+
+def check_deterministic(transforms: Sequence[Transform], records: list[dict[str, Any]], where: str) -> None:
+    """Run the transforms (in order, as the source applies them) on `records` twice, forwards and backwards, and
+    in a fresh process with another hash seed: the same outputs, or ConfigError naming the function and record."""
+    todo = [t for t in transforms if (t.reference, t.digest) not in _checked]
+    if not todo or not records:
+        return
+    for t in todo:
+        first = [_safe(t, r) for r in records]
+        backwards = [_safe(t, r) for r in reversed(records)][::-1]
+        for i, (a, b) in enumerate(zip(first, backwards)):
+            if a != b:
+                raise ConfigError(
+                    f"{where} transform {t.reference} is not a pure function of its record: sample record {i} gave "
+                    f"{_short(a)} after the records before it and {_short(b)} after the ones after it; it must not "
+                    "keep state across documents (stateful transforms are not supported)"
+                )
+        fresh = _in_fresh_process(t, records)
+        for i, (a, b) in enumerate(zip(first, fresh)):
+            if a != b:
+                raise ConfigError(
+                    f"{where} transform {t.reference} gave another result in a fresh process with another hash seed "
+                    f"for sample record {i} ({_short(a)} here, {_short(b)} there); it must depend only on the record "
+                    "(no set or dict iteration order, random numbers, time, id() or process state)"
+                )
+        _checked.add((t.reference, t.digest))
+
+
+def _safe(t: Transform, record: dict[str, Any]) -> Any:
+    try:
+        return repr(t.function(dict(record)))
+    except Exception as e:  # a raise is compared like a result: deterministic errors are said when reached
+        return f"raised {type(e).__name__}: {e}"
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return repr(text[:60] + "..." if len(text) > 60 else text)
+
+
+_FRESH = """
+import importlib, json, pickle, sys
+module, _, name = sys.argv[1].partition(":")
+function = getattr(importlib.import_module(module), name)
+out = []
+for record in pickle.load(sys.stdin.buffer):
+    try:
+        out.append(repr(function(record)))
+    except Exception as e:
+        out.append(f"raised {type(e).__name__}: {e}")
+json.dump(out, sys.stdout)
+"""
+
+
+def _in_fresh_process(t: Transform, records: list[dict[str, Any]]) -> list[str]:
+    env = {**os.environ, "PYTHONHASHSEED": str(1 + (hash("zephon") & 0xFFFF)), "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _FRESH, t.reference],
+            input=pickle.dumps(records),  # the records as Arrow or JSON gave them (dates, bytes, decimals)
+            capture_output=True,
+            timeout=120,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        raise ConfigError(f"transform {t.reference}: a fresh process did not finish its sample in 120 s") from None
+    if done.returncode != 0:
+        last = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"transform {t.reference} cannot run in a fresh process: {last}")
+    out: list[str] = json.loads(done.stdout)
+    return out
