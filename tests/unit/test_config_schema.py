@@ -152,6 +152,10 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
     ),
     "DataConfig.exclude": lambda job: (job.excluding("code a.parquet 1\n"), job.excluding("code a.parquet 2\n")),
     "DataConfig.exclude_from_step": lambda job: (job.excluding(), job.excluding(exclude_from_step=4)),
+    "DataConfig.pipeline_from_step": lambda job: (
+        _set(job.table(), "sources.prose.keep", "chars > 100"),
+        _set(job.table(pipeline_from_step=5), "sources.prose.keep", "chars > 100"),
+    ),
     "DataConfig.tokenizer_path": lambda job: _same(job, "tokenizer_path", job.extra["tokenizer"]),
     "DataConfig.add_bos": _bos_or_eos("add_bos"),
     "DataConfig.add_eos": _bos_or_eos("add_eos"),
@@ -255,7 +259,7 @@ _TRAINING = {
     "shuffle": False, "shuffle_window_blocks": 3, "best_fit_window_docs": 16, "tokenizer_path": "tok",
     "add_bos": False, "add_eos": True, "tokenizer_backend": "tokenizers", "num_workers": 2, "prefetch_factor": 3,
     "max_document_chars": 1000, "s3_endpoint_url": "http://host", "s3_region": "r", "s3_anonymous": True,
-    "resume_allow": ["mtimes"], "exclude": "list.txt", "exclude_from_step": 3,
+    "resume_allow": ["mtimes"], "exclude": "list.txt", "exclude_from_step": 3, "pipeline_from_step": 4,
 }  # fmt: skip
 
 

@@ -34,8 +34,11 @@ def _jsonl(tmp_path, texts, name="a"):
 
 def _held_bytes_of(block):
     """The raw bytes a JSONL block keeps (white box: its loader's closure), or None."""
-    load = block.texts._load
-    return dict(zip(load.__code__.co_freevars, (c.cell_contents for c in load.__closure__)))["held"]
+
+    def closure(f):
+        return dict(zip(f.__code__.co_freevars, (c.cell_contents for c in f.__closure__)))
+
+    return closure(closure(block.texts._load)["line"])["held"]
 
 
 def test_past_the_process_budget_a_local_jsonl_block_reads_each_document_when_it_is_due(tmp_path, monkeypatch):

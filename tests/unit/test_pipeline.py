@@ -426,3 +426,101 @@ def test_a_source_whose_pipeline_keeps_nothing_is_one_line_not_a_hang(scored, to
         stream = LaneStream(spec, 0)
         for _ in range(10_000):
             stream.next_row()
+
+
+# ---- a change from a step on --------------------------------------------------------------------------------
+
+CHANGE_AT = 3  # the checkpoint's step; the new keep and repeat from the next
+
+
+def _steps(spec, steps, states=None, first=0, lanes=4, rows=2) -> list[list]:
+    from zephon_titan.engine import LaneGroup
+
+    group = LaneGroup(spec, range(lanes), rows, states, first)
+    return [[row for lane in group.next_step() for row in lane] for _ in range(steps)]
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_a_stricter_keep_and_another_repeat_from_the_step_after_the_checkpoint(scored, tokenizer_dir, packing):
+    """Saved after step 3 with keep quality >= 0.3, resumed with quality >= 0.6 and another repeat from step 4:
+    steps 1-3 are the first run's; steps 4.. equal an uninterrupted run of both eras and hold no document the
+    new keep drops (its open documents' rests are left out too); the first run's steps 4.. hold some (control)."""
+    from helpers import engine_checkpoint
+
+    from zephon_titan.engine import fingerprint
+    from zephon_titan.engine.pipeline import PipelineEra
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.loader.state import Decoded
+
+    before = {"quality >= 0.3": "min(meta.score, 2)"}
+    old = spec_from_table(
+        _table(scored, tokenizer_dir, keep=("quality >= 0.3",) * 2, repeat=("min(meta.score, 2)",) * 2, packing=packing)
+    )
+    table = _table(scored, tokenizer_dir, keep=("quality >= 0.6",) * 2, repeat=("0.5",) * 2, packing=packing)
+    new = spec_from_table({**table, "pipeline_from_step": CHANGE_AT + 1})
+    restored = read_state(Decoded(engine_checkpoint(old, CHANGE_AT)), range(4), fingerprint(new))
+    assert restored.mixture_change == f"keep and repeat of code, prose change from step {CHANGE_AT + 1}"
+    resumed = restored.spec(new)
+    assert [e.start for e in resumed.pipeline_eras] == [1, CHANGE_AT + 1]
+
+    first = _steps(old, CHANGE_AT + 4)
+    group = __import__("zephon_titan.engine", fromlist=["LaneGroup"]).LaneGroup(old, range(4), 2)
+    for _ in range(CHANGE_AT):
+        group.next_step()
+    after = _steps(resumed, 4, group.state(), CHANGE_AT)
+    # The uninterrupted run of both eras: the resumed spec from step 0.
+    whole = _steps(resumed, CHANGE_AT + 4)
+    assert [[r.to_bytes() for r in s] for s in whole[:CHANGE_AT]] == [
+        [r.to_bytes() for r in s] for s in first[:CHANGE_AT]
+    ]
+    assert [[r.to_bytes() for r in s] for s in after] == [[r.to_bytes() for r in s] for s in whole[CHANGE_AT:]]
+    records = _records(scored)
+
+    def low(steps) -> int:
+        return sum(
+            records[(p.file, p.row)]["quality"] is None or records[(p.file, p.row)]["quality"] < 0.6
+            for step in steps
+            for row in step
+            for p in row.pieces
+        )
+
+    assert low(after) == 0 and low(first[CHANGE_AT:]) > 0
+    assert before  # the old era's expressions are in the history
+    assert resumed.pipeline_eras[0] == PipelineEra(
+        1, {n: ("quality >= 0.3", "min(meta.score, 2)") for n in ("code", "prose")}
+    )
+
+
+def test_a_change_at_or_before_the_checkpoint_or_past_its_slots_is_refused(scored, tokenizer_dir):
+    from helpers import engine_checkpoint
+
+    from zephon_titan.engine import fingerprint
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.errors import ResumeError
+    from zephon_titan.loader.state import Decoded
+
+    old = spec_from_table(_table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 2)", "")))
+    saved = engine_checkpoint(old, CHANGE_AT)
+    stricter = _table(scored, tokenizer_dir, keep=("quality >= 0.6", ""), repeat=("min(meta.score, 2)", ""))
+    with pytest.raises(
+        ResumeError,
+        match=rf"keep or repeat of source code changed, .* set \[dataloader\] pipeline_from_step = {CHANGE_AT + 1}",
+    ):
+        read_state(Decoded(saved), range(4), fingerprint(spec_from_table(stricter)))
+    with pytest.raises(ResumeError, match="pipeline_from_step"):
+        read_state(
+            Decoded(saved), range(4), fingerprint(spec_from_table({**stricter, "pipeline_from_step": CHANGE_AT}))
+        )
+    more = _table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 3)", ""))
+    with pytest.raises(
+        ResumeError, match=r"can train a document 3 times a pass, but the run's windows have room for 2"
+    ):
+        read_state(
+            Decoded(saved), range(4), fingerprint(spec_from_table({**more, "pipeline_from_step": CHANGE_AT + 1}))
+        )
+    # The control: the same pipeline from the next step is no change at all.
+    same = _table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 2)", ""))
+    restored = read_state(
+        Decoded(saved), range(4), fingerprint(spec_from_table({**same, "pipeline_from_step": CHANGE_AT + 1}))
+    )
+    assert restored.mixture_change == ""

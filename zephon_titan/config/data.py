@@ -198,6 +198,17 @@ class DataConfig:
     """The first step whose rows skip the `exclude` list's documents (>= 1 with `exclude`; earlier steps are
     unchanged)."""
 
+    pipeline_from_step: int = setting(
+        0,
+        rows=True,
+        rows_note="the pipelines component (each source's keep and repeat by step)",
+        bounds=(0, 1 << 62, "a step number"),
+        eval=refused("the eval set's keep applies to every step it reads"),
+    )
+    """The first step whose rows use the sources' `keep` and `repeat` as this config sets them; the steps before
+    keep those of the run's checkpoint (in a new run: none). Set it after the checkpoint's step to change a
+    threshold or a repeat from there on (docs/processing.md). 0: from the first step."""
+
     tokenizer_path: str = setting(
         "", rows=True, rows_note=f"{_THE_TOKENIZER}: the same tokenizer read from elsewhere is the same rows"
     )

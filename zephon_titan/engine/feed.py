@@ -27,6 +27,7 @@ it is read, the rest of it too if it was partly read (exclusion.py); the other d
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import weakref
 from collections import deque
@@ -42,7 +43,7 @@ from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.pipeline import DROPPED
 from zephon_titan.engine.shuffle import Permutation, derive_key
-from zephon_titan.engine.sources.base import BlockDocuments, Source
+from zephon_titan.engine.sources.base import BlockDocuments, Source, file_blocks
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
 from zephon_titan.engine.state import FeedState, MixState, SourceCursor, initial_cursors
@@ -260,6 +261,8 @@ class LaneSourceReader:
         self.source_index = source_index
         self.lane_id = lane_id
         self._window: _Window | None = None
+        self.era = 0
+        """The pipeline era of the documents the reader reads now (set_era)."""
         self._current: _Batch = _NO_BATCH
         self._batch = FIRST_TOKENIZE_BATCH
         self._ahead_batch: _Batch | None = None
@@ -315,27 +318,55 @@ class LaneSourceReader:
 
     @property
     def copies(self) -> int:
-        """Slots per document in this loader's windows: the pipeline's copies when training (an eval set takes each
+        """Slots per document in this loader's windows: the source's slots when training (an eval set takes each
         document it keeps once: repeat is how training samples a source)."""
-        pipeline = self.source.pipeline
-        return pipeline.copies if pipeline is not None and self.spec.config.split == "train" else 1
+        return self.source.slots if self.spec.config.split == "train" else 1
+
+    def set_era(self, era: int) -> None:
+        """The pipeline era of the next documents (engine/pipeline.py): the open window's counts are those of the
+        era, and documents read ahead under another are read again."""
+        if era == self.era:
+            return
+        self.era = era
+        window = self._window
+        if window is not None and window.counts is not None:
+            counts = self._counts(window.index, window.blocks, window.kept)
+            self._window = dataclasses.replace(window, counts=counts)
+            self._current, self._ahead_batch = _NO_BATCH, None
 
     def _counts(self, w: int, blocks: list[BlockDocuments], kept: list[range | np.ndarray]) -> np.ndarray | None:
-        """How many slots of each document of window w its pass trains (block order); None without a pipeline."""
-        pipeline = self.source.pipeline
-        if pipeline is None:
+        """How many slots of each document of window w its pass trains in the reader's era (block order); None
+        without a pipeline in any era."""
+        pipelines = self.source.era_pipelines
+        if all(p is None for p in pipelines):
             return None
+        pipeline = pipelines[self.era]
         counts = []
         for docs, k, (_, epoch) in zip(blocks, kept, self._window_blocks(w)):
-            assert docs.keep is not None and docs.repeat is not None, "Source._fill evaluates the pipeline"
             index = np.asarray(k, dtype=np.int64)
+            if pipeline is None:  # none in this era: every document once
+                counts.append(np.ones(len(index), dtype=np.int64))
+                continue
+            keep, repeat = docs.eras[self.era]
             if self.spec.config.split == "train":
                 rows = np.asarray(docs.rows, dtype=np.int64)[index]
-                count = pipeline.counts(docs.keep[index], docs.repeat[index], self.spec.seed, docs.file, rows, epoch)
+                count = pipeline.counts(keep[index], repeat[index], self.spec.seed, docs.file, rows, epoch)
             else:
-                count = docs.keep[index].astype(np.int64)
+                count = keep[index].astype(np.int64)
             counts.append(count)
         return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+
+    def keeps(self, file: str, row: int) -> bool:
+        """Whether the reader's era keeps the document at (file, row) (its keep condition; True without one)."""
+        pipeline = self.source.era_pipelines[self.era]
+        if pipeline is None or pipeline.keep is None:
+            return True
+        for block in file_blocks(self.source, file):
+            if len(block.rows) and block.rows[0] <= row <= block.rows[-1]:
+                i = bisect.bisect_left(block.rows, row)
+                if i < len(block.rows) and block.rows[i] == row:
+                    return bool(block.eras[self.era][0][i])
+        return True
 
     def _split_rows(self, docs: BlockDocuments) -> range | np.ndarray:
         """Indices of the block's documents in this loader's part of the source (split.py)."""
@@ -590,6 +621,11 @@ class DocumentFeed:
         """Per source, the (window, position) where its run of documents that place nothing began."""
         self.excluding = False
         """The next pieces are for a row at or after exclude_from_step: listed documents are skipped."""
+        self.era = 0
+        """The pipeline era of the next pieces (engine/pipeline.py; set_era)."""
+        self.pruning = False
+        """The open unit was drawn in an earlier pipeline era: its documents this era's keep drops are left out
+        (stream.py sets it; the packers ask `dropped`, as for an exclusion)."""
         for reader, cursor, weight in zip(self.readers, self.cursors, self.weights):
             if weight > 0:  # lanes created together fetch their first windows together (next_document's)
                 reader.prefetch(cursor.window)
@@ -604,9 +640,27 @@ class DocumentFeed:
         if segment.start != self.mix.segment:
             self.mix = MixState(segment.start, tuple(c.tokens for c in self.cursors))
             self.weights = segment.weights
+        self.set_era(self.spec.pipeline_era_of(step))
+
+    @property
+    def leaving_out(self) -> bool:
+        """Whether pieces drawn before may be left out now (`dropped`): an exclusion in force, or a unit drawn in an
+        earlier pipeline era."""
+        return self.excluding or self.pruning
+
+    def set_era(self, era: int) -> None:
+        """The next pieces are drawn in pipeline era `era`: each reader decides with its keep and repeat."""
+        if era != self.era:
+            self.era = era
+            for reader in self.readers:
+                reader.set_era(era)
+            self._has_document = [None] * len(self.readers)  # a window's trained slots changed
 
     def dropped(self, source: int, file: str, row: int) -> bool:
-        """Whether the document's pieces are left out now (the exclusion is in force and lists it)."""
+        """Whether the document's pieces are left out now (the exclusion is in force and lists it, or it was drawn in
+        an earlier pipeline era and this era's keep drops it)."""
+        if self.pruning and not self.readers[source].keeps(file, row):
+            return True
         exclusion = self.spec.exclusion
         if not self.excluding or exclusion is None:
             return False
@@ -647,7 +701,7 @@ class DocumentFeed:
             cursor = self.cursors[s]
             doc = self.readers[s].document(cursor)
             n = len(doc.tokens)
-            if cursor.offset > n:
+            if cursor.offset > n and doc.tokens is not DROPPED:  # (the rest of a document a new keep drops: skipped)
                 raise DataError(
                     f"{doc.file} {self.readers[s].source.row_unit} {doc.row}: the lane's state is {cursor.offset} "
                     f"tokens into this document, which has {n}; was the data changed?"

@@ -13,6 +13,8 @@ from fractions import Fraction
 
 from zephon_titan.engine.mixing import initial_offsets
 from zephon_titan.engine.packing import packer_class
+from zephon_titan.engine.pipeline import PipelineEra, era_pipelines, read_eras, slots_needed
+from zephon_titan.engine.pipeline import eras_text as pipeline_eras_text
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.spec import EngineSpec, Era
 from zephon_titan.engine.state import STATE_VERSION, refuse_removed_sources
@@ -58,11 +60,68 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         "shuffle_window_blocks": str(c.shuffle_window_blocks),
         **_split_component(spec),
         **{f"pipeline.{s.name}": s.pipeline.describe() for s in spec.sources if s.pipeline is not None},
+        **_pipelines_component(spec),
         **{f"transform.{s.name}": "; ".join(t.describe() for t in s.transforms) for s in spec.sources if s.transforms},
         **_mixing_components(spec),
         **({SEQ_LENS_KEY: eras_text(spec.eras)} if spec.eras else {}),
         **({EXCLUDE_KEY: spec.exclusion.describe()} if spec.exclusion is not None else {}),
     }
+
+
+# Every source's keep and repeat by step, and its windows' slots per document (engine/pipeline.py), present only
+# when some step has a keep or a repeat. A resume may change them only from a step after the checkpoint's.
+PIPELINES_KEY = "pipelines"
+
+
+def check_pipelines(
+    saved: Fingerprint, current: Fingerprint, step: int
+) -> tuple[tuple[PipelineEra, ...], dict[str, int], str]:
+    """The pipelines of a run resumed after `step` steps: the checkpoint's eras up to that step, then this config's
+    from a later step (like an exclusion, only what is not trained yet may change), and each source's slots per
+    document as the checkpoint's windows have them. ResumeError for a change at or before `step`, or a repeat that
+    needs more slots; also returns a line describing the change ("" if none)."""
+    none = (PipelineEra(1, {}),)
+    old, new = saved.get(PIPELINES_KEY), current.get(PIPELINES_KEY)
+    old_eras, old_slots = read_eras(old) if isinstance(old, str) else (none, {})
+    new_eras, new_slots = read_eras(new) if isinstance(new, str) else (none, {})
+    done = tuple(e for e in old_eras if e.start <= step) or none
+    # The config's own era is its keep and repeat from pipeline_from_step; what a new run would have before it
+    # (none) is, at a resume, the checkpoint's.
+    config_era = new_eras[-1]
+    ahead = (config_era,) if config_era.start > step else ()
+    if config_era.start <= step and config_era.expressions != done[-1].expressions:
+        was, now = done[-1].expressions, config_era.expressions
+        names = sorted(n for n in set(was) | set(now) if was.get(n) != now.get(n))
+        raise ResumeError(
+            f"keep or repeat of source {', '.join(names)} changed, but the config puts the change at or before the "
+            f"checkpoint's step {step} (those steps are trained already); set [dataloader] pipeline_from_step = "
+            f"{step + 1} (or later) to change them from there on, or restore them"
+        )
+    if ahead and ahead[0].expressions == done[-1].expressions:
+        ahead = ahead[1:]  # no change at its start
+    slots = {**new_slots, **old_slots}
+    for era in ahead:
+        for name in era.expressions:
+            needed = slots_needed(era_pipelines(name, [era]))
+            have = old_slots.get(name, 1) if name in saved.get("sources", []) else slots.get(name, needed)
+            if needed > have:
+                raise ResumeError(
+                    f"[dataloader.sources.{name}] repeat from step {era.start} can train a document {needed} times "
+                    f"a pass, but the run's windows have room for {have} (its repeat's bound when the run began); "
+                    f"keep the bound at {have} or below, e.g. min(..., {have})"
+                )
+    change = ""
+    if ahead:
+        changed = sorted({n for e in ahead for n in set(e.expressions) | set(done[-1].expressions)})
+        change = f"keep and repeat of {', '.join(changed)} change from step {ahead[0].start}"
+    return done + ahead, slots, change
+
+
+def _pipelines_component(spec: EngineSpec) -> Fingerprint:
+    if not any(e.expressions for e in spec.pipeline_eras):
+        return {}
+    slots = {s.name: s.slots for s in spec.sources if any(p is not None for p in s.era_pipelines)}
+    return {PIPELINES_KEY: pipeline_eras_text(spec.pipeline_eras, slots)}
 
 
 # The documents skipped from a step on (engine/exclusion.py), present only with `[dataloader] exclude`: its first
@@ -268,7 +327,8 @@ def check_fingerprint(
     (and the mixture and exclusion when `mixture_checked_apart`: check_mixture() and check_exclusion() know the
     checkpoint's step)."""
     # At a resume the mixing offsets are the checkpoint's and the added sources' (resume.read_state).
-    skip = set(allow) | ({*MIXTURE_KEYS, PHASES_KEY, EXCLUDE_KEY} if mixture_checked_apart else set())
+    apart = {*MIXTURE_KEYS, PHASES_KEY, EXCLUDE_KEY, PIPELINES_KEY, "pipeline"}  # check_mixture & co. at a resume
+    skip = set(allow) | (apart if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
         refuse_removed_sources(source_names(saved), source_names(current))
     skip_keys = _added_sources(saved, current) if mixture_checked_apart else set()

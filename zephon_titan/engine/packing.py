@@ -243,7 +243,7 @@ class WrapPacker:
         parts: list[tuple[np.ndarray, Piece]] = []
         need = self.shape.slots
         while need:
-            if self.feed.excluding and self._doc is not None and self.feed.dropped(*_key(self._doc)):
+            if self.feed.leaving_out and self._doc is not None and self.feed.dropped(*_key(self._doc)):
                 self._offset = self.shape.piece_slots(self._doc)  # drawn before exclude_from_step: drop its rest
             if self._doc is None or self._offset == self.shape.piece_slots(self._doc):
                 self._doc_start = self.feed.state()
@@ -369,7 +369,7 @@ class BestFitPacker:
                 raise LaneExhausted
             # A window of one-token documents (no pair under labels = "document") has no row: next window.
         row = self._rows[self._emitted]
-        if self.feed.excluding:  # a window drawn before exclude_from_step may hold listed documents
+        if self.feed.leaving_out:  # a window drawn before exclude_from_step (or a keep change) may hold such documents
             kept = [p for p in self._bins[self._emitted] if not self.feed.dropped(*_key(p.piece))]
             if len(kept) < len(self._bins[self._emitted]):
                 row = self.shape.make_row([(p.tokens, p.piece) for p in kept])  # padding in their place

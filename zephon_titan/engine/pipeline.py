@@ -19,6 +19,7 @@ A dropped slot is skipped where the lane reads it (feed.py), like an excluded do
 
 from __future__ import annotations
 
+import json
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from zephon_titan.config import SourceConfig
+from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.config.expressions import (
     ARITHMETIC,
     Apply,
@@ -42,7 +43,7 @@ from zephon_titan.config.expressions import (
 )
 from zephon_titan.engine.shuffle import derive_key
 from zephon_titan.engine.split import uniform53
-from zephon_titan.errors import DataError
+from zephon_titan.errors import DataError, ResumeError
 
 # A document that is not trained: a slot its pass does not train, or one a transform dropped (transforms.py).
 # Read as this one object, never encoded, and skipped by the feed (an identity test: an empty document is another
@@ -131,13 +132,76 @@ def field_values(table: pa.Table, path: str) -> pa.Array:
 
 def source_pipeline(source: SourceConfig) -> SourcePipeline | None:
     """The source's pipeline from its config; None when it has neither keep nor repeat."""
-    if not source.keep and not source.repeat:
+    return pipeline_of(source.name, source.keep, source.repeat, f"[dataloader.sources.{source.name}]")
+
+
+def pipeline_of(name: str, keep_text: str, repeat_text: str, where: str) -> SourcePipeline | None:
+    if not keep_text and not repeat_text:
         return None
-    where = f"[dataloader.sources.{source.name}]"
-    keep = parse(source.keep, f"{where} keep", "bool") if source.keep else None
-    repeat = parse(source.repeat, f"{where} repeat", "number") if source.repeat else None
+    keep = parse(keep_text, f"{where} keep", "bool") if keep_text else None
+    repeat = parse(repeat_text, f"{where} repeat", "number") if repeat_text else None
     copies = copies_of(repeat, f"{where} repeat") if repeat is not None else 1
-    return SourcePipeline(source.name, keep, repeat, copies)
+    return SourcePipeline(name, keep, repeat, copies)
+
+
+# ---- the pipelines by step ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PipelineEra:
+    """From step `start` on, each source's keep and repeat (as text; a source without either is absent)."""
+
+    start: int
+    expressions: dict[str, tuple[str, str]]
+
+
+def config_eras(config: DataConfig) -> tuple[PipelineEra, ...]:
+    """A new run's pipelines by step: the config's from pipeline_from_step (none before it)."""
+    current = {s.name: (s.keep, s.repeat) for s in config.sources if s.keep or s.repeat}
+    if config.pipeline_from_step <= 1:
+        return (PipelineEra(1, current),)
+    return (PipelineEra(1, {}), PipelineEra(config.pipeline_from_step, current))
+
+
+def era_index(eras: Sequence[PipelineEra], step: int) -> int:
+    """The index of the era in force at `step` (the first one before its start)."""
+    return max([i for i, e in enumerate(eras) if e.start <= step] or [0])
+
+
+def eras_text(eras: Sequence[PipelineEra], slots: dict[str, int]) -> str:
+    """The fingerprint's `pipelines`: every era and each source's slots per document, as JSON."""
+    return json.dumps({"eras": [[e.start, e.expressions] for e in eras], "slots": slots}, sort_keys=True)
+
+
+def read_eras(text: str) -> tuple[tuple[PipelineEra, ...], dict[str, int]]:
+    """eras_text's eras and slots (ResumeError if a checkpoint's text is not what eras_text writes)."""
+    try:
+        data = json.loads(text)
+        eras = tuple(
+            PipelineEra(int(start), {str(k): (str(v[0]), str(v[1])) for k, v in dict(expressions).items()})
+            for start, expressions in data["eras"]
+        )
+        slots = {str(k): int(v) for k, v in dict(data["slots"]).items()}
+    except (ValueError, TypeError, KeyError, IndexError):
+        raise ResumeError(
+            f"the checkpoint's pipelines component is not readable ({text[:80]!r}); it is damaged"
+        ) from None
+    return eras, slots
+
+
+def era_pipelines(name: str, eras: Sequence[PipelineEra]) -> tuple[SourcePipeline | None, ...]:
+    """A source's pipeline in each era (None where it has none)."""
+    out = []
+    for e in eras:
+        keep, repeat = e.expressions.get(name, ("", ""))
+        where = f"[dataloader.sources.{name}]" + (f" (in force from step {e.start})" if e.start > 1 else "")
+        out.append(pipeline_of(name, keep, repeat, where))
+    return tuple(out)
+
+
+def slots_needed(pipelines: Sequence[SourcePipeline | None]) -> int:
+    """Slots per document a source's windows need for all its eras: its largest copies (1 without a repeat)."""
+    return max([p.copies for p in pipelines if p is not None] or [1])
 
 
 Values = Callable[[Node], pa.Array]

@@ -19,6 +19,7 @@ they existed (and in any whose run mixes as those did), which a reader that know
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -33,12 +34,14 @@ from zephon_titan.engine.fingerprint import (
     check_exclusion,
     check_fingerprint,
     check_mixture,
+    check_pipelines,
     saved_eras,
     saved_mixing,
     seq_len_checked_apart,
     source_names,
 )
 from zephon_titan.engine.mixing import added_offsets
+from zephon_titan.engine.pipeline import PipelineEra
 from zephon_titan.engine.spec import EngineSpec, Era, eras_after
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
@@ -281,6 +284,11 @@ class Restored:
     seq_len (or piece size) differs; empty: one."""
     seq_len_change: str = ""
     """The line a seq_len change at this resume logs ("" if none)."""
+    pipeline_eras: tuple[PipelineEra, ...] = ()
+    """The sources' keep and repeat by step: the checkpoint's up to its step, then this config's (empty: the
+    config's alone)."""
+    pipeline_slots: dict[str, int] = field(default_factory=dict)
+    """Each source's slots per document, as the checkpoint's windows have them."""
 
     def spec(self, spec: EngineSpec) -> EngineSpec:
         """`spec` (this run's) as it continues the checkpoint's run."""
@@ -291,7 +299,8 @@ class Restored:
                 f"[training] seq_len at a resume ({self.seq_len_change or 'recorded in its seq_lens'}); both at once "
                 "are not supported yet: keep [training] seq_len as the checkpoint's, or drop the phases' seq_len"
             )
-        return spec.resumed(self.best_fit_mixing, offsets).with_eras(self.eras)
+        resumed = spec.resumed(self.best_fit_mixing, offsets).with_eras(self.eras)
+        return resumed.with_pipeline_eras(self.pipeline_eras, self.pipeline_slots) if self.pipeline_eras else resumed
 
 
 def read_state(state: Mapping[str, Any], lane_ids: Any, current: Fingerprint, allow: Any = ()) -> Restored:
@@ -315,7 +324,12 @@ def read_state(state: Mapping[str, Any], lane_ids: Any, current: Fingerprint, al
             "the same number of rows per step); the checkpoint is damaged"
         )
     step = _saved_step(header, rows.pop())
-    changes = (check_mixture(header.fingerprint, current, step), check_exclusion(header.fingerprint, current, step))
+    pipeline_eras, pipeline_slots, pipeline_change = check_pipelines(header.fingerprint, current, step)
+    changes = (
+        check_mixture(header.fingerprint, current, step),
+        check_exclusion(header.fingerprint, current, step),
+        pipeline_change,
+    )
     change = "; ".join(c for c in changes if c)
     added = [name for name in names if name not in header.sources]
     before = saved_eras(header.fingerprint, step)
@@ -326,7 +340,8 @@ def read_state(state: Mapping[str, Any], lane_ids: Any, current: Fingerprint, al
         follows = all(e.chunk == e.seq_len for e in eras[-2:])  # mix_chunk_tokens unset: nothing more to say
         if eras[-2].chunk != eras[-1].chunk and not follows:
             seq_len_change += f" (mix_chunk_tokens {eras[-2].chunk} -> {eras[-1].chunk})"
-    return Restored(header, step, lanes, added, change, offsets, best_fit_mixing, eras, seq_len_change)
+    restored = Restored(header, step, lanes, added, change, offsets, best_fit_mixing, eras, seq_len_change)
+    return dataclasses.replace(restored, pipeline_eras=pipeline_eras, pipeline_slots=pipeline_slots)
 
 
 def _saved_step(header: Header, rows: int) -> int:

@@ -15,6 +15,15 @@ from typing import Any, TypedDict
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
 from zephon_titan.engine.exclusion import Exclusion, build_exclusion
 from zephon_titan.engine.mixing import added_offsets, initial_offsets
+from zephon_titan.engine.pipeline import (
+    PipelineEra,
+    config_eras,
+    era_index,
+    era_pipelines,
+    eras_text,
+    read_eras,
+    slots_needed,
+)
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
@@ -50,6 +59,9 @@ class EngineSpec:
     change, is replayed with an earlier one (stream.py); every new row has seq_len."""
     exclusion: Exclusion | None = None
     """The documents skipped from a step on (`[dataloader] exclude`: exclusion.py); None: none."""
+    pipeline_eras: tuple[PipelineEra, ...] = ()
+    """The sources' keep and repeat by step (engine/pipeline.py): the config's from pipeline_from_step, and before
+    it a checkpoint's (or none); each source's `era_pipelines` follow them."""
     seq_len_schedule: tuple[Era, ...] = ()
     """The job's sequence lengths by step (`[[dataloader.phases]] seq_len`; empty: seq_len from step 1): each era's
     first step, seq_len and mixer piece size; seq_len is their longest. A lane enters an era as a resume at that
@@ -78,6 +90,20 @@ class EngineSpec:
         first = self.era_of(step)
         later = (e for e in self.eras or self.seq_len_schedule if e.start > first.start)
         return [first, *(e for e in later if until is None or e.start <= until)]
+
+    def pipeline_era_of(self, step: int) -> int:
+        """The index of the pipeline era in force at `step`."""
+        return era_index(self.pipeline_eras, step) if len(self.pipeline_eras) > 1 else 0
+
+    def with_pipeline_eras(self, eras: tuple[PipelineEra, ...], slots: dict[str, int]) -> EngineSpec:
+        """This spec with the pipelines of a resumed run: the checkpoint's eras, then this config's (resume.py);
+        each source's windows keep the checkpoint's slots per document (`slots`, by source name)."""
+        if eras == self.pipeline_eras and all(slots.get(s.name, s.slots) == s.slots for s in self.sources):
+            return self
+        for source in self.sources:
+            pipelines = era_pipelines(source.name, eras)
+            source.set_pipelines(pipelines, slots.get(source.name, slots_needed(pipelines)))
+        return dataclasses.replace(self, pipeline_eras=eras)
 
     def with_eras(self, eras: tuple[Era, ...]) -> EngineSpec:
         """This spec (of the last era's seq_len) continuing a run whose seq_len changed at a resume: the mixer
@@ -186,6 +212,10 @@ def build_engine(
         files = [(s.name, [f.path for f in s.files]) for s in sources]
         exclusion = build_exclusion(config.exclude, config.exclude_from_step, files)
     eras = seq_len_eras(config, seq_len)
+    pipelines = config_eras(config)
+    for source in sources:
+        by_era = era_pipelines(source.name, pipelines)
+        source.set_pipelines(by_era, slots_needed(by_era))
     return EngineSpec(
         config=config,
         sources=sources,
@@ -194,6 +224,7 @@ def build_engine(
         seq_len=seq_len,
         exclusion=exclusion,
         seq_len_schedule=eras,
+        pipeline_eras=pipelines,
     )
 
 
@@ -262,6 +293,7 @@ class PortableSpec(TypedDict):
     listings: dict[str, list[FileRecord]]  # source name -> its files' records
     phase_offsets: list[str] | None  # EngineSpec.phase_offsets as "k/n" texts
     eras: list[list[int]]  # EngineSpec.eras as [start, seq_len, chunk]
+    pipelines: str  # EngineSpec.pipeline_eras and the sources' slots (pipeline.eras_text)
 
 
 def portable(spec: EngineSpec) -> PortableSpec:
@@ -276,6 +308,7 @@ def portable(spec: EngineSpec) -> PortableSpec:
         "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
         "phase_offsets": None if spec.phase_offsets is None else [str(u) for u in spec.phase_offsets],
         "eras": [[e.start, e.seq_len, e.chunk] for e in spec.eras],
+        "pipelines": eras_text(spec.pipeline_eras, {s.name: s.slots for s in spec.sources}),
     }
 
 
@@ -297,6 +330,7 @@ def spec_from_portable(data: PortableSpec) -> EngineSpec:
     offsets = data["phase_offsets"]
     if offsets is not None:
         spec = dataclasses.replace(spec, phase_offsets=tuple(map(Fraction, offsets)))
+    spec = spec.with_pipeline_eras(*read_eras(data["pipelines"]))
     return spec.with_eras(tuple(Era(*e) for e in data["eras"]))
 
 

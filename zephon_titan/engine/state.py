@@ -108,6 +108,10 @@ class LaneState:
     """True while a unit drawn with `[dataloader] exclude` in force (from its step on) is open: a restore draws it
     the same way (exclusion.py). Saved only then, so states of runs without an exclusion keep their keys."""
 
+    pipeline_era: int | None = None
+    """The pipeline era (engine/pipeline.py) the open unit was drawn in, while a unit is open in a run whose keep or
+    repeat changes by step: a restore draws it in that era. Saved only then."""
+
     version: int = STATE_VERSION
 
     @property
@@ -139,6 +143,7 @@ class LaneState:
             window_rows=self.window_rows,
             resized=self.resized,
             excluding=self.excluding,
+            pipeline_era=self.pipeline_era,
         )
 
     @classmethod
@@ -165,6 +170,8 @@ class LaneState:
             out["resized"] = list(self.resized)
         if self.excluding is not None:  # only while a unit drawn under an exclusion is open
             out["excluding"] = True
+        if self.pipeline_era is not None:  # only while a unit is open in a run whose pipelines change by step
+            out["pipeline_era"] = self.pipeline_era
         return out
 
     @classmethod
@@ -175,7 +182,7 @@ class LaneState:
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
         if (
             not isinstance(data, dict)
-            or set(data) - {"mix", "replay", "window_rows", "resized", "excluding"} != expected
+            or set(data) - {"mix", "replay", "window_rows", "resized", "excluding", "pipeline_era"} != expected
         ):
             got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ResumeError(f"{where} must have keys {sorted(expected)}, got {got}")
@@ -184,7 +191,8 @@ class LaneState:
                 f"{where}: version {data['version']!r} is not supported by this zephon_titan "
                 f"(it reads version {STATE_VERSION}); resume with the release that wrote it"
             )
-        for name in ("lane_id", "rows", "unit_offset", *(["window_rows"] if "window_rows" in data else [])):
+        optional = [name for name in ("window_rows", "pipeline_era") if name in data]
+        for name in ("lane_id", "rows", "unit_offset", *optional):
             _count(data[name], name, where)
         resized = data.get("resized")
         if resized is not None:
@@ -219,6 +227,7 @@ class LaneState:
             window_rows=data.get("window_rows"),
             resized=None if resized is None else tuple(resized),
             excluding=data.get("excluding"),
+            pipeline_era=data.get("pipeline_era"),
         )
         state.check_consistent(where)
         return state
@@ -253,6 +262,8 @@ class LaneState:
             raise ResumeError(f"{where}: field 'resized' is set with no open unit; the checkpoint is damaged")
         if self.excluding is not None and not self.unit_open:
             raise ResumeError(f"{where}: field 'excluding' is set with no open unit; the checkpoint is damaged")
+        if self.pipeline_era is not None and not self.unit_open:
+            raise ResumeError(f"{where}: field 'pipeline_era' is set with no open unit; the checkpoint is damaged")
         if self.replay is None:
             return
         if not self.unit_open:

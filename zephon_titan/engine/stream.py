@@ -53,9 +53,12 @@ class LaneStream:
         calls (a speed knob: rows never depend on it); None: the lane's own."""
         if not 0 <= lane_id < spec.num_lanes:
             raise ValueError(f"lane_id must be in [0, {spec.num_lanes}), got {lane_id}")
-        stepped = spec.schedule.scheduled or spec.exclusion is not None
+        stepped = spec.schedule.scheduled or spec.exclusion is not None or len(spec.pipeline_eras) > 1
         if clock is None and stepped:
-            raise ValueError("a lane under a mixture schedule or an exclusion needs the step of its rows (a StepClock)")
+            raise ValueError(
+                "a lane under a mixture schedule, an exclusion or keep and repeat by step needs the step of its rows "
+                "(a StepClock)"
+            )
         self.spec = spec
         self.lane_id = lane_id
         self.rows = 0
@@ -71,6 +74,14 @@ class LaneStream:
         # Whether the open unit was drawn with the exclusion in force: a restore replays it the same way.
         self._unit_start: object = None
         self._unit_excluding = False
+        # The pipeline era the open unit was drawn in (engine/pipeline.py): a restore replays it in that era, and
+        # rows of a later era leave out its documents that era's keep drops. A state without one was saved in a
+        # run of one era up to its checkpoint: its unit was drawn in the era of the last step trained.
+        self._unit_era = 0
+        if state is not None and len(spec.pipeline_eras) > 1:
+            last = self.clock.step(state.rows) - 1 if self.clock is not None else 0
+            self._unit_era = state.pipeline_era if state.pipeline_era is not None else spec.pipeline_era_of(last)
+            self.feed.set_era(self._unit_era)
         if state is not None and state.excluding:
             if spec.exclusion is None:
                 raise ResumeError(
@@ -113,9 +124,12 @@ class LaneStream:
             self.feed.at_step(step)
             exclusion = self.spec.exclusion
             self.feed.excluding = exclusion is not None and step >= exclusion.from_step
+            self.feed.pruning = self._unit_era != self.feed.era
         row = self.packer.next_row()
-        if self.spec.exclusion is not None and self.packer.unit()[0] is not self._unit_start:
-            self._unit_start, self._unit_excluding = self.packer.unit()[0], self.feed.excluding  # a unit drawn now
+        tracked = self.spec.exclusion is not None or len(self.spec.pipeline_eras) > 1
+        if tracked and self.packer.unit()[0] is not self._unit_start:  # a unit drawn now
+            self._unit_start, self._unit_excluding = self.packer.unit()[0], self.feed.excluding
+            self._unit_era = self.feed.era
         self.rows += 1
         return row
 
@@ -151,6 +165,7 @@ class LaneStream:
             window_rows=self.packer.window_rows if unit_open else None,
             resized=self.packer.resized if unit_open and self.packer.resized else None,
             excluding=True if unit_open and self._unit_excluding else None,
+            pipeline_era=self._unit_era if unit_open and len(self.spec.pipeline_eras) > 1 else None,
         )
 
 

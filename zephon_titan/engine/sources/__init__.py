@@ -4,7 +4,7 @@ format registry (formats.py): a new format is one module plus one `register_form
 from __future__ import annotations
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine.pipeline import SourcePipeline, source_pipeline
+from zephon_titan.engine.pipeline import SourcePipeline, slots_needed, source_pipeline
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
 from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, get_format, register_format
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
@@ -50,6 +50,7 @@ def open_source(
         save_index_after_first_use(source, opened, options)
     fmt = get_format(opened.format_name, f"[dataloader.sources.{source.name}]")
     opened.pipeline = _pipeline(source, fmt)
+    opened.set_pipelines((opened.pipeline,), slots_needed((opened.pipeline,)))
     opened.transforms = _transforms(source, fmt)
     return opened
 

@@ -103,6 +103,8 @@ class BlockDocuments:
     """With a pipeline: per document, whether its keep condition holds (engine/pipeline.py)."""
     repeat: np.ndarray | None = None
     """With a pipeline: per document, its repeat value."""
+    eras: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
+    """With a pipeline: keep and repeat per document in each era of the run (the last is `keep`, `repeat`)."""
     records: Callable[[int], dict[str, Any]] | None = None
     """As a format reads it, when the source has transforms: document i's record (all its columns or fields)."""
 
@@ -166,6 +168,10 @@ class Source(ABC):
         self.storage_options = storage_options
         self.pipeline: SourcePipeline | None = None
         """Set by open_source from the source's keep and repeat, before any block is read."""
+        self.era_pipelines: tuple[SourcePipeline | None, ...] = ()
+        """Its pipeline in each era of the run (set_pipelines); the last is the config's."""
+        self.slots = 1
+        """Slots per document in a training window: the largest copies its repeat can ask for in any era."""
         self.transforms: tuple[Transform, ...] = ()
         """Set by open_source from the source's transform list, before any block is read."""
         self.pipeline_seconds = 0.0
@@ -251,8 +257,8 @@ class Source(ABC):
                 )
             else:
                 block = self._read(file_index, local)
-            if self.pipeline is not None:
-                block = self._with_pipeline(block, self.pipeline)
+            if any(p is not None for p in self.era_pipelines):
+                block = self._with_pipeline(block)
             if self.transforms:
                 block = self._transformed(block)
         except BaseException as e:  # every caller waiting for this read gets its error; a later call reads again
@@ -265,28 +271,41 @@ class Source(ABC):
             del self._reading[block_id]
         future.set_result(block)
 
+    def set_pipelines(self, pipelines: tuple[SourcePipeline | None, ...], slots: int) -> None:
+        """The source's pipeline in each of the run's eras (engine/pipeline.py), and its windows' slots per document.
+        Blocks read before are forgotten: their decisions were for other eras."""
+        self.era_pipelines, self.slots = pipelines, slots
+        with self._held_lock:
+            self._held.clear()
+
     @property
     def pipeline_fields(self) -> list[str]:
-        """The top-level columns or fields `_read` gives in BlockDocuments.fields: those the pipeline reads, and
-        the text's when it uses chars or bytes (empty without a pipeline)."""
-        if self.pipeline is None:
-            return []
-        return list(dict.fromkeys([*self.pipeline.fields, *([self.text_field] if self.pipeline.uses_text else [])]))
+        """The top-level columns or fields `_read` gives in BlockDocuments.fields: those the pipelines read, and
+        the text's when one uses chars or bytes (empty without a pipeline)."""
+        pipelines = [p for p in self.era_pipelines if p is not None]
+        text = [self.text_field] if any(p.uses_text for p in pipelines) else []
+        return list(dict.fromkeys([*(name for p in pipelines for name in p.fields), *text]))
 
-    def _with_pipeline(self, block: BlockDocuments, pipeline: SourcePipeline) -> BlockDocuments:
-        """The block with each document's keep and repeat, from the fields its format read."""
+    def _with_pipeline(self, block: BlockDocuments) -> BlockDocuments:
+        """The block with each document's keep and repeat in each era, from the fields its format read."""
         size = len(block.texts)
-        if not size:  # a block without a line start (JSONL): nothing to decide
-            return dataclasses.replace(block, fields=None, keep=np.zeros(0, dtype=bool), repeat=np.zeros(0))
         table = block.fields if block.fields is not None else pa.table({"_": pa.nulls(size)})
         if table.num_rows != size:
             raise AssertionError(f"{block.file}: {table.num_rows} rows of fields for {size} documents")
-        text = table.column(self.text_field).combine_chunks() if pipeline.uses_text else None
         first = block.rows[0] if len(block.rows) else 0
         started = time.process_time()
-        keep, repeat = pipeline.values(table, text, f"{block.file} {self.row_unit} {first}..")
+        eras = []
+        for pipeline in self.era_pipelines:
+            if pipeline is None or not size:  # none in this era; or a block without a line start (JSONL)
+                eras.append(
+                    (np.ones(size, dtype=bool), np.ones(size)) if pipeline is None else (np.zeros(0, bool), np.zeros(0))
+                )
+                continue
+            text = table.column(self.text_field).combine_chunks() if pipeline.uses_text else None
+            eras.append(pipeline.values(table, text, f"{block.file} {self.row_unit} {first}.."))
         self.pipeline_seconds += time.process_time() - started
-        return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat)
+        keep, repeat = eras[-1] if self.era_pipelines[-1] is not None else (None, None)
+        return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat, eras=tuple(eras))
 
     def _transformed(self, block: BlockDocuments) -> BlockDocuments:
         """The block whose texts are its records through the source's transforms (DROPPED where one drops it)."""
