@@ -21,7 +21,14 @@ from zephon_titan.engine import (
 )
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.lane_digests import PlanProcesses, step_digests
-from zephon_titan.engine.ledger import LedgerEntry, step_exclusion, step_mixing, step_seq_len, step_weights
+from zephon_titan.engine.ledger import (
+    LedgerEntry,
+    step_exclusion,
+    step_mixing,
+    step_pipeline,
+    step_seq_len,
+    step_weights,
+)
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ConfigError
 from zephon_titan.titan.job import Job, load_job
@@ -82,6 +89,7 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
                 seq_len,
                 excluded,
                 mixing,
+                step_pipeline(spec, step),
             )
 
 

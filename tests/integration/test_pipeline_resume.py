@@ -1,7 +1,9 @@
 """A source's keep and repeat through torchrun and real DCP (engine/pipeline.py): a Parquet source with a quality
 column, `keep` and `repeat` set, saved on 2 ranks after step 2 and resumed on 3. Every step equals the
 uninterrupted run's and `plan`'s, and no decoded row holds a document the condition drops, while the run without
-the condition trains some of them (the control)."""
+the condition trains some of them (the control). Then the same checkpoint resumed on 3 ranks with a stricter
+threshold from step 3: steps 1-2 stay, steps 3.. are `plan --from-checkpoint`'s with the new pipeline's digest in
+the ledger, and no row from step 3 holds a document the new threshold drops; the change at step 2 is refused."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import CPU_CONFIG, check, torchrun
+from conftest import CPU_CONFIG, assert_refused, check, run_each, torchrun
 
 from zephon_titan.engine.ledger import read_ledger
 
@@ -52,17 +54,21 @@ def _config(workdir: str, name: str, keep: str) -> str:
     return path
 
 
-def _decoded_pieces(config: str, source: str) -> tuple[dict[int, list[str]], dict[tuple[str, int], str]]:
-    """Each planned step's rows decoded to text, and the text of each of `source`'s pieces by document."""
+def _decoded_pieces(
+    config: str, source: str, checkpoint: str | None = None
+) -> tuple[dict[int, list[str]], dict[tuple[str, int], str]]:
+    """Each planned step's rows decoded to text (from the checkpoint if given), and the text of each of `source`'s
+    pieces by document."""
     from zephon_titan.engine import open_lane_group
     from zephon_titan.engine.lanes import group_steps
+    from zephon_titan.plan import read_checkpoint
     from zephon_titan.titan.job import load_job
 
     job = load_job(config)
-    spec = job.spec
-    group = open_lane_group(spec, range(spec.num_lanes), job.check_layout(1))
+    start, states, spec = (0, None, job.spec) if checkpoint is None else read_checkpoint(checkpoint, job)
+    group = open_lane_group(spec, range(spec.num_lanes), job.check_layout(1), states=states, first_step=start)
     rows, pieces = {}, {}
-    for step, lanes in group_steps(group, 0, STEPS):
+    for step, lanes in group_steps(group, start, STEPS):
         rows[step] = []
         for row in (row for lane in lanes for row in lane):
             rows[step].append(spec.tokenizer.decode([int(t) for t in row.inputs[: len(row.inputs) - row.padding]]))
@@ -110,3 +116,44 @@ def test_keep_and_repeat_resume_on_another_number_of_ranks(workdir, monkeypatch)
     text = "\n".join(row for step in rows.values() for row in step)
     assert not any(s in text for s in dropped)
     assert any(s in text for s in kept)
+
+    # A stricter threshold from the step after the checkpoint, on 3 ranks.
+    stricter = _config(workdir, "stricter.toml", 'keep = "quality >= 0.75"\nrepeat = "min(quality * 3, 2)"')
+    text_of = open(stricter).read().replace("num_lanes = 6", f"num_lanes = 6\npipeline_from_step = {SAVED + 1}")
+    with open(stricter, "w") as f:
+        f.write(text_of)
+    with open(stricter.replace("stricter", "too_early"), "w") as f:
+        f.write(text_of.replace(f"pipeline_from_step = {SAVED + 1}", f"pipeline_from_step = {SAVED}"))
+    shutil.copy(os.path.join(scored, "ref.jsonl"), os.path.join(scored, "changed.jsonl"))
+    check(torchrun(workdir, MODULE, 3, ["--job.config_file", stricter, "--steps", str(STEPS), "--local-batch-size",
+                                        "4", "--ledger", "scored/changed.jsonl", "--resume", checkpoint]))  # fmt: skip
+    changed = {e.step: e for e in read_ledger(os.path.join(scored, "changed.jsonl"))}
+    planned = {e.step: e for e in plan_ledger(stricter, STEPS, checkpoint)}
+    assert [changed[s] for s in range(1, SAVED + 1)] == [reference[s] for s in range(1, SAVED + 1)]
+    assert all(changed[s] == planned[s] for s in range(SAVED + 1, STEPS + 1))
+    assert all(changed[s].sha256 != reference[s].sha256 for s in range(SAVED + 1, STEPS + 1))
+    assert [changed[s].pipeline is not None for s in sorted(changed)] == [s > SAVED for s in sorted(changed)]
+    after, _ = _decoded_pieces(stricter, "code", checkpoint)
+    between = [snippet for key, snippet in by_key.items() if 0.5 <= quality[key] < 0.75]
+    assert between and any(s in text for s in between)  # the first threshold trains them (the control)
+    later = "\n".join(row for step in after.values() for row in step)
+    assert sorted(after) == list(range(SAVED + 1, STEPS + 1))
+    assert not any(s in later for s in between + dropped)
+    (outcome,) = run_each(
+        workdir,
+        "data_run",
+        [
+            [
+                "--job.config_file",
+                stricter.replace("stricter", "too_early"),
+                "--steps",
+                "3",
+                "--local-batch-size",
+                "4",
+                "--resume",
+                checkpoint,
+            ]
+        ],  # fmt: skip
+        nproc=1,
+    )
+    assert_refused(outcome, f"set [dataloader] pipeline_from_step = {SAVED + 1} (or later)")

@@ -110,7 +110,7 @@ def _read(path: str) -> dict[int, LedgerEntry]:
 
 
 # The fields `verify` names when two entries of a step differ.
-_COMPARED = ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded")
+_COMPARED = ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded", "pipeline")
 
 
 def cmd_verify(args) -> int:

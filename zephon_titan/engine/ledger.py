@@ -16,6 +16,7 @@ refused as corruption naming the file and line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -32,7 +33,9 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # excluded: runs with `[dataloader] exclude`, the SHA-256 of the exclusion list, at each step from exclude_from_step.
 # best_fit_mixing: best_fit runs that mix per window (resumed from a checkpoint saved before per_step existed, or
 # set so): "per_window" at each step, so the ledger alone says which rule made its rows (docs/mixture.md).
-_OPTIONAL = {"weights": dict, "seq_len": int, "excluded": str, "best_fit_mixing": str}
+# pipeline: runs whose keep and repeat change by step (pipeline_from_step), the SHA-256 of those in force, at each
+# step from the first change.
+_OPTIONAL = {"weights": dict, "seq_len": int, "excluded": str, "best_fit_mixing": str, "pipeline": str}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,7 @@ class LedgerEntry:
     seq_len: int | None = None
     excluded: str | None = None
     best_fit_mixing: str | None = None
+    pipeline: str | None = None
 
     @classmethod
     def of(
@@ -59,6 +63,7 @@ class LedgerEntry:
         seq_len: int | None = None,
         excluded: str | None = None,
         best_fit_mixing: str | None = None,
+        pipeline: str | None = None,
     ) -> LedgerEntry:
         """From `tally()` counts: per source, then padding (last)."""
         tokens = dict(zip(source_names, counts[:-1]))
@@ -72,11 +77,12 @@ class LedgerEntry:
             seq_len=seq_len,
             excluded=excluded,
             best_fit_mixing=best_fit_mixing,
+            pipeline=pipeline,
         )
 
     def to_json(self) -> str:
         data = asdict(self)
-        for key in ("weights", "seq_len", "excluded", "best_fit_mixing"):
+        for key in ("weights", "seq_len", "excluded", "best_fit_mixing", "pipeline"):
             if data[key] is None:
                 del data[key]
         return json.dumps(data, sort_keys=True)
@@ -91,6 +97,16 @@ def step_seq_len(spec: EngineSpec, step: int) -> int | None:
     """What the ledger records of the row length at `step`: in a run whose seq_len changed at a resume, the step's
     (its era's), else nothing (every step has the job's seq_len, and ledgers keep the form they had)."""
     return spec.era_of(step).seq_len if spec.eras or spec.seq_len_schedule else None
+
+
+def step_pipeline(spec: EngineSpec, step: int) -> str | None:
+    """What the ledger records of the keep and repeat at `step`: in a run where they change by step, the SHA-256 of
+    those in force from the first change on, else nothing (ledgers keep the form they had)."""
+    eras = spec.pipeline_eras
+    if len(eras) < 2 or step < eras[1].start:
+        return None
+    era = eras[spec.pipeline_era_of(step)]
+    return hashlib.sha256(json.dumps(era.expressions, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 def step_exclusion(spec: EngineSpec, step: int) -> str | None:

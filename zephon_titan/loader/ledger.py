@@ -17,6 +17,7 @@ from zephon_titan.engine.ledger import (
     LedgerWriter,
     step_exclusion,
     step_mixing,
+    step_pipeline,
     step_seq_len,
     step_weights,
 )
@@ -54,6 +55,7 @@ def gather_ledger_entry(
         seq_len,
         step_exclusion(spec, step),
         step_mixing(spec),
+        step_pipeline(spec, step),
     )
 
 
