@@ -524,3 +524,27 @@ def test_a_change_at_or_before_the_checkpoint_or_past_its_slots_is_refused(score
         Decoded(saved), range(4), fingerprint(spec_from_table({**same, "pipeline_from_step": CHANGE_AT + 1}))
     )
     assert restored.mixture_change == ""
+
+
+def test_init_lists_the_columns_keep_and_repeat_may_read(scored, tokenizer_dir, tmp_path, monkeypatch, capsys):
+    from zephon_titan.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "init",
+        f"{scored}/code",
+        f"{scored}/prose",
+        "--tokenizer",
+        tokenizer_dir,
+        "--gpus",
+        "1,2",
+        "-o",
+        "job.toml",
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (code,) = [line for line in out.splitlines() if "columns for keep and repeat:" in line][:1]
+    assert all(c in code for c in ("quality (double)", "lang (string)", "meta (struct<"))
+    written = (tmp_path / "job.toml").read_text()
+    assert written.count('# keep = "...", repeat = "..." over its columns: ') == 2
+    assert "text (string)" not in out  # the text column is the text, not a column to filter on

@@ -34,7 +34,7 @@ from zephon_titan.init_job.choices import (
     weights_of,
 )
 from zephon_titan.init_job.sampling import inspect_sources
-from zephon_titan.init_job.writer import count, describe, render
+from zephon_titan.init_job.writer import columns_text, count, describe, render
 
 
 def check_tokenizer_dir(path: str) -> None:
@@ -130,6 +130,8 @@ def report(c: JobChoices) -> None:
             f"  {plan.name}: {describe(plan)}; {field}"
             + (f" ({plan.why_field})" if plan.why_field and not plan.token_ids else "")
         )
+        if plan.columns:
+            print(f"    columns for keep and repeat: {columns_text(plan.columns)}")
     how = "as given" if c.weights_given else "each source's share of the tokens, so all run out at the same step"
     print("weights: " + ", ".join(f"{n} {w:g}" for n, w in c.weights.items()) + f" ({how})")
     print(f"vocab_size {round_vocab(c.vocab_ids)}: the tokenizer's {c.vocab_ids:,} ids rounded up to {VOCAB_MULTIPLE}")

@@ -40,6 +40,16 @@ class SourcePlan:
         return _init_of(formats.get_format(self.format, ""))
 
     @property
+    def columns(self) -> dict[str, str]:
+        """The sampled files' columns (or JSON fields) besides the text, with their types: what a source's keep
+        and repeat may read (docs/processing.md)."""
+        out: dict[str, str] = {}
+        for sample in self.samples:
+            out.update((name, "string") for name in sample.texts if name != self.text_field)
+            out.update((name, kind) for name, kind in sample.other_fields.items() if name != self.text_field)
+        return out
+
+    @property
     def token_ids(self) -> bool:
         """Its files hold token ids: counted by the format, no text column."""
         return self.sampling.count_tokens is not None

@@ -33,6 +33,12 @@ def size(n: int) -> str:
     return count(n, (" bytes", " KB", " MB", " GB", " TB"))
 
 
+def columns_text(columns: dict[str, str], most: int = 12) -> str:
+    """Columns and their types, one line: `quality (double), lang (string)` (and how many more)."""
+    shown = ", ".join(f"{name} ({kind[:40]})" for name, kind in list(columns.items())[:most])
+    return shown + (f" and {len(columns) - most} more" if len(columns) > most else "")
+
+
 def describe(plan: SourcePlan) -> str:
     unit = "dataset" if plan.datasets else "file"
     files = f"{len(plan.files)} {unit}{'s' if len(plan.files) > 1 else ''}"
@@ -100,4 +106,6 @@ def render(c: JobChoices, command: str) -> str:
             ),
             _line("weight", c.weights[plan.name], share),
         ]
+        if plan.columns:  # what keep and repeat may read, as a comment (docs/processing.md)
+            out.append(f'# keep = "...", repeat = "..." over its columns: {columns_text(plan.columns)}')
     return "\n".join(out) + "\n"
