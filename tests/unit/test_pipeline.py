@@ -168,14 +168,23 @@ def _fill(text: str, t: float) -> str:
     t=st.floats(0.05, 0.95),
     seed=st.integers(0, 2**32),
     packing=st.sampled_from(["wrap", "best_fit"]),
+    transform=st.sampled_from(["", "drop_short", "tag_language"]),
 )
-def test_the_rows_train_what_the_reference_decides(scored, tokenizer_dir, condition, repeat, t, seed, packing):
+def test_the_rows_train_what_the_reference_decides(
+    scored, tokenizer_dir, condition, repeat, t, seed, packing, transform
+):
+    import pipeline_transforms
+
     keep, rep = _fill(condition, t), _fill(repeat, t)
     table = _table(scored, tokenizer_dir, keep=(keep, keep), repeat=(rep, rep), seed=seed, packing=packing)
+    for source in table["sources"].values():
+        source["transform"] = [f"pipeline_transforms:{transform}"] if transform else []
     spec = spec_from_table({**table, "exhaustion": "redistribute"})
     expected = Counter()
     for (file, row), record in _records(scored).items():
         source = "code" if "/code/" in file else "prose"
+        if transform and getattr(pipeline_transforms, transform)(record) is None:
+            continue  # the transform drops it (after keep and repeat decided on the columns)
         if CONDITIONS[condition](record, t):
             n = _copies(_repeat_value(repeat, record, t), seed, source, file, row)
             if n:

@@ -139,3 +139,22 @@ def test_validate_and_where_report_the_transforms(scored, tokenizer_dir, tmp_pat
     short = next(k for k, r in records.items() if "/prose/" in k[0] and t.drop_short(r) is None)
     assert main(["where", job, "--source", "prose", "--file", short[0], "--row", str(short[1]), "--steps", "1-2"]) == 1
     assert "dropped by its transforms (pipeline_transforms:drop_short)" in capsys.readouterr().out
+
+
+def test_a_transform_a_worker_cannot_import_is_one_line_naming_the_worker(scored, tokenizer_dir, tmp_path, monkeypatch):  # noqa: F811
+    from zephon_titan.engine import open_lane_group
+
+    (tmp_path / "only_here.py").write_text(
+        "import multiprocessing\n"
+        "if multiprocessing.current_process().name != 'MainProcess':\n"
+        '    raise ImportError("importable only in the trainer\'s process")\n'
+        "def clean(record):\n    return record['text']\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = _spec(scored, tokenizer_dir, ["only_here:clean"], exhaustion="repeat")
+    with pytest.raises(ConfigError) as e:
+        with open_lane_group(spec, range(4), 1, num_workers=2) as workers:
+            workers.next_step()
+    message = str(e.value)
+    assert "transform 'only_here:clean': cannot import 'only_here' (ImportError: importable only" in message
+    assert "(in loader worker " in message and "\n" not in message
