@@ -8,6 +8,7 @@ controls: another threshold and another seed give other rows.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -494,6 +495,21 @@ def test_a_stricter_keep_and_another_repeat_from_the_step_after_the_checkpoint(s
         )
 
     assert low(after) == 0 and low(first[CHANGE_AT:]) > 0
+    if packing == "wrap":  # worker processes rebuild the eras from the spec they are sent, and restore the same
+        from zephon_titan.engine import open_lane_group
+
+        states = group.state()
+        with open_lane_group(resumed, range(4), 2, num_workers=2, states=states, first_step=CHANGE_AT) as workers:
+            got = [[row.to_bytes() for lane in workers.next_step() for row in lane] for _ in range(4)]
+        assert got == [[r.to_bytes() for r in s] for s in after]
+    # A state whose open unit names an era the run does not have is refused in one line.
+    from zephon_titan.engine import LaneGroup
+    from zephon_titan.errors import ResumeError
+
+    doctored = {lane: dataclasses.replace(st, pipeline_era=7) for lane, st in group.state().items() if st.unit_open}
+    assert doctored  # lanes with a unit open at the checkpoint (long documents)
+    with pytest.raises(ResumeError, match="drawn in pipeline era 7, but the run has 2"):
+        LaneGroup(resumed, sorted(doctored), 2, doctored, CHANGE_AT)
     assert before  # the old era's expressions are in the history
     assert resumed.pipeline_eras[0] == PipelineEra(
         1, {n: ("quality >= 0.3", "min(meta.score, 2)") for n in ("code", "prose")}

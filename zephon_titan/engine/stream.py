@@ -78,6 +78,11 @@ class LaneStream:
         # rows of a later era leave out its documents that era's keep drops. A state without one was saved in a
         # run of one era up to its checkpoint: its unit was drawn in the era of the last step trained.
         self._unit_era = 0
+        if state is not None and state.pipeline_era is not None and state.pipeline_era >= len(spec.pipeline_eras):
+            raise ResumeError(
+                f"lane {lane_id}: the state's open unit was drawn in pipeline era {state.pipeline_era}, but the run has "
+                f"{len(spec.pipeline_eras)}; the checkpoint is damaged or belongs to another run"
+            )
         if state is not None and len(spec.pipeline_eras) > 1:
             last = self.clock.step(state.rows) - 1 if self.clock is not None else 0
             self._unit_era = state.pipeline_era if state.pipeline_era is not None else spec.pipeline_era_of(last)
