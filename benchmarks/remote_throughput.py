@@ -27,11 +27,11 @@ SHARED = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "data"))
 
 def child(args) -> None:
     from zephon_titan.config import DataConfig, SourceConfig
-    from zephon_titan.engine import build_engine, feed
+    from zephon_titan.engine import build_engine, source_reader
     from zephon_titan.engine.lanes import LaneGroup
     from zephon_titan.titan.tokenizer import load_tokenizer
 
-    feed.READ_AHEAD_REMOTE = args.read_ahead
+    source_reader.READ_AHEAD_REMOTE = args.read_ahead
     sources = [
         SourceConfig(name=name, paths=[f"{args.root}/{name}/*.jsonl"], block_bytes=128 << 10, weight=w)
         for name, w in (("c4", 0.6), ("wiki", 0.4))

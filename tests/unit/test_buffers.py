@@ -7,7 +7,7 @@ import pyarrow as pa
 from helpers import make_spec
 
 from zephon_titan.engine.buffers import lasting_array
-from zephon_titan.engine.feed import _own_buffer
+from zephon_titan.engine.encode_calls import _own_buffer
 from zephon_titan.engine.packing import Piece, RowShape
 
 

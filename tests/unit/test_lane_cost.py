@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine import LaneGroup, LaneStream, feed, open_lane_group
+from zephon_titan.engine import LaneGroup, LaneStream, encode_calls, feed, open_lane_group
 from zephon_titan.engine.lanes import TOKENS_PER_VISIT, steps_per_visit
 from zephon_titan.engine.sources import jsonl, open_source
 from zephon_titan.engine.sources.parquet import ParquetSource
@@ -95,10 +95,10 @@ def test_rows_do_not_depend_on_the_process_budgets(corpus_dir, tokenizer_dir, mo
         return [rows_digest(LaneStream(spec, lane).take(12)) for lane in range(2)]
 
     expected = rows()
-    monkeypatch.setattr(feed, "TOKENIZE_BATCH_CHARS", (1, 1))  # every document tokenized alone
+    monkeypatch.setattr(encode_calls, "TOKENIZE_BATCH_CHARS", (1, 1))  # every document tokenized alone
     monkeypatch.setattr(jsonl, "_held_bytes", jsonl._ByteBudget(0))  # every line read when it is due
     assert rows() == expected
-    monkeypatch.setattr(feed, "TOKENIZE_BATCH_CHARS", (1 << 30, 1 << 30))  # batches end at TOKENIZE_BATCH docs
+    monkeypatch.setattr(encode_calls, "TOKENIZE_BATCH_CHARS", (1 << 30, 1 << 30))  # batches end at TOKENIZE_BATCH docs
     monkeypatch.setattr(jsonl, "_held_bytes", jsonl._ByteBudget(1 << 40))
     assert rows() == expected
     assert rows(seed=8) != expected
@@ -257,11 +257,11 @@ def test_lanes_of_a_group_encode_in_shared_calls_and_the_rows_stay_each_lanes_ow
     rides along in another reader's call, so thousands of lanes still make calls of ~1 MiB. Rows must be what
     each lane gives alone, in any group, with any budgets. Negative control: another seed differs."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(feed, "TOKENIZE_BATCH_CHARS", (batch_chars, batch_chars))
-        patch.setattr(feed, "ENCODE_CALL_CHARS", call_chars)
+        patch.setattr(encode_calls, "TOKENIZE_BATCH_CHARS", (batch_chars, batch_chars))
+        patch.setattr(encode_calls, "ENCODE_CALL_CHARS", call_chars)
         spec = make_spec(corpus_dir, tokenizer_dir, seq_len=256, num_lanes=num_lanes, sources=short_documents)
         together = _group_rows(spec, num_lanes, 3)
-        patch.setattr(feed, "ENCODE_CALL_CHARS", 0)  # each reader's own calls
+        patch.setattr(encode_calls, "ENCODE_CALL_CHARS", 0)  # each reader's own calls
         alone = [rows_digest(LaneStream(spec, lane).take(6)) for lane in range(num_lanes)]
         assert together == alone
         other = make_spec(corpus_dir, tokenizer_dir, seq_len=256, num_lanes=num_lanes, sources=short_documents, seed=8)
@@ -272,10 +272,11 @@ def test_thousands_of_lanes_make_few_large_encode_calls(corpus_dir, tokenizer_di
     """What the shared calls are for: with many lanes, each reader's batch (its share of the process's budget)
     lasts it several rows, and a call of its own per batch would be a call of a few documents. 64 lanes encode in
     a fraction of the calls, each about a reader's batch or more (and the same rows: the test above)."""
-    monkeypatch.setattr(feed, "TOKENIZE_BATCH_CHARS", (400, 400))  # ~10 short documents: a few rows of 64 tokens
+    # ~10 short documents: a few rows of 64 tokens
+    monkeypatch.setattr(encode_calls, "TOKENIZE_BATCH_CHARS", (400, 400))
     calls = {}
     for call_chars in (0, 1 << 20):
-        monkeypatch.setattr(feed, "ENCODE_CALL_CHARS", call_chars)
+        monkeypatch.setattr(encode_calls, "ENCODE_CALL_CHARS", call_chars)
         spec = make_spec(corpus_dir, tokenizer_dir, seq_len=64, num_lanes=64, sources=short_documents)
         calls[call_chars] = _counting_encode_calls(monkeypatch, spec)
         with open_lane_group(spec, range(64), 1) as group:

@@ -135,7 +135,7 @@ def _count(job: Job, index: int) -> Counts:
     """Reads every block: surfaces bad lines or rows and ids outside the vocabulary, with file and position."""
     import numpy as np
 
-    from zephon_titan.engine.feed import check_token_ids
+    from zephon_titan.engine.source_reader import check_token_ids
     from zephon_titan.engine.split import held_out
     from zephon_titan.progress import tqdm
 

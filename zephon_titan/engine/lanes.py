@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_titan.engine.feed import EncodeBatcher
+from zephon_titan.engine.encode_calls import EncodeBatcher
 from zephon_titan.engine.packing import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState

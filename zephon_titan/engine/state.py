@@ -178,7 +178,7 @@ class LaneState:
     def from_dict(cls, data: object, where: str = "lane state") -> LaneState:
         """Parse and check a saved state: exact keys, integer fields >= 0, a boolean unit_open, and the
         fields consistent with each other (check_consistent). Checks against the data (an offset within
-        its document or window) are the restore's: packing.py, feed.py."""
+        its document or window) are the restore's: packing.py, source_reader.py."""
         expected = {"version", "lane_id", "rows", "cursors", "unit_open", "unit_offset"}
         if (
             not isinstance(data, dict)

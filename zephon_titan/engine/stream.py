@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from zephon_titan.engine.feed import DocumentFeed, EncodeBatcher
+from zephon_titan.engine.encode_calls import EncodeBatcher
+from zephon_titan.engine.feed import DocumentFeed
 from zephon_titan.engine.mixing import lane_phases
 from zephon_titan.engine.packing import Row, RowShape, packer_class
 from zephon_titan.engine.spec import EngineSpec

@@ -37,7 +37,7 @@ class SpecialTokenChoice:
 
 class BackendMismatch(ZephonError):
     """The fast backend gave other ids than the reference for the document at `index` of an encode
-    call (engine/feed.py names its file and row). The run stops: the rows must be the reference's."""
+    call (engine/source_reader.py names its file and row). The run stops: the rows must be the reference's."""
 
     def __init__(self, index: int, text: str, backend: str):
         self.index = index

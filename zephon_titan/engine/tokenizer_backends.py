@@ -18,7 +18,7 @@ worker count or document order. fastokens is used only when
      whitespace runs, long words, control characters).
 Anything else uses `tokenizers`, with one line saying why. The first documents each process
 encodes are still compared with the reference (`VERIFY_DOCUMENTS`, `VERIFY_CHARS`); a difference there is a
-hard error naming the document (engine/feed.py), never a silent switch: the rows must not
+hard error naming the document (engine/source_reader.py), never a silent switch: the rows must not
 depend on which process saw the document first.
 `zephon-titan validate --check-tokenizer` compares the two over a whole corpus.
 

@@ -89,7 +89,7 @@ def _worker_main(
     limit_threads(threads)
     fd, lane = writer.fileno(), None
     try:
-        from zephon_titan.engine.feed import EncodeBatcher
+        from zephon_titan.engine.encode_calls import EncodeBatcher
         from zephon_titan.engine.stream import LaneStream, lane_clock
 
         try:

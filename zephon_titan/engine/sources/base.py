@@ -147,7 +147,7 @@ class Source(ABC):
     """Columnar formats: a column of token-id lists used instead of text_field."""
     decodes_in_threads: bool = False
     """Reading a block is mostly work that releases the GIL (Parquet's decoding): lanes started together
-    read their first windows in threads (feed.py), which uses every core where one thread would be slower."""
+    read their first windows in threads (source_reader.py), which uses every core where one thread would be slower."""
     specials_in_tokens: bool = False
     """Token-file formats (Megatron, OLMo): a document may already start with the configured BOS or end
     with the configured EOS (written by the tool that tokenized it); it gets none added where it has one,

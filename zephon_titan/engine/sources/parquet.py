@@ -98,7 +98,7 @@ class ParquetSource(Source):
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot read row group {local_block} ({e})") from None
         # Decoding a row group allocates buffers about its size that it frees again; the allocator keeps them
-        # for this thread unless asked. Row groups decoded in parallel threads (feed.py) would leave one
+        # for this thread unless asked. Row groups decoded in parallel threads (source_reader.py) would leave one
         # such set per thread, so each gives them back (measured: ~150-250 MB less peak at 1,024 lanes).
         pa.default_memory_pool().release_unused()
         block = column_documents(self, table.column(self.column), f.path, starts[local_block])
