@@ -158,3 +158,23 @@ def test_a_transform_a_worker_cannot_import_is_one_line_naming_the_worker(scored
     message = str(e.value)
     assert "transform 'only_here:clean': cannot import 'only_here' (ImportError: importable only" in message
     assert "(in loader worker " in message and "\n" not in message
+
+
+def test_inspect_shows_the_text_after_the_transforms(scored, tokenizer_dir, tmp_path, capsys):  # noqa: F811
+    import json
+
+    from helpers import write_job
+
+    from zephon_titan.cli import main
+
+    records = _records(scored)
+    for transform, tagged in (["pipeline_transforms:tag_language"], True), ([], False):  # and the control
+        job = write_job(tmp_path / "job.toml", scored, tokenizer_dir, source=f"transform = {json.dumps(transform)}")
+        assert main(["inspect", job, "--step", "1", "--json"]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        starts = [p for row in rows for p in row["pieces"] if p["doc_tokens"][0] == 0]
+        assert starts
+        for p in starts:
+            row = p["row"] if "row" in p else p["byte_offset"]  # a JSONL document is named by its line's byte offset
+            lang = records[(p["file"], row)].get("lang") or "xx"
+            assert p["text"].replace("<|bos|>", "", 1).startswith(f"[{lang}] ") == tagged, p["text"][:40]
