@@ -573,3 +573,32 @@ def test_init_lists_the_columns_keep_and_repeat_may_read(scored, tokenizer_dir, 
     written = (tmp_path / "job.toml").read_text()
     assert written.count('# keep = "...", repeat = "..." over its columns: ') == 2
     assert "text (string)" not in out  # the text column is the text, not a column to filter on
+
+
+def test_a_lance_source_filters_and_transforms_like_parquet(scored, tokenizer_dir, tmp_path):
+    """The same records as a Lance dataset and as Parquet: keep, repeat and a transform train the same documents
+    the same number of times (Lance blocks are row ranges of fragments, so the documents are matched by text)."""
+    lance = pytest.importorskip("lance")
+    records = [r for (f, _), r in sorted(_records(scored).items()) if "/code/" in f]
+    lance.write_dataset(pa.Table.from_pylist(records), str(tmp_path / "code.lance"), max_rows_per_file=12)
+    # Whole repeats: a fraction is decided by the document's file name and row, which differ between the two.
+    source = {"keep": "quality >= 0.3 and meta.score > 0", "repeat": "if(meta.score > 2, 2, 1)",
+              "transform": ["pipeline_transforms:tag_language"]}  # fmt: skip
+    trained = {}
+    for name, paths in (("lance", [str(tmp_path / "code.lance")]), ("parquet", [f"{scored}/code/*.parquet"])):
+        table = {"num_lanes": 2, "seed": 7, "tokenizer_path": tokenizer_dir, "exhaustion": "redistribute",
+                 "sources": {"code": {"paths": paths, "block_rows": 4, **source}}}  # fmt: skip
+        spec = spec_from_table(table)
+        counts: Counter = Counter()
+        for row in epoch_rows(spec):
+            for p in row.pieces:
+                counts[(p.file, p.row)] += p.length
+        by_text: Counter = Counter()
+        for s in spec.sources:
+            for b in range(s.num_blocks):
+                block = s.read_block(b)
+                for r, text in zip(block.rows, block.texts):
+                    if (block.file, r) in counts:
+                        by_text[text] += counts[(block.file, r)]
+        trained[name] = by_text
+    assert trained["lance"] == trained["parquet"] and len(trained["parquet"]) > 3
