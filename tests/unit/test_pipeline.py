@@ -602,3 +602,32 @@ def test_a_lance_source_filters_and_transforms_like_parquet(scored, tokenizer_di
                         by_text[text] += counts[(block.file, r)]
         trained[name] = by_text
     assert trained["lance"] == trained["parquet"] and len(trained["parquet"]) > 3
+
+
+def test_hostile_expressions_are_one_line(scored, tokenizer_dir):
+    deep = "(" * 500 + "quality > 1" + ")" * 500
+    for text, message in [
+        (deep, "nested over 64 levels deep"),
+        ("not " * 400 + "quality > 1", "nested over 64 levels deep"),
+        ("- " * 400 + "quality > 1", "nested over 64 levels deep"),
+        ("quality > 1 or " * 400 + "quality > 2", "characters, over 4,096"),
+    ]:
+        with pytest.raises(ExpressionError, match=message) as e:
+            check_keep(text, "[dataloader.sources.web] keep")
+        assert "\n" not in str(e.value) and len(str(e.value)) < 5000
+    check_keep("(" * 20 + "quality > 1" + ")" * 20, "keep")  # the control: nesting within the bound
+
+
+def test_a_derived_name_that_is_also_a_column_is_refused(scored, tokenizer_dir, tmp_path):
+    """`chars` is the text's length; a file with a column `chars` makes it ambiguous: one line, not a guess."""
+    pq.write_table(pa.table({"text": ["a b c", "d e"], "chars": [10, 20]}), tmp_path / "c.parquet")
+    (tmp_path / "c.jsonl").write_text(json.dumps({"text": "a b c", "chars": 10}) + "\n")
+    for path, what in ((tmp_path / "c.parquet", "column"), (tmp_path / "c.jsonl", "field")):
+        table = {"num_lanes": 1, "seed": 1, "tokenizer_path": tokenizer_dir, "exhaustion": "redistribute",
+                 "sources": {"s": {"paths": [str(path)], "keep": "chars > 3"}}}  # fmt: skip
+        with pytest.raises(
+            DataError, match=rf"uses chars, the text's length, but .* {what} 'chars' too; write `chars`"
+        ):
+            epoch_rows(spec_from_table(table))
+        table["sources"]["s"]["keep"] = "`chars` > 3"  # the column, by name: no ambiguity
+        assert epoch_rows(spec_from_table(table))

@@ -29,6 +29,10 @@ from zephon_titan.errors import ConfigError
 
 # Slots per document a repeat expression may ask for: each is a position of a lane's shuffle window.
 MAX_COPIES = 16
+# An expression is a line of a config: these bound what a typo or a generated one can cost (the parser recurses
+# once per nesting level; the evaluator makes one Arrow call per node and block).
+MAX_EXPRESSION_CHARS = 4096
+MAX_DEPTH = 64
 DERIVED = {"chars": "the text's length in characters", "bytes": "the text's length in UTF-8 bytes"}
 FUNCTIONS = {"min": (2, 8), "max": (2, 8), "abs": (1, 1), "if": (3, 3), "lower": (1, 1), "length": (1, 1)}
 _KEYWORDS = {"and", "or", "not", "in", "is", "null", "true", "false"}
@@ -87,7 +91,11 @@ class Expression:
         return list(dict.fromkeys(n.path for n in _walk(self.tree) if isinstance(n, Column)))
 
     def uses_text(self) -> bool:
-        return any(isinstance(n, Derived) for n in _walk(self.tree))
+        return bool(self.derived())
+
+    def derived(self) -> list[str]:
+        """The derived values it uses (`chars`, `bytes`)."""
+        return list(dict.fromkeys(n.name for n in _walk(self.tree) if isinstance(n, Derived)))
 
 
 def _walk(node: Node) -> Iterator[Node]:
@@ -100,6 +108,8 @@ def _walk(node: Node) -> Iterator[Node]:
 def parse(text: str, what: str, want: str) -> Expression:
     """`text` as a tree giving `want` ("bool" or "number"); ExpressionError naming `what` (the config key) and
     the place of a mistake."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ExpressionError(f"{what} has {len(text):,} characters, over {MAX_EXPRESSION_CHARS:,}; shorten it")
     tree = _Parser(text, what).parse()
     if tree.kind not in (want, "any"):
         raise ExpressionError(f"{what} = {text!r} gives a {tree.kind}, expected a {_KIND_WORD[want]}")
@@ -129,6 +139,7 @@ class _Parser:
             self.tokens.append((kind, value, start))
             at = match.end()
         self.i = 0
+        self.depth = 0
 
     def fail(self, at: int, problem: str) -> None:
         raise ExpressionError(f"{self.what} = {self.text!r}: {problem} at character {at + 1}")
@@ -162,6 +173,17 @@ class _Parser:
             self.fail(at, f"{role} needs a {' or '.join(_KIND_WORD[k] for k in kinds)}, got a {node.kind}")
         return node
 
+    def nested(self, parse: Callable[[], Node]) -> Node:
+        """`parse()` one level deeper (parentheses, a call's arguments, `not`, unary minus): each level is a dozen
+        Python frames, so the depth is bounded before Python's own limit is."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            self.fail(self.peek()[2], f"nested over {MAX_DEPTH} levels deep; write it flatter")
+        try:
+            return parse()
+        finally:
+            self.depth -= 1
+
     def logical(self, op: str) -> Node:
         below: Callable[[], Node] = (lambda: self.logical("and")) if op == "or" else self.negation
         at = self.peek()[2]
@@ -176,7 +198,7 @@ class _Parser:
     def negation(self) -> Node:
         at = self.peek()[2]
         if self.accept("not"):
-            return Apply("bool", "invert", (self.need(self.negation(), ("bool",), at, "'not'"),))
+            return Apply("bool", "invert", (self.need(self.nested(self.negation), ("bool",), at, "'not'"),))
         return self.comparison()
 
     def comparison(self) -> Node:
@@ -232,7 +254,7 @@ class _Parser:
     def unary(self) -> Node:
         at = self.peek()[2]
         if self.accept("-"):
-            return Apply("number", "negate", (self.need(self.unary(), ("number",), at, "'-'"),))
+            return Apply("number", "negate", (self.need(self.nested(self.unary), ("number",), at, "'-'"),))
         return self.atom()
 
     def atom(self) -> Node:
@@ -245,7 +267,7 @@ class _Parser:
         if kind == "keyword" and value in ("true", "false"):
             return Literal("bool", value == "true")
         if kind == "op" and value == "(":
-            node = self.logical("or")
+            node = self.nested(lambda: self.logical("or"))
             self.expect(")")
             return node
         if kind == "name":
@@ -263,7 +285,7 @@ class _Parser:
             self.fail(at, f"unknown function {name!r} (functions: {', '.join(FUNCTIONS)})")
         args: list[Node] = []
         while not self.accept(")"):
-            args.append(self.logical("or"))
+            args.append(self.nested(lambda: self.logical("or")))
             if not self.accept(","):
                 self.expect(")")
                 break

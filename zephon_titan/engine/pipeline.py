@@ -67,6 +67,11 @@ class SourcePipeline:
         return list(dict.fromkeys(name.split(".")[0] for name in names))
 
     @property
+    def derived(self) -> list[str]:
+        """The derived values (chars, bytes) the expressions use."""
+        return list(dict.fromkeys(n for e in (self.keep, self.repeat) if e is not None for n in e.derived()))
+
+    @property
     def uses_text(self) -> bool:
         return any(e is not None and e.uses_text() for e in (self.keep, self.repeat))
 

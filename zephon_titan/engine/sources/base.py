@@ -340,7 +340,14 @@ class Source(ABC):
             )
 
     def check_field(self, path: str, name: str, names: list[str]) -> None:
-        """A column the source's keep or repeat reads must be in the file."""
+        """A column the source's keep or repeat reads must be in the file; a derived value they use (chars, bytes)
+        must not be the name of one of its columns (which would the expression mean?)."""
+        shadowed = [d for p in self.era_pipelines if p is not None for d in p.derived if d in names]
+        if shadowed:
+            raise DataError(
+                f"{path}: source {self.name!r}'s keep or repeat uses {shadowed[0]}, the text's length, but the file has "
+                f"a column {shadowed[0]!r} too; write `{shadowed[0]}` (in backquotes) for the column"
+            )
         if name not in names:
             raise DataError(
                 f"{path}: no column {name!r}, which source {self.name!r}'s keep or repeat reads (columns: "

@@ -125,6 +125,7 @@ class JsonlSource(Source):
     ) -> pa.Table:
         """The fields the source's pipeline reads, one row per line (a field a record lacks is null)."""
         names = self.pipeline_fields
+        derived = {d for p in self.era_pipelines if p is not None for d in p.derived}
         values: dict[str, list[Any]] = {name: [] for name in names}
         present: set[str] = set()
         for offset, length in zip(rows, lengths):
@@ -137,6 +138,12 @@ class JsonlSource(Source):
                 self._text_of(line, path, offset, line_number)  # its one-line error
                 raise AssertionError("a line that is not a JSON object parsed")
             present.update(name for name in names if name in record)
+            if derived and not derived.isdisjoint(record):
+                (name,) = sorted(derived & set(record))[:1]
+                raise DataError(
+                    f"{path} (byte {offset:,}): source {self.name!r}'s keep or repeat uses {name}, the text's length, "
+                    f"but the records have a field {name!r} too; write `{name}` (in backquotes) for the field"
+                )
             for name in names:
                 values[name].append(record.get(name))
         missing = [name for name in names if name not in present]
