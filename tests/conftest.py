@@ -122,3 +122,12 @@ def gcs_corpus(gcs, corpus_dir) -> str:
 def azure_corpus(azure, corpus_dir) -> str:
     """The test corpus uploaded to Azurite's container; its az:// URI."""
     return azure.upload(corpus_dir, "corpus")
+
+
+@pytest.fixture(scope="session")
+def scored(tmp_path_factory, prose_docs, code_docs) -> str:
+    """prose (JSONL) and code (Parquet) documents with a quality, a language and a nested meta column
+    (helpers.write_scored): what keep, repeat and transform read."""
+    from helpers import write_scored
+
+    return write_scored(str(tmp_path_factory.mktemp("scored")), prose_docs, code_docs)

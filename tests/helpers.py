@@ -284,3 +284,74 @@ def within_seconds(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# ---- a corpus with columns to filter on (keep, repeat, transform: tests/unit/test_pipeline.py, test_transforms.py)
+
+SCORED_LANGS = ["en", "de", "fr", None]
+
+
+def scored_record(i: int, text: str) -> dict:
+    """A document's columns: a quality in [0, 1) (null for every 11th), a language, a nested source."""
+    quality = None if i % 11 == 5 else ((i * 7919) % 1000) / 1000
+    lang = SCORED_LANGS[i % 4]
+    return {"text": text, "quality": quality, "lang": lang, "meta": {"site": f"s{i % 3}", "score": i % 5}}
+
+
+def write_scored(root: str, prose_docs: list[str], code_docs: list[str]) -> str:
+    """prose: 2 JSONL files; code: 2 Parquet files (4 rows per row group), each record with scored_record's columns."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(f"{root}/prose")
+    os.makedirs(f"{root}/code")
+    docs = [d for d in prose_docs if d.strip()][:120]
+    for f in range(2):
+        with open(f"{root}/prose/part-{f}.jsonl", "w") as out:
+            for i in range(f, len(docs), 2):
+                out.write(json.dumps(scored_record(i, docs[i])) + "\n")
+    code = [d for d in code_docs if d.strip()][:40]
+    for f in range(2):
+        records = [scored_record(i, code[i]) for i in range(f, len(code), 2)]
+        pq.write_table(pa.Table.from_pylist(records), f"{root}/code/part-{f}.parquet", row_group_size=4)
+    return root
+
+
+def scored_table(root, tokenizer_dir, keep=("", ""), repeat=("", ""), **overrides) -> dict:
+    """A `[dataloader]` table over write_scored's corpus, each source with its keep and repeat."""
+    sources = {
+        "code": {"paths": [f"{root}/code/*.parquet"], "weight": 0.4, "keep": keep[0], "repeat": repeat[0]},
+        "prose": {
+            "paths": [f"{root}/prose/*.jsonl"],
+            "weight": 0.6,
+            "block_bytes": 8192,
+            "keep": keep[1],
+            "repeat": repeat[1],
+        },
+    }
+    table = {"num_lanes": 4, "seed": 7, "tokenizer_path": tokenizer_dir, "shuffle_window_blocks": 2}
+    table.update(sources=sources, **overrides)
+    return table
+
+
+def scored_records(root: str) -> dict[tuple[str, int], dict]:
+    """Every document by (file, row) as the sources name them: Parquet row numbers, JSONL byte offsets."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    out = {}
+    for name in sorted(os.listdir(f"{root}/code")):
+        path = f"{root}/code/{name}"
+        for row, record in enumerate(pq.read_table(path).to_pylist()):
+            out[(path, row)] = record
+    for name in sorted(os.listdir(f"{root}/prose")):
+        path = f"{root}/prose/{name}"
+        offset = 0
+        with open(path, "rb") as f:
+            for line in f:
+                out[(path, offset)] = json.loads(line)
+                offset += len(line)
+    return out

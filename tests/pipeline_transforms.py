@@ -44,3 +44,12 @@ def fails_on_long(record: dict) -> str:
 
 def returns_a_number(record: dict) -> int:
     return len(record["text"])
+
+
+def never_returns(record: dict) -> str:
+    while True:
+        pass
+
+
+def exits(record: dict) -> str:
+    raise SystemExit(3)

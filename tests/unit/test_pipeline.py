@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import posixpath
 from collections import Counter
 
@@ -19,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import scored_records, scored_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,68 +33,6 @@ from zephon_titan.testing import (
     epoch_rows,
     spec_from_table,
 )
-
-LANGS = ["en", "de", "fr", None]
-
-
-def _record(i: int, text: str) -> dict:
-    """A document's columns: a quality in [0, 1) (null for every 11th), a language, a nested source."""
-    quality = None if i % 11 == 5 else ((i * 7919) % 1000) / 1000
-    return {"text": text, "quality": quality, "lang": LANGS[i % 4], "meta": {"site": f"s{i % 3}", "score": i % 5}}
-
-
-@pytest.fixture(scope="module")
-def scored(tmp_path_factory, prose_docs, code_docs) -> str:
-    """prose: 2 JSONL files; code: 2 Parquet files (4 rows per row group), each record with _record's columns."""
-    root = str(tmp_path_factory.mktemp("scored"))
-    os.makedirs(f"{root}/prose")
-    os.makedirs(f"{root}/code")
-    docs = [d for d in prose_docs if d.strip()][:120]
-    for f in range(2):
-        with open(f"{root}/prose/part-{f}.jsonl", "w") as out:
-            for i in range(f, len(docs), 2):
-                out.write(json.dumps(_record(i, docs[i])) + "\n")
-    code = [d for d in code_docs if d.strip()][:40]
-    for f in range(2):
-        records = [_record(i, code[i]) for i in range(f, len(code), 2)]
-        pq.write_table(pa.Table.from_pylist(records), f"{root}/code/part-{f}.parquet", row_group_size=4)
-    return root
-
-
-def _table(root, tokenizer_dir, keep=("", ""), repeat=("", ""), **overrides) -> dict:
-    sources = {
-        "code": {"paths": [f"{root}/code/*.parquet"], "weight": 0.4, "keep": keep[0], "repeat": repeat[0]},
-        "prose": {
-            "paths": [f"{root}/prose/*.jsonl"],
-            "weight": 0.6,
-            "block_bytes": 8192,
-            "keep": keep[1],
-            "repeat": repeat[1],
-        },
-    }
-    table = {"num_lanes": 4, "seed": 7, "tokenizer_path": tokenizer_dir, "shuffle_window_blocks": 2}
-    table.update(sources=sources, **overrides)
-    return table
-
-
-# ---- the reference ------------------------------------------------------------------------------------------
-
-
-def _records(root: str) -> dict[tuple[str, int], dict]:
-    """Every document by (file, row) as the sources name them: Parquet row numbers, JSONL byte offsets."""
-    out = {}
-    for name in sorted(os.listdir(f"{root}/code")):
-        path = f"{root}/code/{name}"
-        for row, record in enumerate(pq.read_table(path).to_pylist()):
-            out[(path, row)] = record
-    for name in sorted(os.listdir(f"{root}/prose")):
-        path = f"{root}/prose/{name}"
-        offset = 0
-        with open(path, "rb") as f:
-            for line in f:
-                out[(path, offset)] = json.loads(line)
-                offset += len(line)
-    return out
 
 
 def _mix64(x: int) -> int:
@@ -177,12 +115,12 @@ def test_the_rows_train_what_the_reference_decides(
     import pipeline_transforms
 
     keep, rep = _fill(condition, t), _fill(repeat, t)
-    table = _table(scored, tokenizer_dir, keep=(keep, keep), repeat=(rep, rep), seed=seed, packing=packing)
+    table = scored_table(scored, tokenizer_dir, keep=(keep, keep), repeat=(rep, rep), seed=seed, packing=packing)
     for source in table["sources"].values():
         source["transform"] = [f"pipeline_transforms:{transform}"] if transform else []
     spec = spec_from_table({**table, "exhaustion": "redistribute"})
     expected = Counter()
-    for (file, row), record in _records(scored).items():
+    for (file, row), record in scored_records(scored).items():
         source = "code" if "/code/" in file else "prose"
         if transform and getattr(pipeline_transforms, transform)(record) is None:
             continue  # the transform drops it (after keep and repeat decided on the columns)
@@ -194,7 +132,7 @@ def test_the_rows_train_what_the_reference_decides(
 
 
 def test_any_layout_and_exact_restores(scored, tokenizer_dir):
-    table = _table(
+    table = scored_table(
         scored, tokenizer_dir, keep=("quality >= 0.3", "lang != 'de'"), repeat=("0.7", "min(meta.score, 2.5)")
     )
     spec = spec_from_table(table)
@@ -208,7 +146,7 @@ def test_worker_processes_give_the_same_rows_and_resume_them(scored, tokenizer_d
     workers continues the in-process lanes."""
     from zephon_titan.engine import LaneGroup, open_lane_group
 
-    table = _table(
+    table = scored_table(
         scored, tokenizer_dir, keep=("quality >= 0.3", "lang != 'de'"), repeat=("1.5", "min(meta.score, 2.5)")
     )
     spec = spec_from_table(table)
@@ -230,7 +168,9 @@ def test_negative_controls_another_threshold_and_another_seed(scored, tokenizer_
     def rows(**kw):
         return [
             r.to_bytes()
-            for r in epoch_rows(spec_from_table({**_table(scored, tokenizer_dir, **kw), "exhaustion": "redistribute"}))
+            for r in epoch_rows(
+                spec_from_table({**scored_table(scored, tokenizer_dir, **kw), "exhaustion": "redistribute"})
+            )
         ]
 
     base = rows(keep=("quality >= 0.5", ""), repeat=("", "0.5"))
@@ -244,7 +184,7 @@ def test_a_filter_leaves_the_kept_documents_in_their_order(scored, tokenizer_dir
     counts tokens, may interleave the sources differently)."""
 
     def order(keep):
-        spec = spec_from_table({**_table(scored, tokenizer_dir, keep=(keep, keep)), "exhaustion": "redistribute"})
+        spec = spec_from_table({**scored_table(scored, tokenizer_dir, keep=(keep, keep)), "exhaustion": "redistribute"})
         seen = []
         for row in epoch_rows(spec):
             for p in row.pieces:
@@ -265,7 +205,7 @@ def test_a_pipeline_that_keeps_everything_once_is_the_loader_without_one(scored,
     from zephon_titan.engine import fingerprint
 
     def rows(**kw):
-        spec = spec_from_table({**_table(scored, tokenizer_dir, **kw), "exhaustion": "redistribute"})
+        spec = spec_from_table({**scored_table(scored, tokenizer_dir, **kw), "exhaustion": "redistribute"})
         return [r.to_bytes() for r in epoch_rows(spec)], fingerprint(spec)
 
     plain, fp = rows()
@@ -279,7 +219,9 @@ def test_the_pipeline_is_in_the_fingerprint(scored, tokenizer_dir):
     from zephon_titan.engine import fingerprint
 
     fp = fingerprint(
-        spec_from_table(_table(scored, tokenizer_dir, keep=("quality > 0.5", ""), repeat=("", "min(quality * 4, 2.5)")))
+        spec_from_table(
+            scored_table(scored, tokenizer_dir, keep=("quality > 0.5", ""), repeat=("", "min(quality * 4, 2.5)"))
+        )
     )
     assert fp["pipeline.code"] == "keep quality > 0.5 (1 slot per document)"
     assert fp["pipeline.prose"] == "repeat min(quality * 4, 2.5) (3 slots per document)"
@@ -314,7 +256,7 @@ def test_validate_plan_and_where_see_the_pipeline(scored, tokenizer_dir, tmp_pat
     job = write_job(tmp_path / "job.toml", scored, tokenizer_dir, source=PIPELINE_TOML)
     assert main(["validate", job, "--world-sizes", "2"]) == 0
     out = capsys.readouterr().out
-    records = _records(scored)
+    records = scored_records(scored)
     for source in ("code", "prose"):
         mine = [r for (f, _), r in records.items() if f"/{source}/" in f]
         kept = sum(r["quality"] is not None and r["quality"] >= 0.4 for r in mine)
@@ -400,9 +342,9 @@ def test_a_repeat_is_bounded_by_interval_arithmetic(text, bound):
 
 def test_the_config_refuses_a_bad_expression_when_it_is_made(scored, tokenizer_dir):
     with pytest.raises(ConfigError, match=r"\[dataloader.sources.code\] keep = 'quality >>= 1'"):
-        spec_from_table(_table(scored, tokenizer_dir, keep=("quality >>= 1", "")))
+        spec_from_table(scored_table(scored, tokenizer_dir, keep=("quality >>= 1", "")))
     with pytest.raises(ConfigError, match=r"repeat = 'score \* 2' can be any number"):
-        spec_from_table(_table(scored, tokenizer_dir, repeat=("score * 2", "")))
+        spec_from_table(scored_table(scored, tokenizer_dir, repeat=("score * 2", "")))
 
 
 @pytest.mark.parametrize(
@@ -414,14 +356,14 @@ def test_the_config_refuses_a_bad_expression_when_it_is_made(scored, tokenizer_d
     ],
 )
 def test_data_that_does_not_fit_is_one_line_naming_file_and_column(scored, tokenizer_dir, keep, repeat, message):
-    table = _table(scored, tokenizer_dir, keep=(keep, ""), repeat=(repeat, ""), exhaustion="redistribute")
+    table = scored_table(scored, tokenizer_dir, keep=(keep, ""), repeat=(repeat, ""), exhaustion="redistribute")
     with pytest.raises(DataError, match=message) as e:
         epoch_rows(spec_from_table(table))
     assert "\n" not in str(e.value)
 
 
 def test_a_jsonl_field_no_record_has_is_named(scored, tokenizer_dir):
-    spec = spec_from_table(_table(scored, tokenizer_dir, keep=("", "qualty > 0.5"), exhaustion="redistribute"))
+    spec = spec_from_table(scored_table(scored, tokenizer_dir, keep=("", "qualty > 0.5"), exhaustion="redistribute"))
     with pytest.raises(
         DataError, match=r"prose/part-\d.jsonl \(from byte [\d,]+\): no record of this block has the field 'qualty'"
     ):
@@ -429,7 +371,7 @@ def test_a_jsonl_field_no_record_has_is_named(scored, tokenizer_dir):
 
 
 def test_a_source_whose_pipeline_keeps_nothing_is_one_line_not_a_hang(scored, tokenizer_dir):
-    spec = spec_from_table(_table(scored, tokenizer_dir, keep=("quality > 2", "")))
+    spec = spec_from_table(scored_table(scored, tokenizer_dir, keep=("quality > 2", "")))
     from zephon_titan.engine import LaneStream
 
     with pytest.raises(DataError, match="left out by its keep or repeat"):
@@ -464,9 +406,11 @@ def test_a_stricter_keep_and_another_repeat_from_the_step_after_the_checkpoint(s
 
     before = {"quality >= 0.3": "min(meta.score, 2)"}
     old = spec_from_table(
-        _table(scored, tokenizer_dir, keep=("quality >= 0.3",) * 2, repeat=("min(meta.score, 2)",) * 2, packing=packing)
+        scored_table(
+            scored, tokenizer_dir, keep=("quality >= 0.3",) * 2, repeat=("min(meta.score, 2)",) * 2, packing=packing
+        )
     )
-    table = _table(scored, tokenizer_dir, keep=("quality >= 0.6",) * 2, repeat=("0.5",) * 2, packing=packing)
+    table = scored_table(scored, tokenizer_dir, keep=("quality >= 0.6",) * 2, repeat=("0.5",) * 2, packing=packing)
     new = spec_from_table({**table, "pipeline_from_step": CHANGE_AT + 1})
     restored = read_state(Decoded(engine_checkpoint(old, CHANGE_AT)), range(4), fingerprint(new))
     assert restored.mixture_change == f"keep and repeat of code, prose change from step {CHANGE_AT + 1}"
@@ -484,7 +428,7 @@ def test_a_stricter_keep_and_another_repeat_from_the_step_after_the_checkpoint(s
         [r.to_bytes() for r in s] for s in first[:CHANGE_AT]
     ]
     assert [[r.to_bytes() for r in s] for s in after] == [[r.to_bytes() for r in s] for s in whole[CHANGE_AT:]]
-    records = _records(scored)
+    records = scored_records(scored)
 
     def low(steps) -> int:
         return sum(
@@ -524,9 +468,11 @@ def test_a_change_at_or_before_the_checkpoint_or_past_its_slots_is_refused(score
     from zephon_titan.errors import ResumeError
     from zephon_titan.loader.state import Decoded
 
-    old = spec_from_table(_table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 2)", "")))
+    old = spec_from_table(
+        scored_table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 2)", ""))
+    )
     saved = engine_checkpoint(old, CHANGE_AT)
-    stricter = _table(scored, tokenizer_dir, keep=("quality >= 0.6", ""), repeat=("min(meta.score, 2)", ""))
+    stricter = scored_table(scored, tokenizer_dir, keep=("quality >= 0.6", ""), repeat=("min(meta.score, 2)", ""))
     with pytest.raises(
         ResumeError,
         match=rf"keep or repeat of source code changed, .* set \[dataloader\] pipeline_from_step = {CHANGE_AT + 1}",
@@ -536,7 +482,7 @@ def test_a_change_at_or_before_the_checkpoint_or_past_its_slots_is_refused(score
         read_state(
             Decoded(saved), range(4), fingerprint(spec_from_table({**stricter, "pipeline_from_step": CHANGE_AT}))
         )
-    more = _table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 3)", ""))
+    more = scored_table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 3)", ""))
     with pytest.raises(
         ResumeError, match=r"can train a document 3 times a pass, but the run's windows have room for 2"
     ):
@@ -544,7 +490,7 @@ def test_a_change_at_or_before_the_checkpoint_or_past_its_slots_is_refused(score
             Decoded(saved), range(4), fingerprint(spec_from_table({**more, "pipeline_from_step": CHANGE_AT + 1}))
         )
     # The control: the same pipeline from the next step is no change at all.
-    same = _table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 2)", ""))
+    same = scored_table(scored, tokenizer_dir, keep=("quality >= 0.3", ""), repeat=("min(meta.score, 2)", ""))
     restored = read_state(
         Decoded(saved), range(4), fingerprint(spec_from_table({**same, "pipeline_from_step": CHANGE_AT + 1}))
     )
@@ -579,7 +525,7 @@ def test_a_lance_source_filters_and_transforms_like_parquet(scored, tokenizer_di
     """The same records as a Lance dataset and as Parquet: keep, repeat and a transform train the same documents
     the same number of times (Lance blocks are row ranges of fragments, so the documents are matched by text)."""
     lance = pytest.importorskip("lance")
-    records = [r for (f, _), r in sorted(_records(scored).items()) if "/code/" in f]
+    records = [r for (f, _), r in sorted(scored_records(scored).items()) if "/code/" in f]
     lance.write_dataset(pa.Table.from_pylist(records), str(tmp_path / "code.lance"), max_rows_per_file=12)
     # Whole repeats: a fraction is decided by the document's file name and row, which differ between the two.
     source = {"keep": "quality >= 0.3 and meta.score > 0", "repeat": "if(meta.score > 2, 2, 1)",

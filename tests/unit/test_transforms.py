@@ -9,7 +9,7 @@ import sys
 from collections import Counter
 
 import pytest
-from test_pipeline import _records, _table, scored  # noqa: F401  (the scored corpus fixture)
+from helpers import scored_records, scored_table
 
 from zephon_titan.engine.feed import Document
 from zephon_titan.engine.packing import RowShape
@@ -18,7 +18,7 @@ from zephon_titan.testing import epoch_rows, spec_from_table
 
 
 def _spec(root, tokenizer_dir, transform, keep=("", ""), **overrides):
-    table = _table(root, tokenizer_dir, keep=keep, **{"exhaustion": "redistribute", **overrides})
+    table = scored_table(root, tokenizer_dir, keep=keep, **{"exhaustion": "redistribute", **overrides})
     for source in table["sources"].values():
         source["transform"] = transform
     return spec_from_table(table)
@@ -32,14 +32,14 @@ def _slots_trained(spec) -> Counter:
     return out
 
 
-def test_the_rows_train_the_transformed_documents(scored, tokenizer_dir):  # noqa: F811
+def test_the_rows_train_the_transformed_documents(scored, tokenizer_dir):
     import pipeline_transforms as t
 
     spec = _spec(scored, tokenizer_dir, ["pipeline_transforms:tag_language", "pipeline_transforms:drop_short"],
                  keep=("quality >= 0.3", "quality >= 0.3"))  # fmt: skip
     shape = RowShape.of(spec)
     expected = Counter()
-    for (file, row), record in _records(scored).items():
+    for (file, row), record in scored_records(scored).items():
         if record["quality"] is None or record["quality"] < 0.3:
             continue
         text = t.drop_short(t.tag_language(record))
@@ -52,7 +52,7 @@ def test_the_rows_train_the_transformed_documents(scored, tokenizer_dir):  # noq
     assert plain != +expected  # the control: without the transforms the rows differ
 
 
-def test_workers_import_the_transforms_and_give_the_same_rows(scored, tokenizer_dir):  # noqa: F811
+def test_workers_import_the_transforms_and_give_the_same_rows(scored, tokenizer_dir):
     from zephon_titan.engine import LaneGroup, open_lane_group
 
     spec = _spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short"], exhaustion="repeat")
@@ -62,7 +62,7 @@ def test_workers_import_the_transforms_and_give_the_same_rows(scored, tokenizer_
         assert [row.to_bytes() for _ in range(4) for lane in workers.next_step() for row in lane] == expected
 
 
-def test_the_fingerprint_names_each_function_and_its_code(scored, tokenizer_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_the_fingerprint_names_each_function_and_its_code(scored, tokenizer_dir, tmp_path, monkeypatch):
     from zephon_titan.engine import fingerprint
 
     fp = fingerprint(_spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short", "pipeline_transforms:versioned"]))
@@ -86,9 +86,15 @@ def test_the_fingerprint_names_each_function_and_its_code(scored, tokenizer_dir,
         ("pipeline_transforms:by_hash", "gave another result in a fresh process with another hash seed"),
         ("no_such_module:f", "cannot import 'no_such_module' (ModuleNotFoundError"),
         ("pipeline_transforms:nothing", "module 'pipeline_transforms' has no function 'nothing'"),
+        ("pipeline_transforms:never_returns", "did not finish 16 sample records in 2 s in a fresh process"),
     ],
 )
-def test_a_transform_that_cannot_be_trusted_is_refused_before_any_row(scored, tokenizer_dir, reference, message):  # noqa: F811
+def test_a_transform_that_cannot_be_trusted_is_refused_before_any_row(
+    scored, tokenizer_dir, reference, message, monkeypatch
+):
+    from zephon_titan.engine import transforms
+
+    monkeypatch.setattr(transforms, "FRESH_TIMEOUT_S", 2)  # a transform that never returns: said, not waited for
     with pytest.raises(ConfigError, match=r"\[dataloader.sources.code\] transform") as e:
         _spec(scored, tokenizer_dir, [reference])
     assert message in str(e.value) and "\n" not in str(e.value)
@@ -107,19 +113,19 @@ def test_a_transform_that_cannot_be_trusted_is_refused_before_any_row(scored, to
         ),
     ],
 )
-def test_a_transform_that_fails_on_a_document_names_it(scored, tokenizer_dir, reference, message):  # noqa: F811
+def test_a_transform_that_fails_on_a_document_names_it(scored, tokenizer_dir, reference, message):
     spec = _spec(scored, tokenizer_dir, [reference])
     with pytest.raises(DataError, match=message) as e:
         epoch_rows(spec)
     assert "\n" not in str(e.value)
 
 
-def test_a_malformed_reference_is_refused_when_the_config_is_made(scored, tokenizer_dir):  # noqa: F811
+def test_a_malformed_reference_is_refused_when_the_config_is_made(scored, tokenizer_dir):
     with pytest.raises(ConfigError, match=r"'strip' is not module:function"):
         _spec(scored, tokenizer_dir, ["strip"])
 
 
-def test_validate_and_where_report_the_transforms(scored, tokenizer_dir, tmp_path, capsys):  # noqa: F811
+def test_validate_and_where_report_the_transforms(scored, tokenizer_dir, tmp_path, capsys):
     import pipeline_transforms as t
     from helpers import write_job
 
@@ -130,7 +136,7 @@ def test_validate_and_where_report_the_transforms(scored, tokenizer_dir, tmp_pat
     )
     assert main(["validate", job, "--world-sizes", "2"]) == 0
     out = capsys.readouterr().out
-    records = _records(scored)
+    records = scored_records(scored)
     for source in ("code", "prose"):
         mine = [r for (f, _), r in records.items() if f"/{source}/" in f]
         dropped = sum(t.drop_short(r) is None for r in mine)
@@ -141,7 +147,7 @@ def test_validate_and_where_report_the_transforms(scored, tokenizer_dir, tmp_pat
     assert "dropped by its transforms (pipeline_transforms:drop_short)" in capsys.readouterr().out
 
 
-def test_a_transform_a_worker_cannot_import_is_one_line_naming_the_worker(scored, tokenizer_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_a_transform_a_worker_cannot_import_is_one_line_naming_the_worker(scored, tokenizer_dir, tmp_path, monkeypatch):
     from zephon_titan.engine import open_lane_group
 
     (tmp_path / "only_here.py").write_text(
@@ -160,14 +166,14 @@ def test_a_transform_a_worker_cannot_import_is_one_line_naming_the_worker(scored
     assert "(in loader worker " in message and "\n" not in message
 
 
-def test_inspect_shows_the_text_after_the_transforms(scored, tokenizer_dir, tmp_path, capsys):  # noqa: F811
+def test_inspect_shows_the_text_after_the_transforms(scored, tokenizer_dir, tmp_path, capsys):
     import json
 
     from helpers import write_job
 
     from zephon_titan.cli import main
 
-    records = _records(scored)
+    records = scored_records(scored)
     for transform, tagged in (["pipeline_transforms:tag_language"], True), ([], False):  # and the control
         job = write_job(tmp_path / "job.toml", scored, tokenizer_dir, source=f"transform = {json.dumps(transform)}")
         assert main(["inspect", job, "--step", "1", "--json"]) == 0

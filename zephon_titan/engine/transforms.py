@@ -38,6 +38,7 @@ from zephon_titan.errors import ConfigError, DataError
 
 # Documents of a source each transform is checked on when the job starts (from its first blocks).
 SAMPLE_DOCUMENTS = 16
+FRESH_TIMEOUT_S = 120  # the fresh process's run of the sample (its start and imports included)
 _checked: set[tuple[str, str]] = set()  # (reference, digest) checked in this process
 
 
@@ -56,7 +57,7 @@ class Transform:
         """The document's new text, or None to drop it; DataError naming the function and `where`."""
         try:
             out = self.function(record)
-        except Exception as e:  # the user's code: any error, said as one line
+        except (Exception, SystemExit) as e:  # the user's code: any error (an exit too), said as one line
             first = str(e).splitlines()[0] if str(e) else ""
             raise DataError(f"{where}: transform {self.reference} raised {type(e).__name__}: {first}") from None
         if out is None or isinstance(out, str):
@@ -105,6 +106,9 @@ def check_deterministic(transforms: Sequence[Transform], records: list[dict[str,
     if not todo or not records:
         return
     for t in todo:
+        # The fresh process first: it has a time limit, so a transform that never returns is said in one line
+        # here instead of hanging the job.
+        fresh = _in_fresh_process(t, records, where)
         first = [_safe(t, r) for r in records]
         backwards = [_safe(t, r) for r in reversed(records)][::-1]
         for i, (a, b) in enumerate(zip(first, backwards)):
@@ -114,7 +118,6 @@ def check_deterministic(transforms: Sequence[Transform], records: list[dict[str,
                     f"{_short(a)} after the records before it and {_short(b)} after the ones after it; it must not "
                     "keep state across documents (stateful transforms are not supported)"
                 )
-        fresh = _in_fresh_process(t, records)
         for i, (a, b) in enumerate(zip(first, fresh)):
             if a != b:
                 raise ConfigError(
@@ -128,7 +131,10 @@ def check_deterministic(transforms: Sequence[Transform], records: list[dict[str,
 def _safe(t: Transform, record: dict[str, Any]) -> Any:
     try:
         return repr(t.function(dict(record)))
-    except Exception as e:  # a raise is compared like a result: deterministic errors are said when reached
+    except (
+        Exception,
+        SystemExit,
+    ) as e:  # a raise is compared like a result: deterministic errors are said when reached
         return f"raised {type(e).__name__}: {e}"
 
 
@@ -145,26 +151,29 @@ out = []
 for record in pickle.load(sys.stdin.buffer):
     try:
         out.append(repr(function(record)))
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         out.append(f"raised {type(e).__name__}: {e}")
 json.dump(out, sys.stdout)
 """
 
 
-def _in_fresh_process(t: Transform, records: list[dict[str, Any]]) -> list[str]:
+def _in_fresh_process(t: Transform, records: list[dict[str, Any]], where: str) -> list[str]:
     env = {**os.environ, "PYTHONHASHSEED": str(1 + (hash("zephon") & 0xFFFF)), "PYTHONPATH": os.pathsep.join(sys.path)}
     try:
         done = subprocess.run(
             [sys.executable, "-c", _FRESH, t.reference],
             input=pickle.dumps(records),  # the records as Arrow or JSON gave them (dates, bytes, decimals)
             capture_output=True,
-            timeout=120,
+            timeout=FRESH_TIMEOUT_S,
             env=env,
         )
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"transform {t.reference}: a fresh process did not finish its sample in 120 s") from None
+        raise ConfigError(
+            f"{where} transform {t.reference} did not finish {len(records)} sample records in {FRESH_TIMEOUT_S} s in a fresh "
+            "process; does it return for every record?"
+        ) from None
     if done.returncode != 0:
         last = (done.stderr.decode("utf-8", "replace").strip().splitlines() or ["(no output)"])[-1]
-        raise ConfigError(f"transform {t.reference} cannot run in a fresh process: {last}")
+        raise ConfigError(f"{where} transform {t.reference} cannot run in a fresh process: {last}")
     out: list[str] = json.loads(done.stdout)
     return out
