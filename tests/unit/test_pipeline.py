@@ -577,3 +577,20 @@ def test_a_derived_name_that_is_also_a_column_is_refused(scored, tokenizer_dir, 
             epoch_rows(spec_from_table(table))
         table["sources"]["s"]["keep"] = "`chars` > 3"  # the column, by name: no ambiguity
         assert epoch_rows(spec_from_table(table))
+
+
+def test_a_pipeline_from_step_that_changes_nothing_keeps_the_lanes_as_they_were(scored, tokenizer_dir):
+    """pipeline_from_step with no keep or repeat anywhere: no era changes anything, so the lanes need no clock, the
+    states keep their form and the rows are the plain loader's (the control: with a keep from that step, they do)."""
+    from zephon_titan.engine import LaneStream
+
+    plain = spec_from_table(scored_table(scored, tokenizer_dir))
+    idle = spec_from_table({**scored_table(scored, tokenizer_dir), "pipeline_from_step": 3})
+    assert not idle.pipelines_change
+    assert [r.to_bytes() for r in LaneStream(idle, 0).take(6)] == [r.to_bytes() for r in LaneStream(plain, 0).take(6)]
+    later = spec_from_table(
+        {**scored_table(scored, tokenizer_dir, keep=("quality > 0.5", "")), "pipeline_from_step": 3}
+    )
+    assert later.pipelines_change
+    with pytest.raises(ValueError, match="keep and repeat by step needs the step of its rows"):
+        LaneStream(later, 0)

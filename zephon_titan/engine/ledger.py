@@ -103,7 +103,10 @@ def step_pipeline(spec: EngineSpec, step: int) -> str | None:
     """What the ledger records of the keep and repeat at `step`: in a run where they change by step, the SHA-256 of
     those in force from the first change on, else nothing (ledgers keep the form they had)."""
     eras = spec.pipeline_eras
-    if len(eras) < 2 or step < eras[1].start:
+    if not spec.pipelines_change:
+        return None
+    first_change = next(e.start for e in eras[1:] if e.expressions != eras[0].expressions)
+    if step < first_change:
         return None
     era = eras[spec.pipeline_era_of(step)]
     return hashlib.sha256(json.dumps(era.expressions, sort_keys=True).encode("utf-8")).hexdigest()[:16]

@@ -7,9 +7,11 @@ It opens the sources (file sizes, Parquet footers) but reads no document.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
@@ -91,9 +93,14 @@ class EngineSpec:
         later = (e for e in self.eras or self.seq_len_schedule if e.start > first.start)
         return [first, *(e for e in later if until is None or e.start <= until)]
 
+    @cached_property
+    def pipelines_change(self) -> bool:
+        """Whether some source's keep or repeat changes by step (a lane then needs the step of its rows)."""
+        return len({json.dumps(e.expressions, sort_keys=True) for e in self.pipeline_eras}) > 1
+
     def pipeline_era_of(self, step: int) -> int:
         """The index of the pipeline era in force at `step`."""
-        return era_index(self.pipeline_eras, step) if len(self.pipeline_eras) > 1 else 0
+        return era_index(self.pipeline_eras, step) if self.pipelines_change else 0
 
     def with_pipeline_eras(self, eras: tuple[PipelineEra, ...], slots: dict[str, int]) -> EngineSpec:
         """This spec with the pipelines of a resumed run: the checkpoint's eras, then this config's (resume.py);

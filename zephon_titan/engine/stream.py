@@ -54,7 +54,7 @@ class LaneStream:
         calls (a speed knob: rows never depend on it); None: the lane's own."""
         if not 0 <= lane_id < spec.num_lanes:
             raise ValueError(f"lane_id must be in [0, {spec.num_lanes}), got {lane_id}")
-        stepped = spec.schedule.scheduled or spec.exclusion is not None or len(spec.pipeline_eras) > 1
+        stepped = spec.schedule.scheduled or spec.exclusion is not None or spec.pipelines_change
         if clock is None and stepped:
             raise ValueError(
                 "a lane under a mixture schedule, an exclusion or keep and repeat by step needs the step of its rows "
@@ -84,7 +84,7 @@ class LaneStream:
                 f"lane {lane_id}: the state's open unit was drawn in pipeline era {state.pipeline_era}, but the run has "
                 f"{len(spec.pipeline_eras)}; the checkpoint is damaged or belongs to another run"
             )
-        if state is not None and len(spec.pipeline_eras) > 1:
+        if state is not None and spec.pipelines_change:
             last = self.clock.step(state.rows) - 1 if self.clock is not None else 0
             self._unit_era = state.pipeline_era if state.pipeline_era is not None else spec.pipeline_era_of(last)
             self.feed.set_era(self._unit_era)
@@ -132,7 +132,7 @@ class LaneStream:
             self.feed.excluding = exclusion is not None and step >= exclusion.from_step
             self.feed.pruning = self._unit_era != self.feed.era
         row = self.packer.next_row()
-        tracked = self.spec.exclusion is not None or len(self.spec.pipeline_eras) > 1
+        tracked = self.spec.exclusion is not None or self.spec.pipelines_change
         if tracked and self.packer.unit()[0] is not self._unit_start:  # a unit drawn now
             self._unit_start, self._unit_excluding = self.packer.unit()[0], self.feed.excluding
             self._unit_era = self.feed.era
@@ -171,7 +171,7 @@ class LaneStream:
             window_rows=self.packer.window_rows if unit_open else None,
             resized=self.packer.resized if unit_open and self.packer.resized else None,
             excluding=True if unit_open and self._unit_excluding else None,
-            pipeline_era=self._unit_era if unit_open and len(self.spec.pipeline_eras) > 1 else None,
+            pipeline_era=self._unit_era if unit_open and self.spec.pipelines_change else None,
         )
 
 
