@@ -594,3 +594,23 @@ def test_a_pipeline_from_step_that_changes_nothing_keeps_the_lanes_as_they_were(
     assert later.pipelines_change
     with pytest.raises(ValueError, match="keep and repeat by step needs the step of its rows"):
         LaneStream(later, 0)
+
+
+def test_token_files_take_a_repeat_that_is_a_number_and_nothing_that_reads_columns(tokenizer_dir, tmp_path):
+    """Megatron files hold ids only: keep (or chars) is refused in one line; `repeat = "0.5"` trains about half."""
+    from token_files import write_megatron
+
+    rng = np.random.default_rng(0)
+    write_megatron(str(tmp_path / "ids"), [list(rng.integers(5, 1500, size=40)) for _ in range(400)])
+
+    def table(**source):
+        return {"num_lanes": 2, "seed": 3, "tokenizer_path": tokenizer_dir, "exhaustion": "redistribute",
+                "sources": {"t": {"paths": [str(tmp_path / "ids.bin")], **source}}}  # fmt: skip
+
+    for bad, message in (({"keep": "quality > 0.5"}, "reads 'quality', but megatron files hold only token ids"),
+                         ({"keep": "chars > 10"}, "uses chars or bytes, the length of a text")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            spec_from_table(table(**bad))
+    trained = {(p.file, p.row) for row in epoch_rows(spec_from_table(table(repeat="0.5"))) for p in row.pieces}
+    everything = {(p.file, p.row) for row in epoch_rows(spec_from_table(table())) for p in row.pieces}
+    assert len(everything) == 400 and 160 < len(trained) < 240 and trained < everything
