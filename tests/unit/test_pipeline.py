@@ -614,3 +614,23 @@ def test_token_files_take_a_repeat_that_is_a_number_and_nothing_that_reads_colum
     trained = {(p.file, p.row) for row in epoch_rows(spec_from_table(table(repeat="0.5"))) for p in row.pieces}
     everything = {(p.file, p.row) for row in epoch_rows(spec_from_table(table())) for p in row.pieces}
     assert len(everything) == 400 and 160 < len(trained) < 240 and trained < everything
+
+
+def test_the_eval_part_takes_keep_but_not_repeat(scored, tokenizer_dir):
+    """The held-out part (split = "eval") keeps the documents keep keeps, each once; training's part repeats them."""
+    table = scored_table(
+        scored, tokenizer_dir, keep=("quality >= 0.4",) * 2, repeat=("2",) * 2, exhaustion="redistribute"
+    )
+    for source in table["sources"].values():
+        source["eval_fraction"] = 0.3
+    records = scored_records(scored)
+    seen: dict[str, Counter] = {}
+    for split in ("eval", "train"):
+        seen[split] = Counter(
+            (p.file, p.row) for row in epoch_rows(spec_from_table({**table, "split": split})) for p in row.pieces
+            if p.doc_offset == 0
+        )  # fmt: skip
+        low = [k for k in seen[split] if records[k]["quality"] is None or records[k]["quality"] < 0.4]
+        assert seen[split] and not low
+    assert set(seen["eval"].values()) == {1} and set(seen["train"].values()) == {2}
+    assert not set(seen["eval"]) & set(seen["train"])
