@@ -15,6 +15,12 @@ name, row and the pass (as split.py keys the eval split), so:
 - everything is a pure function of the files and the config: the same for every W and worker count, and
   `plan` sees it.
 A dropped slot is skipped where the lane reads it (source_reader.py), like an excluded document.
+
+Eras. Keep and repeat may change from a step on (`[dataloader] pipeline_from_step`): the run's pipelines are a
+list of eras (PipelineEra: its first step, each source's keep and repeat as text), the checkpoint's up to its step
+and the config's after (fingerprint.check_pipelines). A block's decisions are worked out for every era (Source
+holds a pipeline per era), a reader counts a window's slots with its era's, and a source's slots per document stay
+what they were when the run began, so a window's positions never move.
 """
 
 from __future__ import annotations
