@@ -239,7 +239,9 @@ def test_transient_storage_faults_are_retried_to_the_same_blocks(request, fixtur
     """Throttling, internal errors, bodies cut short and connections reset, as each provider words them
     (served by the test servers' fault plans, tests/objectserver.py): every block read is the same as on disk.
     The faults outlast each client's own retries, so the block's attempts absorb the rest, logged; except a body
-    cut short on Azure, whose client resumes a download where it stopped, so every fault makes progress there."""
+    cut short on Azure, whose client resumes a download where it stopped, so every fault makes progress there, and
+    a body cut short on GCS, whose client retries a read for as long as its time budget allows: on a loaded machine
+    it has given up to us (DEADLINE_EXCEEDED), on a quiet one absorbed all six itself (both seen in CI)."""
     server, root = request.getfixturevalue(fixture), request.getfixturevalue(corpus)
     pattern, options = SOURCES["prose"]
     local = open_source(SourceConfig(name="prose", paths=[f"{corpus_dir}/prose/{pattern}"], **options))
@@ -256,4 +258,4 @@ def test_transient_storage_faults_are_retried_to_the_same_blocks(request, fixtur
     assert len(server.faults_served()) - served == FAULTS[fixture]  # the faults did happen
     retried = [r.getMessage() for r in caplog.records if "failed, retrying in" in r.getMessage()]
     assert all(f"{root}/prose/" in m and "of 6 failed" in m for m in retried), retried
-    assert retried or (fixture, kind) == ("azure", "short")
+    assert retried or (fixture, kind) in (("azure", "short"), ("gcs", "short"))
