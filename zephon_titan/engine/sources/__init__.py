@@ -49,8 +49,8 @@ def open_source(
     if write_index:
         save_index_after_first_use(source, opened, options)
     fmt = get_format(opened.format_name, f"[dataloader.sources.{source.name}]")
-    opened.pipeline = _pipeline(source, fmt)
-    opened.set_pipelines((opened.pipeline,), slots_needed((opened.pipeline,)))
+    pipeline = _pipeline(source, fmt)
+    opened.set_pipelines((pipeline,), slots_needed((pipeline,)))
     opened.transforms = _transforms(source, fmt)
     return opened
 

@@ -166,8 +166,6 @@ class Source(ABC):
         self.text_field = text_field
         self.max_document_chars = max_document_chars
         self.storage_options = storage_options
-        self.pipeline: SourcePipeline | None = None
-        """Set by open_source from the source's keep and repeat, before any block is read."""
         self.era_pipelines: tuple[SourcePipeline | None, ...] = ()
         """Its pipeline in each era of the run (set_pipelines); the last is the config's."""
         self.slots = 1
@@ -277,6 +275,11 @@ class Source(ABC):
         self.era_pipelines, self.slots = pipelines, slots
         with self._held_lock:
             self._held.clear()
+
+    @property
+    def pipeline(self) -> SourcePipeline | None:
+        """The config's keep and repeat: the last era's pipeline (None without one)."""
+        return self.era_pipelines[-1] if self.era_pipelines else None
 
     @property
     def pipeline_fields(self) -> list[str]:
