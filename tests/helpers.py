@@ -355,3 +355,24 @@ def scored_records(root: str) -> dict[tuple[str, int], dict]:
                 out[(path, offset)] = json.loads(line)
                 offset += len(line)
     return out
+
+
+def _mix64(x: int) -> int:
+    m = (1 << 64) - 1
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & m
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & m
+    return x ^ (x >> 31)
+
+
+def reference_copies(repeat: float, seed: int, source: str, file: str, row: int, epoch: int = 0) -> int:
+    """A document's trained copies in a pass under `repeat`, computed apart from the engine (splitmix64 over Python
+    integers, not numpy): floor(repeat), plus one where the keyed hash of its identity falls under frac(repeat)."""
+    import math
+    import posixpath
+
+    from zephon_titan.engine.shuffle import derive_key
+
+    key = derive_key(seed, "repeat", source, posixpath.basename(file), epoch)
+    u = _mix64((row * 0x9E3779B97F4A7C15 + key) & ((1 << 64) - 1)) >> 11
+    whole = math.floor(repeat)
+    return whole + (u < (repeat - whole) * 2.0**53)

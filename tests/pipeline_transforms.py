@@ -53,3 +53,33 @@ def never_returns(record: dict) -> str:
 
 def exits(record: dict) -> str:
     raise SystemExit(3)
+
+
+def short_words(record: dict) -> str | None:
+    """Per record: drop documents of fewer than 40 words; the others with their word count in front."""
+    words = record["text"].split()
+    return None if len(words) < 40 else f"[{len(words)} words] {record['text']}"
+
+
+def short_words_batched(records: list[dict]) -> list[str | None]:
+    """short_words over a list of records (what a classifier called once per block would do)."""
+    return [short_words(r) for r in records]
+
+
+short_words_batched.batched = True  # type: ignore[attr-defined]
+
+
+def batch_sized(records: list[dict]) -> list[str]:
+    """Not a function of each record: the size of its call in every text."""
+    return [f"{len(records)} {r['text']}" for r in records]
+
+
+batch_sized.batched = True  # type: ignore[attr-defined]
+
+
+def one_result(records: list[dict]) -> list[str]:
+    """Returns one result for however many records."""
+    return [records[0]["text"]]
+
+
+one_result.batched = True  # type: ignore[attr-defined]

@@ -135,6 +135,11 @@ def assert_restores_exactly(
                     f"{where}: the first differing row is row {cut + i} ({i} after the cut): restored, the lane gives "
                     "another row than uninterrupted"
                 )
+            if a.documents != b.documents:  # what the feed did with documents, counted per row (document_counts.py)
+                raise AssertionError(
+                    f"{where}: row {cut + i} ({i} after the cut) counts its documents {a.documents} restored, "
+                    f"{b.documents} uninterrupted"
+                )
         if len(got) != len(want):
             raise AssertionError(f"{where}: {len(got)} rows follow, the uninterrupted lane has {len(want)}")
         after = states[cut + len(want)]

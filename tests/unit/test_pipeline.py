@@ -11,21 +11,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import posixpath
 from collections import Counter
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import scored_records, scored_table
+from helpers import reference_copies, scored_records, scored_table
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config.expressions import ExpressionError, check_keep, check_repeat, parse, upper_bound
 from zephon_titan.engine.feed import Document
 from zephon_titan.engine.packing import RowShape
-from zephon_titan.engine.shuffle import derive_key
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.testing import (
     assert_restores_exactly,
@@ -34,20 +32,7 @@ from zephon_titan.testing import (
     spec_from_table,
 )
 
-
-def _mix64(x: int) -> int:
-    m = (1 << 64) - 1
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & m
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & m
-    return x ^ (x >> 31)
-
-
-def _copies(repeat: float, seed: int, source: str, file: str, row: int, epoch: int = 0) -> int:
-    """A document's trained copies in a pass, computed apart from the engine (Python integers, not numpy)."""
-    key = derive_key(seed, "repeat", source, posixpath.basename(file), epoch)
-    u = _mix64((row * 0x9E3779B97F4A7C15 + key) & ((1 << 64) - 1)) >> 11
-    whole = math.floor(repeat)
-    return whole + (u < (repeat - whole) * 2.0**53)
+_copies = reference_copies
 
 
 def _trained(spec) -> Counter:

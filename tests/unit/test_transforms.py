@@ -184,3 +184,42 @@ def test_inspect_shows_the_text_after_the_transforms(scored, tokenizer_dir, tmp_
             row = p["row"] if "row" in p else p["byte_offset"]  # a JSONL document is named by its line's byte offset
             lang = records[(p["file"], row)].get("lang") or "xx"
             assert p["text"].replace("<|bos|>", "", 1).startswith(f"[{lang}] ") == tagged, p["text"][:40]
+
+
+# ---- the batched form ---------------------------------------------------------------------------------------
+
+
+def test_a_batched_transform_gives_the_rows_of_its_per_record_form(scored, tokenizer_dir):
+    """One call per block over the documents a keep lets through: the same rows as the function applied record by
+    record, in process and in workers, and after a per-record transform in the same list."""
+    from zephon_titan.engine import LaneGroup, fingerprint, open_lane_group
+
+    keep = ("quality >= 0.2", "lang != 'de'")
+    per_record = _spec(scored, tokenizer_dir, ["pipeline_transforms:short_words"], keep=keep)
+    batched = _spec(scored, tokenizer_dir, ["pipeline_transforms:short_words_batched"], keep=keep)
+    rows = [r.to_bytes() for r in epoch_rows(per_record)]
+    assert [r.to_bytes() for r in epoch_rows(batched)] == rows
+    assert [r.to_bytes() for r in epoch_rows(_spec(scored, tokenizer_dir, [], keep=keep))] != rows  # the control
+    chain = ["pipeline_transforms:tag_language", "pipeline_transforms:short_words_batched"]
+    mixed = _spec(scored, tokenizer_dir, chain, keep=keep, exhaustion="repeat")
+    by_hand = _spec(
+        scored, tokenizer_dir, [*chain[:1], "pipeline_transforms:short_words"], keep=keep, exhaustion="repeat"
+    )
+    group = LaneGroup(by_hand, range(4), 2)
+    expected = [row.to_bytes() for _ in range(4) for lane in group.next_step() for row in lane]
+    with open_lane_group(mixed, range(4), 2, num_workers=2) as workers:
+        assert [row.to_bytes() for _ in range(4) for lane in workers.next_step() for row in lane] == expected
+    assert fingerprint(mixed)["transform.code"].endswith(") batched")  # another form is another fingerprint
+
+
+@pytest.mark.parametrize(
+    "reference, error, message",
+    [
+        ("pipeline_transforms:batch_sized", ConfigError, "among the 16 sample records and "),
+        ("pipeline_transforms:one_result", ConfigError, "returned 1 results for 16 sample records"),
+    ],
+)
+def test_a_batched_transform_that_depends_on_its_call_is_refused(scored, tokenizer_dir, reference, error, message):
+    with pytest.raises(error, match=r"\[dataloader.sources.code\] batched transform") as e:
+        _spec(scored, tokenizer_dir, [reference])
+    assert message in str(e.value) and "\n" not in str(e.value)

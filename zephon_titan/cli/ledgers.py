@@ -7,6 +7,7 @@ test holds it to that), so what `plan` needs is imported when it runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -110,7 +111,15 @@ def _read(path: str) -> dict[int, LedgerEntry]:
 
 
 # The fields `verify` names when two entries of a step differ.
-_COMPARED = ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded", "pipeline")
+_COMPARED = ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded", "pipeline", "documents")
+
+
+def _comparable(a: LedgerEntry, b: LedgerEntry) -> tuple[LedgerEntry, LedgerEntry]:
+    """The entries as compared: a ledger written before releases counted documents has no `documents`; the other's
+    are then not compared (everything else still is)."""
+    if (a.documents is None) != (b.documents is None):
+        return dataclasses.replace(a, documents=None), dataclasses.replace(b, documents=None)
+    return a, b
 
 
 def cmd_verify(args) -> int:
@@ -131,8 +140,9 @@ def cmd_verify(args) -> int:
                 f"({args.a}: steps {_span(a)}, {args.b}: steps {_span(b)})"
             )
             return 1
-        if a[step] != b[step]:
-            fields = [f for f in _COMPARED if getattr(a[step], f) != getattr(b[step], f)]
+        x, y = _comparable(a[step], b[step])
+        if x != y:
+            fields = [f for f in _COMPARED if getattr(x, f) != getattr(y, f)]
             print(f"first difference at step {step} ({', '.join(fields)}):")
             for path, entry in ((args.a, a[step]), (args.b, b[step])):
                 print(

@@ -9,6 +9,7 @@ out the documents the new keep drops (`pruning`).
 
 from __future__ import annotations
 
+from zephon_titan.engine.document_counts import EXCLUDED, PER_SOURCE, READ, REPEATED
 from zephon_titan.engine.encode_calls import EncodeBatcher
 from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.pipeline import DROPPED
@@ -44,6 +45,8 @@ class DocumentFeed:
         self._has_document: list[bool | None] = [None] * len(spec.sources)
         """Per source, whether its cursor (normalized) stands at a document; None: not normalized since it moved.
         Only the source a piece came from moves, so a piece normalizes one cursor, not every source's."""
+        self.counted = [0] * (len(spec.sources) * PER_SOURCE)
+        """What the feed did with documents since it was made, PER_SOURCE per source (document_counts.py)."""
         self._barren_since: list[tuple[int, int] | None] = [None] * len(spec.sources)
         """Per source, the (window, position) where its run of documents that place nothing began."""
         self.excluding = False
@@ -108,6 +111,19 @@ class DocumentFeed:
         if window is not None and cursor.position == len(window) - 1 and (since[0] != cursor.window or since[1] == 0):
             self.readers[s].met_barren(cursor.window)  # the whole window, from its first document, placed nothing
 
+    def _count(self, s: int, cursor: SourceCursor, dropped: bool, excluded: bool) -> None:
+        """Count the document slot at the cursor, met at its start (document_counts.py)."""
+        copy, stage = self.readers[s].fate(cursor, dropped)
+        at = s * PER_SOURCE
+        if copy == 0:
+            self.counted[at + READ] += 1
+            if stage >= 0:
+                self.counted[at + stage] += 1
+            elif excluded:
+                self.counted[at + EXCLUDED] += 1
+        elif not dropped and not excluded:
+            self.counted[at + REPEATED] += 1
+
     def next_document(self) -> Document | None:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
         or None when every source with a weight in the current segment is exhausted."""
@@ -133,7 +149,10 @@ class DocumentFeed:
                     f"{doc.file} {self.readers[s].source.row_unit} {doc.row}: the lane's state is {cursor.offset} "
                     f"tokens into this document, which has {n}; was the data changed?"
                 )
-            dropped = doc.tokens is DROPPED or (self.excluding and self.dropped(s, doc.file, doc.row))
+            excluded = doc.tokens is not DROPPED and self.excluding and self.dropped(s, doc.file, doc.row)
+            dropped = excluded or doc.tokens is DROPPED
+            if cursor.offset == 0:
+                self._count(s, cursor, doc.tokens is DROPPED, excluded)
             self._watch_barren(s, cursor, 0 if dropped else n)
             if dropped:  # the document, or its rest, is skipped
                 self._has_document[s] = None  # its cursor moves to the next document

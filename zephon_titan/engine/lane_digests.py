@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from zephon_titan import errors
 from zephon_titan.engine.digest import lane_digest
 from zephon_titan.engine.lanes import group_steps
-from zephon_titan.engine.packing import tally
+from zephon_titan.engine.packing import step_tally
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import DataError, ZephonError
@@ -33,14 +33,14 @@ if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
 StepDigests = tuple[int, list[bytes], list[int]]
-"""One step of some lanes: (step, each lane's digest in lane order, their tally: tokens per source, then padding)."""
+"""One step of some lanes: (step, each lane's digest in lane order, their step_tally: tokens per source, padding, the documents' counts)."""
 
 
 def step_digests(group: Any, num_sources: int, start: int, steps: int) -> Iterator[StepDigests]:
     """Steps start + 1 .. `steps` of a lane group's lanes; a finite run stops before the first step any of
     them cannot fill."""
     for step, lanes in group_steps(group, start, steps):
-        counts = tally((row for rows in lanes for row in rows), num_sources)
+        counts = step_tally((row for rows in lanes for row in rows), num_sources)
         yield step, [lane_digest(rows) for rows in lanes], counts
 
 

@@ -22,6 +22,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
+from zephon_titan.engine.document_counts import COUNTS, by_source
 from zephon_titan.engine.jsonl_log import AppendOnlyLog, RecordFormat, read_entries
 from zephon_titan.engine.spec import EngineSpec
 
@@ -35,7 +36,16 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # set so): "per_window" at each step, so the ledger alone says which rule made its rows (docs/mixture.md).
 # pipeline: runs whose keep and repeat change by step (pipeline_from_step), the SHA-256 of those in force, at each
 # step from the first change.
-_OPTIONAL = {"weights": dict, "seq_len": int, "excluded": str, "best_fit_mixing": str, "pipeline": str}
+# documents: runs that may drop or repeat documents (EngineSpec.counts_documents), per source what the step's rows
+# read, repeated and dropped (engine/document_counts.py).
+_OPTIONAL = {
+    "weights": dict,
+    "seq_len": int,
+    "excluded": str,
+    "best_fit_mixing": str,
+    "pipeline": str,
+    "documents": dict,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +60,7 @@ class LedgerEntry:
     excluded: str | None = None
     best_fit_mixing: str | None = None
     pipeline: str | None = None
+    documents: dict[str, dict[str, int]] | None = None
 
     @classmethod
     def of(
@@ -64,25 +75,28 @@ class LedgerEntry:
         excluded: str | None = None,
         best_fit_mixing: str | None = None,
         pipeline: str | None = None,
+        documents: bool = False,
     ) -> LedgerEntry:
-        """From `tally()` counts: per source, then padding (last)."""
-        tokens = dict(zip(source_names, counts[:-1]))
+        """From `step_tally()` counts: tokens per source, padding, then the documents' counts (recorded when
+        `documents`)."""
+        n = len(source_names)
         return cls(
             step=step,
             sha256=sha256,
             rows=rows,
-            tokens=tokens,
-            padding=counts[-1],
+            tokens=dict(zip(source_names, counts[:n])),
+            padding=counts[n],
             weights=weights,
             seq_len=seq_len,
             excluded=excluded,
             best_fit_mixing=best_fit_mixing,
             pipeline=pipeline,
+            documents=by_source(counts[n + 1 :], source_names) if documents else None,
         )
 
     def to_json(self) -> str:
         data = asdict(self)
-        for key in ("weights", "seq_len", "excluded", "best_fit_mixing", "pipeline"):
+        for key in _OPTIONAL:
             if data[key] is None:
                 del data[key]
         return json.dumps(data, sort_keys=True)
@@ -138,6 +152,13 @@ def _entry(raw: bytes) -> LedgerEntry:
         raise ValueError("tokens must map source names to integers")
     if not all(isinstance(k, str) and type(v) in (int, float) for k, v in data.get("weights", {}).items()):
         raise ValueError("weights must map source names to numbers")
+    for name, counts in data.get("documents", {}).items():
+        if (
+            not isinstance(counts, dict)
+            or set(counts) != set(COUNTS)
+            or any(type(v) is not int for v in counts.values())
+        ):
+            raise ValueError(f"documents of {name!r} must map {', '.join(COUNTS)} to integers")
     return LedgerEntry(**data)
 
 

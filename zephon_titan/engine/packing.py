@@ -29,6 +29,7 @@ import numpy as np
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine.buffers import lasting_array
+from zephon_titan.engine.document_counts import count_documents
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import MAX_RESIZED, FeedState
@@ -61,6 +62,9 @@ class Row:
     pieces: tuple[Piece, ...]
     padding: int
     """Padding slots among the row's slots (see RowShape)."""
+    documents: tuple[int, ...] | None = None
+    """What the lane's feed did with documents since its previous row (engine/document_counts.py; set by the lane;
+    never part of the row's bytes)."""
 
     def to_bytes(self) -> bytes:
         return self.inputs.tobytes() + self.labels.tobytes() + self.positions.tobytes()
@@ -74,6 +78,12 @@ def tally(rows: Iterable[Row], num_sources: int) -> list[int]:
             counts[piece.source] += piece.length
         counts[-1] += row.padding
     return counts
+
+
+def step_tally(rows: Iterable[Row], num_sources: int) -> list[int]:
+    """What the ledger records of rows: their tally(), then their documents' counts (document_counts.py)."""
+    rows = list(rows)
+    return tally(rows, num_sources) + count_documents(rows, num_sources)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from zephon_titan.engine.document_counts import DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM
 from zephon_titan.engine.encode_calls import (
     _NO_BATCH,
     FIRST_TOKENIZE_BATCH,
@@ -135,11 +136,27 @@ class _Window:
     def document(self, slot: int) -> tuple[str | np.ndarray, str, int]:
         """The document of a slot (its copy 0 is document `slot` in block order): its text or token ids (read or
         decoded now), file and row."""
-        i = slot % self.documents if self.copies > 1 else slot
-        b = bisect.bisect_right(self.ends, i)
-        j = int(self.kept[b][i - (self.ends[b - 1] if b else 0)])
-        block = self.blocks[b]
+        block, j = self._locate(slot % self.documents if self.copies > 1 else slot)
         return block.texts[j], block.file, block.rows[j]
+
+    def _locate(self, i: int) -> tuple[BlockDocuments, int]:
+        """Document i of the window (block order): its block and its index there."""
+        b = bisect.bisect_right(self.ends, i)
+        return self.blocks[b], int(self.kept[b][i - (self.ends[b - 1] if b else 0)])
+
+    def fate(self, position: int, dropped: bool, era: int) -> tuple[int, int]:
+        """The slot at a window position, for the feed's counts (document_counts.py): its copy, and the stage
+        that dropped it when it is a document's first copy and `dropped` (-1: none)."""
+        if self.copies == 1 and not dropped:
+            return 0, -1
+        copy, d = divmod(self.order[position], self.documents)
+        if not dropped or copy > 0:  # a copy not drawn, or one whose document was counted at its first copy
+            return copy, -1
+        if self.counts is None or self.counts[d] > 0:  # trained: its transforms dropped it
+            return 0, DROPPED_BY_TRANSFORM
+        block, j = self._locate(d)
+        kept_by_keep = bool(block.eras[era][0][j]) if block.eras else True
+        return 0, DROPPED_BY_REPEAT if kept_by_keep else DROPPED_BY_KEEP
 
 
 class CopyMajor:
@@ -412,6 +429,12 @@ class LaneSourceReader:
             i = _index_in(self._current, p)
         _, tokens, files, rows = self._current
         return Document(self.source_index, tokens[i], files[i], rows[i], 0, len(tokens[i]))
+
+    def fate(self, cursor: SourceCursor, dropped: bool) -> tuple[int, int]:
+        """The copy of the slot at a normalized cursor and, for a dropped first copy, the stage that dropped it."""
+        window = self.window(cursor.window)
+        assert window is not None, "fate() needs a normalized cursor"
+        return window.fate(cursor.position, dropped, self.era)
 
     @property
     def batch_end(self) -> int:

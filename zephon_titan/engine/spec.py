@@ -98,6 +98,14 @@ class EngineSpec:
         """Whether some source's keep or repeat changes by step (a lane then needs the step of its rows)."""
         return len({json.dumps(e.expressions, sort_keys=True) for e in self.pipeline_eras}) > 1
 
+    @cached_property
+    def counts_documents(self) -> bool:
+        """Whether the ledger says per step what happened to each source's documents (document_counts.py): in a
+        run where some may be dropped or repeated (a keep, a repeat, a transform, an exclusion); other ledgers keep
+        the form they had."""
+        pipelined = any(e.expressions for e in self.pipeline_eras) or any(s.transforms for s in self.sources)
+        return pipelined or self.exclusion is not None
+
     def pipeline_era_of(self, step: int) -> int:
         """The index of the pipeline era in force at `step`."""
         return era_index(self.pipeline_eras, step) if self.pipelines_change else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from zephon_titan.engine.encode_calls import EncodeBatcher
@@ -118,6 +119,9 @@ class LaneStream:
             if state.replay is not None:  # kept in this lane's states while that unit stays open
                 self._replay = (state.replay, self.packer.unit()[0])
             self._unit_start = self.packer.unit()[0]
+        # The feed's counts when the lane's last row was made: a restore's replay counted what it read again, up
+        # to where the saved row left off (document_counts.py).
+        self._counted = list(self.feed.counted)
 
     def next_row(self) -> Row:
         """The next row; raises LaneExhausted at the end of a finite lane."""
@@ -137,6 +141,9 @@ class LaneStream:
             self._unit_start, self._unit_excluding = self.packer.unit()[0], self.feed.excluding
             self._unit_era = self.feed.era
         self.rows += 1
+        counted = self.feed.counted
+        row = dataclasses.replace(row, documents=tuple(a - b for a, b in zip(counted, self._counted)))
+        self._counted = list(counted)
         return row
 
     def _rows_to_next_segment(self) -> int | None:

@@ -18,6 +18,13 @@ Rows must stay a pure function of the files and the config, so a transform is he
   is one line naming the function and the document.
 A checkpoint never runs code: a job that names a transform runs it in every tool that reads rows (the trainer,
 `validate`, `plan`, `inspect`, `where`), as TorchTitan's `[model] module` does.
+
+The batched form, for work that pays per call (a classifier): a function that declares `fn.batched = True` takes a
+list of records and returns a list as long, each item what the per-record form returns. It is called once per
+block (a Parquet row group, a JSONL block) over the block's documents that some keep lets through, and its results
+are held while the block is. Which records share a call depends on blocks and keeps, never on lanes or ranks, but
+the declaration promises more: a record's result does not depend on the others in its list. The startup check holds
+it to that: the sample in one call against each record alone, in reverse order.
 """
 
 from __future__ import annotations
@@ -49,17 +56,36 @@ class Transform:
     function: Callable[[dict[str, Any]], Any]
     digest: str
     """What identifies its code: `version <v>` or the SHA-256 of its source (16 hex digits)."""
+    batched: bool = False
+    """The function takes a list of records and returns a list as long (`fn.batched = True`)."""
 
     def describe(self) -> str:
-        return f"{self.reference} ({self.digest})"
+        return f"{self.reference} ({self.digest})" + (" batched" if self.batched else "")
 
     def apply(self, record: dict[str, Any], text_field: str, where: str) -> str | None:
         """The document's new text, or None to drop it; DataError naming the function and `where`."""
+        return self._text(self._call(record, where), text_field, where)
+
+    def apply_batch(self, records: list[dict[str, Any]], text_field: str, wheres: list[str], block: str) -> list[Any]:
+        """A batched transform over `records`: each one's new text or None; DataError naming the function and the
+        record (`wheres`), or the `block` where the call as a whole failed."""
+        out = self._call(records, block)
+        if not isinstance(out, (list, tuple)) or len(out) != len(records):
+            got = f"{len(out)} results" if isinstance(out, (list, tuple)) else type(out).__name__
+            raise DataError(
+                f"{block}: batched transform {self.reference} returned {got} for {len(records)} records; return a "
+                "list with one result per record, in order"
+            )
+        return [self._text(item, text_field, where) for item, where in zip(out, wheres)]
+
+    def _call(self, argument: Any, where: str) -> Any:
         try:
-            out = self.function(record)
+            return self.function(argument)
         except (Exception, SystemExit) as e:  # the user's code: any error (an exit too), said as one line
             first = str(e).splitlines()[0] if str(e) else ""
             raise DataError(f"{where}: transform {self.reference} raised {type(e).__name__}: {first}") from None
+
+    def _text(self, out: Any, text_field: str, where: str) -> str | None:
         if out is None or isinstance(out, str):
             return out
         if isinstance(out, dict) and isinstance(out.get(text_field), str):
@@ -96,7 +122,7 @@ def load_transform(reference: str, where: str) -> Transform:
                 'function a version of its own (function.version = "1")'
             ) from None
         digest = "sha256 " + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
-    return Transform(reference, function, digest)
+    return Transform(reference, function, digest, getattr(function, "batched", False) is True)
 
 
 def check_deterministic(transforms: Sequence[Transform], records: list[dict[str, Any]], where: str) -> None:
@@ -109,9 +135,18 @@ def check_deterministic(transforms: Sequence[Transform], records: list[dict[str,
         # The fresh process first: it has a time limit, so a transform that never returns is said in one line
         # here instead of hanging the job.
         fresh = _in_fresh_process(t, records, where)
-        first = [_safe(t, r) for r in records]
-        backwards = [_safe(t, r) for r in reversed(records)][::-1]
+        first = _outputs(t, records, where)
+        if t.batched:  # each record alone, last first: neither the other records of a call nor the order count
+            backwards = [_outputs(t, [r], where)[0] for r in reversed(records)][::-1]
+        else:
+            backwards = _outputs(t, records[::-1], where)[::-1]
         for i, (a, b) in enumerate(zip(first, backwards)):
+            if a != b and t.batched:
+                raise ConfigError(
+                    f"{where} batched transform {t.reference} gave sample record {i} {_short(a)} among the "
+                    f"{len(records)} sample records and {_short(b)} alone; a record's result must not depend on the "
+                    "other records in its call"
+                )
             if a != b:
                 raise ConfigError(
                     f"{where} transform {t.reference} is not a pure function of its record: sample record {i} gave "
@@ -128,13 +163,29 @@ def check_deterministic(transforms: Sequence[Transform], records: list[dict[str,
         _checked.add((t.reference, t.digest))
 
 
-def _safe(t: Transform, record: dict[str, Any]) -> Any:
+def _outputs(t: Transform, records: list[dict[str, Any]], where: str) -> list[str]:
+    """What the function gives each record, as text (a raise is compared like a result: deterministic errors are
+    said when reached); a batched one in one call."""
+    if not t.batched:
+        return [_safe(t.function, dict(r)) for r in records]
+    out = _safe(lambda batch: t.function(batch), [dict(r) for r in records], raw=True)
+    if isinstance(out, str):  # it raised: every record shares the error
+        return [out] * len(records)
+    if not isinstance(out, (list, tuple)) or len(out) != len(records):
+        got = f"{len(out)} results" if isinstance(out, (list, tuple)) else type(out).__name__
+        raise ConfigError(
+            f"{where} batched transform {t.reference} returned {got} for {len(records)} sample records; return a "
+            "list with one result per record, in order"
+        )
+    return [repr(item) for item in out]
+
+
+def _safe(function: Callable[[Any], Any], argument: Any, raw: bool = False) -> Any:
+    """repr() of the function's result (the result itself if `raw`), or the error it raised, as text."""
     try:
-        return repr(t.function(dict(record)))
-    except (
-        Exception,
-        SystemExit,
-    ) as e:  # a raise is compared like a result: deterministic errors are said when reached
+        out = function(argument)
+        return out if raw else repr(out)
+    except (Exception, SystemExit) as e:
         return f"raised {type(e).__name__}: {e}"
 
 
@@ -147,12 +198,19 @@ _FRESH = """
 import importlib, json, pickle, sys
 module, _, name = sys.argv[1].partition(":")
 function = getattr(importlib.import_module(module), name)
-out = []
-for record in pickle.load(sys.stdin.buffer):
+records = pickle.load(sys.stdin.buffer)
+if getattr(function, "batched", False) is True:
     try:
-        out.append(repr(function(record)))
+        out = [repr(item) for item in function(records)]
     except (Exception, SystemExit) as e:
-        out.append(f"raised {type(e).__name__}: {e}")
+        out = [f"raised {type(e).__name__}: {e}"] * len(records)
+else:
+    out = []
+    for record in records:
+        try:
+            out.append(repr(function(record)))
+        except (Exception, SystemExit) as e:
+            out.append(f"raised {type(e).__name__}: {e}")
 json.dump(out, sys.stdout)
 """
 

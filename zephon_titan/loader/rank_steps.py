@@ -18,6 +18,8 @@ from typing import Any
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import LaneState, Row, fingerprint, lane_digest, open_lane_group, tally
+from zephon_titan.engine.document_counts import PER_SOURCE, count_documents
+from zephon_titan.engine.packing import step_tally
 from zephon_titan.engine.resume import HEADER_CAPACITY, HEADER_VERSION, Header, LaneEntry, Restored, read_state
 from zephon_titan.engine.spec import weight_notes
 from zephon_titan.engine.tokenize import DocumentTokenizer
@@ -37,11 +39,12 @@ class StepRecord:
     lane_digests: list[bytes]
     """Per owned lane (RankLanes.owned), over all its rows of the step."""
     tokens: list[int]
-    """Per source, then padding (last), over the owned lanes' rows."""
+    """Per source, then padding, then the documents' counts (engine/document_counts.py), over the owned lanes'
+    rows: step_tally."""
 
     @classmethod
     def of(cls, owned_rows: list[list[tuple[Row, LaneState]]], num_sources: int) -> StepRecord:
-        totals = tally((row for rows in owned_rows for row, _ in rows), num_sources)
+        totals = step_tally((row for rows in owned_rows for row, _ in rows), num_sources)
         return cls([lane_digest(row for row, _ in rows) for rows in owned_rows], totals)
 
 
@@ -121,6 +124,8 @@ class RankSteps:
         self._consumed: dict[int, LaneState] = {lane: LaneState.initial(lane, num_sources) for lane in self.lane_ids}
         self._tokens: dict[int, list[int]] = {lane: [0] * num_sources for lane in self.lane_ids}
         self._padding: dict[int, int] = {lane: 0 for lane in self.lane_ids}
+        # And what happened to documents in the rows consumed by this process (metrics only: not saved).
+        self._documents: dict[int, list[int]] = {lane: [0] * num_sources * PER_SOURCE for lane in self.lane_ids}
         self.last_step: StepRecord | None = None
 
     # ---- steps ------------------------------------------------------------------------------
@@ -188,6 +193,8 @@ class RankSteps:
             counts = tally((row for row, _ in rows), num_sources)
             self._tokens[lane] = [a + b for a, b in zip(self._tokens[lane], counts)]
             self._padding[lane] += counts[-1]
+            documents = count_documents((row for row, _ in rows), num_sources)
+            self._documents[lane] = [a + b for a, b in zip(self._documents[lane], documents)]
         self._steps_done += 1
 
     def _announce_backend(self) -> None:
@@ -230,6 +237,12 @@ class RankSteps:
         owned = self.lanes.owned
         totals = [sum(self._tokens[lane][s] for lane in owned) for s in range(len(self.spec.sources))]
         return totals + [sum(self._padding[lane] for lane in owned)]
+
+    def consumed_documents(self) -> list[int]:
+        """What happened to documents in the rows of the lanes this rank owns that this process handed to the trainer
+        (engine/document_counts.py; PER_SOURCE per source): a sum over the DP ranks counts every lane once."""
+        owned = self.lanes.owned
+        return [sum(column) for column in zip(*(self._documents[lane] for lane in owned))]
 
     # ---- checkpoint state ------------------------------------------------------------------
 
@@ -278,6 +291,7 @@ class RankSteps:
         self._consumed = {lane: entry.state for lane, entry in restored.lanes.items()}
         self._tokens = {lane: entry.tokens for lane, entry in restored.lanes.items()}
         self._padding = {lane: entry.padding for lane, entry in restored.lanes.items()}
+        self._documents = {lane: [0] * len(self.spec.sources) * PER_SOURCE for lane in restored.lanes}
         self._steps_done = restored.step
         self.restored = restored
 

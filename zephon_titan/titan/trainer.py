@@ -25,6 +25,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
+from zephon_titan.engine.document_counts import document_metrics, documents_line
 from zephon_titan.engine.eval_set import slot_sources
 from zephon_titan.engine.ledger import LedgerWriter
 from zephon_titan.errors import ConfigError
@@ -192,6 +193,7 @@ class ZephonTrainer(Trainer):
     def __init__(self, config: Config):
         super().__init__(config)
         self._share_base: list[int] | None = None  # global tokens per source at the previous log
+        self._documents_base: list[int] | None = None  # and what happened to documents (document_counts.py)
         if isinstance(self.dataloader, ZephonDataLoader) and isinstance(self.metrics_processor, ZephonMetricsProcessor):
             self.metrics_processor.extra_metrics = self.token_metrics
         if isinstance(getattr(self, "validator", None), ZephonValidator):
@@ -227,7 +229,9 @@ class ZephonTrainer(Trainer):
 
     def train_step(self, data_iterator):
         if isinstance(self.dataloader, ZephonDataLoader) and self._share_base is None:
-            self._share_base = self._global_counts()  # where this run (or resume) starts
+            counts = self._global_counts()  # where this run (or resume) starts
+            self._share_base = counts[: len(self.dataloader.spec.source_names) + 1]
+            self._documents_base = counts[len(self._share_base) :]
             if isinstance(getattr(self, "validator", None), ZephonValidator):
                 self.validator.resume_step = self.step - 1  # the checkpoint's step (0: a fresh run)
         if self._source_loss is None:
@@ -253,9 +257,11 @@ class ZephonTrainer(Trainer):
             yield input_dict, labels
 
     def _global_counts(self) -> list[int]:
-        """Tokens consumed per source over all lanes, then padding (a sum over the batch mesh)."""
+        """Tokens consumed per source over all lanes, then padding, then what happened to documents in this
+        process's steps (engine/document_counts.py): a sum over the batch mesh."""
         loader: ZephonDataLoader = self.dataloader  # type: ignore[assignment]
-        counts = torch.tensor(loader.consumed_tokens(), dtype=torch.int64, device=self.device)
+        local = loader.consumed_tokens() + loader.consumed_documents()
+        counts = torch.tensor(local, dtype=torch.int64, device=self.device)
         if self.parallel_dims.dp_enabled:
             # TP/CP/PP peers share a DP rank and its lanes: reduce over the batch mesh only.
             dist.all_reduce(counts, group=self.parallel_dims.get_mesh("batch").get_group())
@@ -264,15 +270,20 @@ class ZephonTrainer(Trainer):
     def token_metrics(self) -> dict[str, float]:
         """Tokens per source so far, and each source's share of the tokens since the previous log."""
         loader: ZephonDataLoader = self.dataloader  # type: ignore[assignment]
-        values = self._global_counts()
         names = loader.spec.source_names
+        values = self._global_counts()
+        values, documents = values[: len(names) + 1], values[len(names) + 1 :]
         base = self._share_base or [0] * len(values)
         since = [v - b for v, b in zip(values[:-1], base)]
         self._share_base = values
+        documents_since = [d - b for d, b in zip(documents, self._documents_base or [0] * len(documents))]
+        self._documents_base = documents
         metrics: dict[str, float] = {f"zephon/tokens/{name}": v for name, v in zip(names, values)}
         metrics.update({f"zephon/share/{name}": n / max(sum(since), 1) for name, n in zip(names, since)})
         metrics["zephon/tokens_total"] = sum(values[:-1])
         metrics["zephon/padding_tokens"] = values[-1]
+        counted = document_metrics(names, documents_since, loader.spec.counts_documents)
+        metrics.update(counted)
         if self._source_loss is not None:
             metrics.update(self.source_loss_metrics())
         if dist.is_initialized() and dist.get_rank() != 0:
@@ -283,6 +294,8 @@ class ZephonTrainer(Trainer):
             + f" (total {metrics['zephon/tokens_total']}, padding {values[-1]}); share since the last log: "
             + ", ".join(f"{n} {metrics[f'zephon/share/{n}']:.4f}" for n in names)
         )
+        if loader.spec.counts_documents:
+            logger.info(f"zephon documents since the last log: {documents_line(names, documents_since)}")
         return metrics
 
     def source_loss_metrics(self) -> dict[str, float]:

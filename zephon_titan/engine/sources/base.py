@@ -316,19 +316,57 @@ class Source(ABC):
         assert records is not None, f"{self.format_name} gives records when the source has transforms"
         transforms, field, unit = self.transforms, self.text_field, self.row_unit
 
+        def where(i: int) -> str:
+            return f"{block.file} {unit} {block.rows[i]} (source {self.name!r})"
+
         def text(i: int) -> Any:
             record = records(i)
-            where = f"{block.file} {unit} {block.rows[i]} (source {self.name!r})"
             for t in transforms:
-                out = t.apply(record, field, where)
+                out = t.apply(record, field, where(i))
                 if out is None:
                     return DROPPED
                 record = {**record, field: out}
             result = record[field]
-            self.check_size(result, where)
+            self.check_size(result, where(i))
             return result
 
-        return dataclasses.replace(block, texts=LazyTexts(len(block.texts), text))
+        if not any(t.batched for t in transforms):
+            return dataclasses.replace(block, texts=LazyTexts(len(block.texts), text))
+        # A batched transform: one call over the block's documents that some keep lets through (the others, which
+        # no lane trains, one by one when a tool asks); the results held while the block is.
+        every = range(len(block.texts))
+        wanted = set(every if not block.eras else np.flatnonzero(np.any([k for k, _ in block.eras], 0)).tolist())
+        done: dict[int, Any] = {}
+
+        def batched(i: int) -> Any:
+            if i not in done:
+                todo = [j for j in every if j in wanted and j not in done] if i in wanted else [i]
+                done.update(zip(todo, self._through_transforms(block, todo, where)))
+            return done[i]
+
+        return dataclasses.replace(block, texts=LazyTexts(len(block.texts), batched))
+
+    def _through_transforms(self, block: BlockDocuments, todo: list[int], where: Callable[[int], str]) -> list[Any]:
+        """Documents `todo` of a block through the transforms in order, a batched one in one call over those still
+        there: each one's text, or DROPPED."""
+        assert block.records is not None, "a source with transforms reads records"
+        field = self.text_field
+        alive = {i: block.records(i) for i in todo}  # the records no transform has dropped, in block order
+        span = f"{block.file} {self.row_unit}s {block.rows[todo[0]]}..{block.rows[todo[-1]]} (source {self.name!r})"
+        for t in self.transforms:
+            ids = list(alive)
+            if t.batched:
+                texts = t.apply_batch([alive[i] for i in ids], field, [where(i) for i in ids], span)
+            else:
+                texts = [t.apply(alive[i], field, where(i)) for i in ids]
+            for i, new in zip(ids, texts):
+                if new is None:
+                    del alive[i]
+                else:
+                    alive[i] = {**alive[i], field: new}
+        for i, record in alive.items():
+            self.check_size(record[field], where(i))
+        return [alive[i][field] if i in alive else DROPPED for i in todo]
 
     @property
     def column(self) -> str:
