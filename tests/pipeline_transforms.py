@@ -83,3 +83,8 @@ def one_result(records: list[dict]) -> list[str]:
 
 
 one_result.batched = True  # type: ignore[attr-defined]
+
+
+def drop_german(record: dict) -> str | None:
+    """Drop documents in German; the others upper-cased."""
+    return None if record.get("lang") == "de" else record["text"].upper()

@@ -223,3 +223,91 @@ def test_a_batched_transform_that_depends_on_its_call_is_refused(scored, tokeniz
     with pytest.raises(error, match=r"\[dataloader.sources.code\] batched transform") as e:
         _spec(scored, tokenizer_dir, [reference])
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- a transform changed from a step on ------------------------------------------------------------------------
+
+CHANGE_AT = 3  # the checkpoint's step; the new transform from the next
+
+
+def _steps(spec, steps, states=None, first=0) -> list[list[bytes]]:
+    from zephon_titan.engine import LaneGroup
+
+    group = LaneGroup(spec, range(4), 2, states, first)
+    return [[row for lane in group.next_step() for row in lane] for _ in range(steps)]
+
+
+def _resumed(scored, tokenizer_dir, saved, transform, from_step):
+    from zephon_titan.engine import fingerprint
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.loader.state import Decoded
+
+    new = _spec(scored, tokenizer_dir, transform, exhaustion="repeat", pipeline_from_step=from_step)
+    restored = read_state(Decoded(saved), range(4), fingerprint(new))
+    return restored, restored.spec(new)
+
+
+def test_a_transform_changed_from_the_step_after_the_checkpoint(scored, tokenizer_dir):
+    """Saved after step 3 with drop_short, resumed with drop_german from step 4: steps 1-3 are the first run's,
+    steps 4.. equal an uninterrupted run of both eras (the open documents drawn before the change end as drawn,
+    less those the new transform drops) and hold no German document; the first run's steps 4.. hold some."""
+    from helpers import engine_checkpoint
+
+    from zephon_titan.engine import LaneGroup, open_lane_group
+
+    old = _spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short"], exhaustion="repeat")
+    saved = engine_checkpoint(old, CHANGE_AT)
+    restored, resumed = _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], CHANGE_AT + 1)
+    assert restored.mixture_change == f"the pipelines of code, prose change from step {CHANGE_AT + 1}"
+    first = _steps(old, CHANGE_AT + 4)
+    group = LaneGroup(old, range(4), 2)
+    for _ in range(CHANGE_AT):
+        group.next_step()
+    after = _steps(resumed, 4, group.state(), CHANGE_AT)
+    whole = _steps(resumed, CHANGE_AT + 4)  # the uninterrupted run of both eras
+    assert [[r.to_bytes() for r in s] for s in whole[:CHANGE_AT]] == [
+        [r.to_bytes() for r in s] for s in first[:CHANGE_AT]
+    ]
+    assert [[r.to_bytes() for r in s] for s in after] == [[r.to_bytes() for r in s] for s in whole[CHANGE_AT:]]
+    assert [[r.documents for r in s] for s in after] == [[r.documents for r in s] for s in whole[CHANGE_AT:]]
+    records = scored_records(scored)
+
+    def german(steps) -> int:
+        return sum(records[(p.file, p.row)]["lang"] == "de" for step in steps for row in step for p in row.pieces)
+
+    assert german(after) == 0 and german(first[CHANGE_AT:]) > 0
+    # Worker processes import both eras' transforms and restore the same rows.
+    with open_lane_group(resumed, range(4), 2, num_workers=2, states=group.state(), first_step=CHANGE_AT) as workers:
+        got = [[row.to_bytes() for lane in workers.next_step() for row in lane] for _ in range(4)]
+    assert got == [[r.to_bytes() for r in s] for s in after]
+
+
+def test_a_transform_change_is_refused_where_the_steps_before_could_not_be_replayed(
+    scored, tokenizer_dir, tmp_path, monkeypatch
+):
+    from helpers import engine_checkpoint
+
+    from zephon_titan.errors import ResumeError
+
+    old = _spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short"], exhaustion="repeat")
+    saved = engine_checkpoint(old, CHANGE_AT)
+    for from_step in (1, CHANGE_AT):  # at or before the checkpoint's step: those steps are trained already
+        with pytest.raises(ResumeError, match=r"keep, repeat or transform of source code, prose changed, .* = 4"):
+            _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], from_step)
+    # The old function's code changed under its name: the documents drawn before the change cannot be drawn again.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text']\n")
+    sys.modules.pop("my_cleanup", None)
+    saved = engine_checkpoint(_spec(scored, tokenizer_dir, ["my_cleanup:clean"], exhaustion="repeat"), CHANGE_AT)
+    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text'].strip()\n")
+    sys.modules.pop("my_cleanup", None)
+    importlib.invalidate_caches()
+    with pytest.raises(ResumeError, match=r"were made by my_cleanup:clean \(sha256 \w+\), but this code has") as e:
+        _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], CHANGE_AT + 1)
+    assert "keep that code importable unchanged" in str(e.value) and "\n" not in str(e.value)
+    # The control: the old code back, the change from the next step is taken.
+    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text']\n")
+    sys.modules.pop("my_cleanup", None)
+    importlib.invalidate_caches()
+    restored, _ = _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], CHANGE_AT + 1)
+    assert restored.mixture_change.endswith(f"change from step {CHANGE_AT + 1}")

@@ -201,13 +201,13 @@ class DataConfig:
     pipeline_from_step: int = setting(
         0,
         rows=True,
-        rows_note="the pipelines component (each source's keep and repeat by step)",
+        rows_note="the pipelines component (each source's keep, repeat and transforms by step)",
         bounds=(0, 1 << 62, "a step number"),
         eval=refused("the eval set's keep applies to every step it reads"),
     )
-    """The first step whose rows use the sources' `keep` and `repeat` as this config sets them; the steps before
-    keep those of the run's checkpoint (in a new run: none). Set it after the checkpoint's step to change a
-    threshold or a repeat from there on (docs/processing.md). 0: from the first step."""
+    """The first step whose rows use the sources' `keep`, `repeat` and `transform` as this config sets them; the
+    steps before keep those of the run's checkpoint (in a new run: none). Set it after the checkpoint's step to
+    change a threshold, a repeat or a transform from there on (docs/processing.md). 0: from the first step."""
 
     tokenizer_path: str = setting(
         "", rows=True, rows_note=f"{_THE_TOKENIZER}: the same tokenizer read from elsewhere is the same rows"

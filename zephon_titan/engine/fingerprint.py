@@ -7,6 +7,7 @@ workers and the batch split are deliberately absent: changing them is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from fractions import Fraction
@@ -18,6 +19,7 @@ from zephon_titan.engine.pipeline import eras_text as pipeline_eras_text
 from zephon_titan.engine.schedule import Phase, Schedule
 from zephon_titan.engine.spec import EngineSpec, Era
 from zephon_titan.engine.state import STATE_VERSION, refuse_removed_sources
+from zephon_titan.engine.transforms import describe_all
 from zephon_titan.errors import ResumeError
 
 # A fingerprint: component name -> value. `sources` is the list of source names (a name may hold any character
@@ -61,7 +63,7 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         **_split_component(spec),
         **{f"pipeline.{s.name}": s.pipeline.describe() for s in spec.sources if s.pipeline is not None},
         **_pipelines_component(spec),
-        **{f"transform.{s.name}": "; ".join(t.describe() for t in s.transforms) for s in spec.sources if s.transforms},
+        **{f"transform.{s.name}": describe_all(s.transforms) for s in spec.sources if s.transforms},
         **_mixing_components(spec),
         **({SEQ_LENS_KEY: eras_text(spec.eras)} if spec.eras else {}),
         **({EXCLUDE_KEY: spec.exclusion.describe()} if spec.exclusion is not None else {}),
@@ -80,24 +82,23 @@ def check_pipelines(
     from a later step (like an exclusion, only what is not trained yet may change), and each source's slots per
     document as the checkpoint's windows have them. ResumeError for a change at or before `step`, or a repeat that
     needs more slots; also returns a line describing the change ("" if none)."""
-    none = (PipelineEra(1, {}),)
     old, new = saved.get(PIPELINES_KEY), current.get(PIPELINES_KEY)
-    old_eras, old_slots = read_eras(old) if isinstance(old, str) else (none, {})
-    new_eras, new_slots = read_eras(new) if isinstance(new, str) else (none, {})
-    done = tuple(e for e in old_eras if e.start <= step) or none
-    # The config's own era is its keep and repeat from pipeline_from_step; what a new run would have before it
-    # (none) is, at a resume, the checkpoint's.
+    old_eras, old_slots = read_eras(old) if isinstance(old, str) else ((PipelineEra(1, {}),), {})
+    new_eras, new_slots = read_eras(new) if isinstance(new, str) else ((PipelineEra(1, {}, _transforms(current)),), {})
+    if not any(e.transforms for e in old_eras):  # written before eras held transforms: the checkpoint's throughout
+        old_eras = tuple(dataclasses.replace(e, transforms=_transforms(saved)) for e in old_eras)
+    done = tuple(e for e in old_eras if e.start <= step) or old_eras[:1]
+    # The config's own era is its pipelines from pipeline_from_step; what a new run would have before it (none)
+    # is, at a resume, the checkpoint's.
     config_era = new_eras[-1]
     ahead = (config_era,) if config_era.start > step else ()
-    if config_era.start <= step and config_era.expressions != done[-1].expressions:
-        was, now = done[-1].expressions, config_era.expressions
-        names = sorted(n for n in set(was) | set(now) if was.get(n) != now.get(n))
+    if config_era.start <= step and not config_era.same_pipelines(done[-1]):
         raise ResumeError(
-            f"keep or repeat of source {', '.join(names)} changed, but the config puts the change at or before the "
-            f"checkpoint's step {step} (those steps are trained already); set [dataloader] pipeline_from_step = "
-            f"{step + 1} (or later) to change them from there on, or restore them"
+            f"keep, repeat or transform of source {', '.join(config_era.changed_sources(done[-1]))} changed, but the "
+            f"config puts the change at or before the checkpoint's step {step} (those steps are trained already); set "
+            f"[dataloader] pipeline_from_step = {step + 1} (or later) to change them from there on, or restore them"
         )
-    if ahead and ahead[0].expressions == done[-1].expressions:
+    if ahead and ahead[0].same_pipelines(done[-1]):
         ahead = ahead[1:]  # no change at its start
     slots = {**new_slots, **old_slots}
     for era in ahead:
@@ -112,13 +113,19 @@ def check_pipelines(
                 )
     change = ""
     if ahead:
-        changed = sorted({n for e in ahead for n in set(e.expressions) | set(done[-1].expressions)})
-        change = f"keep and repeat of {', '.join(changed)} change from step {ahead[0].start}"
+        changed = sorted({n for e in ahead for n in e.changed_sources(done[-1])})
+        what = "keep and repeat" if all(e.transforms == done[-1].transforms for e in ahead) else "the pipelines"
+        change = f"{what} of {', '.join(changed)} change from step {ahead[0].start}"
     return done + ahead, slots, change
 
 
+def _transforms(fp: Fingerprint) -> dict[str, str]:
+    """Each source's transforms as a fingerprint names them (`transform.<source>`)."""
+    return {key.split(".", 1)[1]: str(v) for key, v in fp.items() if key.startswith("transform.")}
+
+
 def _pipelines_component(spec: EngineSpec) -> Fingerprint:
-    if not any(e.expressions for e in spec.pipeline_eras):
+    if not any(e.expressions for e in spec.pipeline_eras) and not spec.transforms_change:
         return {}
     slots = {s.name: s.slots for s in spec.sources if any(p is not None for p in s.era_pipelines)}
     return {PIPELINES_KEY: pipeline_eras_text(spec.pipeline_eras, slots)}
@@ -327,7 +334,14 @@ def check_fingerprint(
     (and the mixture and exclusion when `mixture_checked_apart`: check_mixture() and check_exclusion() know the
     checkpoint's step)."""
     # At a resume the mixing offsets are the checkpoint's and the added sources' (resume.read_state).
-    apart = {*MIXTURE_KEYS, PHASES_KEY, EXCLUDE_KEY, PIPELINES_KEY, "pipeline"}  # check_mixture & co. at a resume
+    apart = {
+        *MIXTURE_KEYS,
+        PHASES_KEY,
+        EXCLUDE_KEY,
+        PIPELINES_KEY,
+        "pipeline",
+        "transform",
+    }  # check_mixture & co. at a resume
     skip = set(allow) | (apart if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
         refuse_removed_sources(source_names(saved), source_names(current))

@@ -34,8 +34,8 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # excluded: runs with `[dataloader] exclude`, the SHA-256 of the exclusion list, at each step from exclude_from_step.
 # best_fit_mixing: best_fit runs that mix per window (resumed from a checkpoint saved before per_step existed, or
 # set so): "per_window" at each step, so the ledger alone says which rule made its rows (docs/mixture.md).
-# pipeline: runs whose keep and repeat change by step (pipeline_from_step), the SHA-256 of those in force, at each
-# step from the first change.
+# pipeline: runs whose keep, repeat or transforms change by step (pipeline_from_step), the SHA-256 of those in
+# force, at each step from the first change.
 # documents: runs that may drop or repeat documents (EngineSpec.counts_documents), per source what the step's rows
 # read, repeated and dropped (engine/document_counts.py).
 _OPTIONAL = {
@@ -114,16 +114,18 @@ def step_seq_len(spec: EngineSpec, step: int) -> int | None:
 
 
 def step_pipeline(spec: EngineSpec, step: int) -> str | None:
-    """What the ledger records of the keep and repeat at `step`: in a run where they change by step, the SHA-256 of
-    those in force from the first change on, else nothing (ledgers keep the form they had)."""
+    """What the ledger records of the pipelines at `step`: in a run where they change by step, the SHA-256 of those
+    in force (keep and repeat, and the transforms where they change) from the first change on, else nothing
+    (ledgers keep the form they had)."""
     eras = spec.pipeline_eras
     if not spec.pipelines_change:
         return None
-    first_change = next(e.start for e in eras[1:] if e.expressions != eras[0].expressions)
+    first_change = next(e.start for e in eras[1:] if not e.same_pipelines(eras[0]))
     if step < first_change:
         return None
     era = eras[spec.pipeline_era_of(step)]
-    return hashlib.sha256(json.dumps(era.expressions, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+    decided = [era.expressions, era.transforms] if spec.transforms_change else era.expressions
+    return hashlib.sha256(json.dumps(decided, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 def step_exclusion(spec: EngineSpec, step: int) -> str | None:

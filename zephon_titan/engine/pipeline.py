@@ -16,9 +16,10 @@ name, row and the pass (as split.py keys the eval split), so:
   `plan` sees it.
 A dropped slot is skipped where the lane reads it (source_reader.py), like an excluded document.
 
-Eras. Keep and repeat may change from a step on (`[dataloader] pipeline_from_step`): the run's pipelines are a
-list of eras (PipelineEra: its first step, each source's keep and repeat as text), the checkpoint's up to its step
-and the config's after (fingerprint.check_pipelines). A block's decisions are worked out for every era (Source
+Eras. Keep, repeat and transforms may change from a step on (`[dataloader] pipeline_from_step`): the run's
+pipelines are a list of eras (PipelineEra: its first step, each source's keep and repeat as text and its transforms
+as the fingerprint names them), the checkpoint's up to its step and the config's after
+(fingerprint.check_pipelines); an earlier era's transforms are imported by name and must still have their code. A block's decisions are worked out for every era (Source
 holds a pipeline per era), a reader counts a window's slots with its era's, and a source's slots per document stay
 what they were when the run began, so a window's positions never move.
 """
@@ -28,7 +29,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -160,18 +161,34 @@ def pipeline_of(name: str, keep_text: str, repeat_text: str, where: str) -> Sour
 
 @dataclass(frozen=True)
 class PipelineEra:
-    """From step `start` on, each source's keep and repeat (as text; a source without either is absent)."""
+    """From step `start` on, each source's keep and repeat (as text; a source without either is absent) and its
+    transforms (as the fingerprint names them: transforms.describe_all; a source without any is absent)."""
 
     start: int
     expressions: dict[str, tuple[str, str]]
+    transforms: dict[str, str] = field(default_factory=dict)
+
+    def same_pipelines(self, other: PipelineEra) -> bool:
+        """Whether the two eras decide alike (their starts aside)."""
+        return self.expressions == other.expressions and self.transforms == other.transforms
+
+    def changed_sources(self, other: PipelineEra) -> list[str]:
+        """The sources whose keep, repeat or transforms differ between the two eras."""
+        names = set(self.expressions) | set(other.expressions) | set(self.transforms) | set(other.transforms)
+        return sorted(
+            n
+            for n in names
+            if self.expressions.get(n) != other.expressions.get(n) or self.transforms.get(n) != other.transforms.get(n)
+        )
 
 
-def config_eras(config: DataConfig) -> tuple[PipelineEra, ...]:
-    """A new run's pipelines by step: the config's from pipeline_from_step (none before it)."""
+def config_eras(config: DataConfig, transforms: dict[str, str]) -> tuple[PipelineEra, ...]:
+    """A new run's pipelines by step: the config's keep, repeat and `transforms` (by source, as the fingerprint
+    names them) from pipeline_from_step (none before it)."""
     current = {s.name: (s.keep, s.repeat) for s in config.sources if s.keep or s.repeat}
     if config.pipeline_from_step <= 1:
-        return (PipelineEra(1, current),)
-    return (PipelineEra(1, {}), PipelineEra(config.pipeline_from_step, current))
+        return (PipelineEra(1, current, transforms),)
+    return (PipelineEra(1, {}), PipelineEra(config.pipeline_from_step, current, transforms))
 
 
 def era_index(eras: Sequence[PipelineEra], step: int) -> int:
@@ -180,17 +197,25 @@ def era_index(eras: Sequence[PipelineEra], step: int) -> int:
 
 
 def eras_text(eras: Sequence[PipelineEra], slots: dict[str, int]) -> str:
-    """The fingerprint's `pipelines`: every era and each source's slots per document, as JSON."""
-    return json.dumps({"eras": [[e.start, e.expressions] for e in eras], "slots": slots}, sort_keys=True)
+    """The fingerprint's `pipelines`: every era and each source's slots per document, as JSON (an era's transforms
+    only where some era has any, so runs without keep the text they had)."""
+    with_transforms = any(e.transforms for e in eras)
+    listed = [[e.start, e.expressions, *([e.transforms] if with_transforms else [])] for e in eras]
+    return json.dumps({"eras": listed, "slots": slots}, sort_keys=True)
 
 
 def read_eras(text: str) -> tuple[tuple[PipelineEra, ...], dict[str, int]]:
-    """eras_text's eras and slots (ResumeError if a checkpoint's text is not what eras_text writes)."""
+    """eras_text's eras and slots (ResumeError if a checkpoint's text is not what eras_text writes). Eras written
+    before they held transforms have none (fingerprint.check_pipelines gives them the checkpoint's)."""
     try:
         data = json.loads(text)
         eras = tuple(
-            PipelineEra(int(start), {str(k): (str(v[0]), str(v[1])) for k, v in dict(expressions).items()})
-            for start, expressions in data["eras"]
+            PipelineEra(
+                int(era[0]),
+                {str(k): (str(v[0]), str(v[1])) for k, v in dict(era[1]).items()},
+                {str(k): str(v) for k, v in dict(era[2]).items()} if len(era) > 2 else {},
+            )
+            for era in data["eras"]
         )
         slots = {str(k): int(v) for k, v in dict(data["slots"]).items()}
     except (ValueError, TypeError, KeyError, IndexError):

@@ -133,11 +133,12 @@ class _Window:
         copy, i = divmod(slot, self.documents)
         return bool(self.counts[i] > copy)
 
-    def document(self, slot: int) -> tuple[str | np.ndarray, str, int]:
-        """The document of a slot (its copy 0 is document `slot` in block order): its text or token ids (read or
-        decoded now), file and row."""
+    def document(self, slot: int, era: int) -> tuple[str | np.ndarray, str, int]:
+        """The document of a slot (its copy 0 is document `slot` in block order): its text in pipeline era `era` or
+        its token ids (read or decoded now), file and row."""
         block, j = self._locate(slot % self.documents if self.copies > 1 else slot)
-        return block.texts[j], block.file, block.rows[j]
+        texts = block.era_texts[era] if block.era_texts else block.texts
+        return texts[j], block.file, block.rows[j]
 
     def _locate(self, i: int) -> tuple[BlockDocuments, int]:
         """Document i of the window (block order): its block and its index there."""
@@ -264,6 +265,7 @@ class LaneSourceReader:
         if window is not None and window.counts is not None:
             counts = self._counts(window.index, window.blocks, window.kept)
             self._window = dataclasses.replace(window, counts=counts)
+        if window is not None:  # its texts too, where transforms change
             self._current, self._ahead_batch = _NO_BATCH, None
 
     def _counts(self, w: int, blocks: list[BlockDocuments], kept: list[range | np.ndarray]) -> np.ndarray | None:
@@ -289,15 +291,19 @@ class LaneSourceReader:
         return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
 
     def keeps(self, file: str, row: int) -> bool:
-        """Whether the reader's era keeps the document at (file, row) (its keep condition; True without one)."""
-        pipeline = self.source.era_pipelines[self.era]
-        if pipeline is None or pipeline.keep is None:
+        """Whether the reader's era keeps the document at (file, row): its keep condition holds and its transforms
+        do not drop it (True without either)."""
+        pipeline = self.source.era_pipelines[self.era] if self.source.era_pipelines else None
+        by_keep = pipeline is not None and pipeline.keep is not None
+        if not by_keep and not self.source.era_transforms:
             return True
         for block in file_blocks(self.source, file):
             if len(block.rows) and block.rows[0] <= row <= block.rows[-1]:
                 i = bisect.bisect_left(block.rows, row)
                 if i < len(block.rows) and block.rows[i] == row:
-                    return bool(block.eras[self.era][0][i])
+                    if by_keep and not block.eras[self.era][0][i]:
+                        return False
+                    return not block.era_texts or block.era_texts[self.era][i] is not DROPPED
         return True
 
     def _split_rows(self, docs: BlockDocuments) -> range | np.ndarray:
@@ -451,7 +457,7 @@ class LaneSourceReader:
         chars, most = 0, tokenize_batch_chars()
         for i in range(p, stop):
             slot = window.order[i]
-            docs.append(window.document(slot) if window.trained(slot) else (DROPPED, "", -1))
+            docs.append(window.document(slot, self.era) if window.trained(slot) else (DROPPED, "", -1))
             chars += len(docs[-1][0])
             if chars >= most:
                 break

@@ -31,7 +31,7 @@ from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenize import DocumentTokenizer
-from zephon_titan.engine.transforms import SAMPLE_DOCUMENTS, check_deterministic
+from zephon_titan.engine.transforms import SAMPLE_DOCUMENTS, check_deterministic, describe_all, era_transforms
 from zephon_titan.errors import ConfigError
 
 
@@ -96,14 +96,19 @@ class EngineSpec:
     @cached_property
     def pipelines_change(self) -> bool:
         """Whether some source's keep or repeat changes by step (a lane then needs the step of its rows)."""
-        return len({json.dumps(e.expressions, sort_keys=True) for e in self.pipeline_eras}) > 1
+        return len({json.dumps([e.expressions, e.transforms], sort_keys=True) for e in self.pipeline_eras}) > 1
+
+    @cached_property
+    def transforms_change(self) -> bool:
+        """Whether some source's transforms change by step."""
+        return len({json.dumps(e.transforms, sort_keys=True) for e in self.pipeline_eras}) > 1
 
     @cached_property
     def counts_documents(self) -> bool:
         """Whether the ledger says per step what happened to each source's documents (document_counts.py): in a
         run where some may be dropped or repeated (a keep, a repeat, a transform, an exclusion); other ledgers keep
         the form they had."""
-        pipelined = any(e.expressions for e in self.pipeline_eras) or any(s.transforms for s in self.sources)
+        pipelined = any(e.expressions or e.transforms for e in self.pipeline_eras)
         return pipelined or self.exclusion is not None
 
     def pipeline_era_of(self, step: int) -> int:
@@ -118,6 +123,7 @@ class EngineSpec:
         for source in self.sources:
             pipelines = era_pipelines(source.name, eras)
             source.set_pipelines(pipelines, slots.get(source.name, slots_needed(pipelines)))
+            source.set_era_transforms(era_transforms(source, eras))
         return dataclasses.replace(self, pipeline_eras=eras)
 
     def with_eras(self, eras: tuple[Era, ...]) -> EngineSpec:
@@ -227,10 +233,11 @@ def build_engine(
         files = [(s.name, [f.path for f in s.files]) for s in sources]
         exclusion = build_exclusion(config.exclude, config.exclude_from_step, files)
     eras = seq_len_eras(config, seq_len)
-    pipelines = config_eras(config)
+    pipelines = config_eras(config, {s.name: describe_all(s.transforms) for s in sources if s.transforms})
     for source in sources:
         by_era = era_pipelines(source.name, pipelines)
         source.set_pipelines(by_era, slots_needed(by_era))
+        source.set_era_transforms(era_transforms(source, pipelines))
     return EngineSpec(
         config=config,
         sources=sources,

@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.errors import ConfigError, DataError, ResumeError
 
 # Documents of a source each transform is checked on when the job starts (from its first blocks).
 SAMPLE_DOCUMENTS = 16
@@ -123,6 +123,35 @@ def load_transform(reference: str, where: str) -> Transform:
             ) from None
         digest = "sha256 " + hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
     return Transform(reference, function, digest, getattr(function, "batched", False) is True)
+
+
+def describe_all(transforms: Sequence[Transform]) -> str:
+    """A source's transforms as the fingerprint names them (`transform.<source>`, and each pipeline era's)."""
+    return "; ".join(t.describe() for t in transforms)
+
+
+def era_transforms(source: Any, eras: Sequence[Any]) -> tuple[tuple[Transform, ...], ...]:
+    """A source's transforms in each pipeline era (pipeline.PipelineEra): the config's where an era names them, and
+    an earlier era's imported by name, which must still have the code they had then (ResumeError otherwise: a unit
+    drawn before a change is replayed with them)."""
+    current = describe_all(source.transforms)
+    out = []
+    for era in eras:
+        text = era.transforms.get(source.name, "")
+        if text == current:
+            out.append(tuple(source.transforms))
+            continue
+        where = f"[dataloader.sources.{source.name}] (the run's transforms from step {era.start})"
+        chain = tuple(load_transform(part.split(" (")[0], where) for part in text.split("; ")) if text else ()
+        if describe_all(chain) != text:
+            raise ResumeError(
+                f"source {source.name!r}: the run's steps from {era.start} were made by {text}, but this code has "
+                f"{describe_all(chain)}; a document drawn before the transforms changed is drawn again by them at a "
+                "resume: keep that code importable unchanged (give new code a new name) or resume from a checkpoint "
+                "of these transforms"
+            )
+        out.append(chain)
+    return tuple(out)
 
 
 def check_deterministic(transforms: Sequence[Transform], records: list[dict[str, Any]], where: str) -> None:

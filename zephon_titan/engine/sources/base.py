@@ -107,6 +107,8 @@ class BlockDocuments:
     """With a pipeline: keep and repeat per document in each era of the run (the last is `keep`, `repeat`)."""
     records: Callable[[int], dict[str, Any]] | None = None
     """As a format reads it, when the source has transforms: document i's record (all its columns or fields)."""
+    era_texts: tuple[Sequence[Any], ...] = ()
+    """Where the source's transforms change by pipeline era: its texts in each era (`texts` is the last's)."""
 
 
 FileRecord: TypeAlias = list[Any]
@@ -171,7 +173,9 @@ class Source(ABC):
         self.slots = 1
         """Slots per document in a training window: the largest copies its repeat can ask for in any era."""
         self.transforms: tuple[Transform, ...] = ()
-        """Set by open_source from the source's transform list, before any block is read."""
+        """Set by open_source from the source's transform list, before any block is read: the config's."""
+        self.era_transforms: tuple[tuple[Transform, ...], ...] = ()
+        """Its transforms in each pipeline era of the run (set_era_transforms); empty: `transforms` in every era."""
         self.pipeline_seconds = 0.0
         """CPU time this process spent evaluating it (`zephon-titan validate` reports it per document)."""
         self.files: list[FileBlocks] = self._scan_all(files)
@@ -257,7 +261,7 @@ class Source(ABC):
                 block = self._read(file_index, local)
             if any(p is not None for p in self.era_pipelines):
                 block = self._with_pipeline(block)
-            if self.transforms:
+            if self.reads_records:
                 block = self._transformed(block)
         except BaseException as e:  # every caller waiting for this read gets its error; a later call reads again
             with self._held_lock:
@@ -275,6 +279,19 @@ class Source(ABC):
         self.era_pipelines, self.slots = pipelines, slots
         with self._held_lock:
             self._held.clear()
+
+    def set_era_transforms(self, chains: tuple[tuple[Transform, ...], ...]) -> None:
+        """The source's transforms in each of the run's eras (transforms.era_transforms). Blocks read before are
+        forgotten: their texts were for other eras."""
+        names = {tuple(t.describe() for t in chain) for chain in chains}
+        self.era_transforms = chains if len(names) > 1 else ()
+        with self._held_lock:
+            self._held.clear()
+
+    @property
+    def reads_records(self) -> bool:
+        """Whether a block's records are read for transforms (in some era)."""
+        return bool(self.transforms) or any(self.era_transforms)
 
     @property
     def pipeline(self) -> SourcePipeline | None:
@@ -311,17 +328,31 @@ class Source(ABC):
         return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat, eras=tuple(eras))
 
     def _transformed(self, block: BlockDocuments) -> BlockDocuments:
-        """The block whose texts are its records through the source's transforms (DROPPED where one drops it)."""
+        """The block whose texts are its records through the source's transforms (DROPPED where one drops it); where
+        they change by era, its texts in each era too (`era_texts`, the last the config's)."""
+        chains = self.era_transforms or (self.transforms,)
+        made: dict[tuple[str, ...], Sequence[Any]] = {}
+        for chain in chains:
+            key = tuple(t.describe() for t in chain)
+            if key not in made:
+                made[key] = self._texts_through(block, chain) if chain else block.texts
+        era_texts = tuple(made[tuple(t.describe() for t in chain)] for chain in chains)
+        return dataclasses.replace(block, texts=era_texts[-1], era_texts=era_texts if len(made) > 1 else ())
+
+    def _texts_through(self, block: BlockDocuments, chain: tuple[Transform, ...]) -> Sequence[Any]:
+        """The block's texts through `chain`, each when it is asked for; with a batched transform, one call over the
+        documents some keep lets through (the others, which no lane trains, one by one when a tool asks), the
+        results held while the block is."""
         records = block.records
         assert records is not None, f"{self.format_name} gives records when the source has transforms"
-        transforms, field, unit = self.transforms, self.text_field, self.row_unit
+        field, unit = self.text_field, self.row_unit
 
         def where(i: int) -> str:
             return f"{block.file} {unit} {block.rows[i]} (source {self.name!r})"
 
         def text(i: int) -> Any:
             record = records(i)
-            for t in transforms:
+            for t in chain:
                 out = t.apply(record, field, where(i))
                 if out is None:
                     return DROPPED
@@ -330,10 +361,8 @@ class Source(ABC):
             self.check_size(result, where(i))
             return result
 
-        if not any(t.batched for t in transforms):
-            return dataclasses.replace(block, texts=LazyTexts(len(block.texts), text))
-        # A batched transform: one call over the block's documents that some keep lets through (the others, which
-        # no lane trains, one by one when a tool asks); the results held while the block is.
+        if not any(t.batched for t in chain):
+            return LazyTexts(len(block.texts), text)
         every = range(len(block.texts))
         wanted = set(every if not block.eras else np.flatnonzero(np.any([k for k, _ in block.eras], 0)).tolist())
         done: dict[int, Any] = {}
@@ -341,19 +370,21 @@ class Source(ABC):
         def batched(i: int) -> Any:
             if i not in done:
                 todo = [j for j in every if j in wanted and j not in done] if i in wanted else [i]
-                done.update(zip(todo, self._through_transforms(block, todo, where)))
+                done.update(zip(todo, self._through(block, chain, todo, where)))
             return done[i]
 
-        return dataclasses.replace(block, texts=LazyTexts(len(block.texts), batched))
+        return LazyTexts(len(block.texts), batched)
 
-    def _through_transforms(self, block: BlockDocuments, todo: list[int], where: Callable[[int], str]) -> list[Any]:
+    def _through(
+        self, block: BlockDocuments, chain: tuple[Transform, ...], todo: list[int], where: Callable[[int], str]
+    ) -> list[Any]:
         """Documents `todo` of a block through the transforms in order, a batched one in one call over those still
         there: each one's text, or DROPPED."""
         assert block.records is not None, "a source with transforms reads records"
         field = self.text_field
         alive = {i: block.records(i) for i in todo}  # the records no transform has dropped, in block order
         span = f"{block.file} {self.row_unit}s {block.rows[todo[0]]}..{block.rows[todo[-1]]} (source {self.name!r})"
-        for t in self.transforms:
+        for t in chain:
             ids = list(alive)
             if t.batched:
                 texts = t.apply_batch([alive[i] for i in ids], field, [where(i) for i in ids], span)

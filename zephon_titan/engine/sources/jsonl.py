@@ -114,7 +114,7 @@ class JsonlSource(Source):
         held = data if keep else None
         if held is None:
             del data  # an uncompressed file's line numbers are counted from the file, only on error
-        records = record if self.transforms else None
+        records = record if self.reads_records else None
         block = BlockDocuments(f.path, LazyTexts(len(rows), text), rows, fields=fields, records=records)
         if held is not None and not codec and not storage.is_uri(f.path):
             weakref.finalize(block, _held_bytes.give_back, len(held))

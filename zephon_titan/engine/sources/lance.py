@@ -144,7 +144,7 @@ class LanceSource(Source):
             fields = self.pipeline_fields
             for name in fields:
                 self.check_field(f.path, name, fragment.schema.names)
-            columns = None if self.transforms else list(dict.fromkeys([self.column, *fields]))
+            columns = None if self.reads_records else list(dict.fromkeys([self.column, *fields]))
             table = fragment.to_table(columns=columns, offset=first_row, limit=self.block_rows)
         except (OSError, ValueError) as e:
             raise DataError(
@@ -154,7 +154,7 @@ class LanceSource(Source):
         if table.num_rows != expected:
             raise self.changed_file(f, f"block {local_block} has {table.num_rows} rows instead of {expected}")
         block = column_documents(self, table.column(self.column), f.path, first_row)
-        return with_columns(block, table, fields, bool(self.transforms))
+        return with_columns(block, table, fields, self.reads_records)
 
 
 def expand_datasets(source_name: str, patterns: list[str]) -> list[str]:
