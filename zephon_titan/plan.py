@@ -91,6 +91,7 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
                 mixing,
                 step_pipeline(spec, step),
                 spec.counts_documents,
+                spec.counts_targets,
             )
 
 

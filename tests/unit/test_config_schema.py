@@ -79,6 +79,13 @@ class Job:
     def lance(self, **source) -> dict:
         return self.table(sources={**self.table()["sources"], "code": {"paths": [self.extra["lance"]], **source}})
 
+    def chat(self, **source) -> dict:
+        """The code source as chat: a JSON Lines file of conversations, the tokenizer with a chat template."""
+        chat = {"paths": [self.extra["chat"]], "chat": True, **source}
+        table = self.table(packing="best_fit", tokenizer_path=self.extra["chat_tokenizer"])
+        return self.table(packing="best_fit", tokenizer_path=self.extra["chat_tokenizer"],
+                          sources={**table["sources"], "code": chat})  # fmt: skip
+
     def olmo(self, **source) -> dict:
         """The code source read from an OLMo token file (uint16, documents ending with id 0)."""
         olmo = {"paths": [self.extra["olmo"]], "eos_token_id": 0, **source}
@@ -185,6 +192,19 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
     "SourceConfig.keep": lambda job: _same(job, "sources.prose.keep", "chars > 100"),
     "SourceConfig.repeat": lambda job: _same(job, "sources.prose.repeat", "0.5"),
     "SourceConfig.transform": lambda job: _same(job, "sources.prose.transform", ["pipeline_transforms:drop_short"]),
+    "SourceConfig.chat": lambda job: (_set(job.chat(), "sources.code.chat", False), job.chat()),
+    "SourceConfig.messages_field": lambda job: (job.chat(), job.chat(messages_field="other")),
+    "SourceConfig.prompt_field": lambda job: (
+        job.chat(prompt_field="q", response_field="a"),
+        job.chat(prompt_field="a", response_field="a"),
+    ),
+    "SourceConfig.response_field": lambda job: (
+        job.chat(prompt_field="q", response_field="a"),
+        job.chat(prompt_field="q", response_field="q"),
+    ),
+    "SourceConfig.chat_template": lambda job: (job.chat(), job.chat(chat_template=job.extra["template"])),
+    "SourceConfig.loss_on": lambda job: (job.chat(), job.chat(loss_on="all")),
+    "SourceConfig.too_long": lambda job: (job.chat(), job.chat(too_long="truncate")),
     "SourceConfig.index": lambda job: _same(job, "sources.prose.index", job.extra["index"]),
     "PhaseConfig.start_step": lambda job: (job.phased(), _set(job.phased(), "phases.1.start_step", 20)),
     "PhaseConfig.weights": lambda job: (job.phased(), _set(job.phased(), "phases.1.weights.prose", 2.0)),
@@ -212,6 +232,20 @@ def job(tmp_path_factory, corpus_dir, tokenizer_dir, prose_docs) -> Job:
     # Another tokenizer: the fixture's, with one more special token (as a model repository may declare).
     other = with_special_tokens(tokenizer_dir, str(root / "tokenizer"), ["<|extra|>"])
     extra = {"parquet": parquet, "lance": str(root / "docs.lance"), "tokenizer": other, "index": str(root / "i.json")}
+    # Conversations (two fields of them, and one question and answer), a tokenizer with a template, another one.
+    extra["chat"] = str(root / "chat.jsonl")
+    with open(extra["chat"], "w") as f:
+        for d in docs[:20]:
+            turns = [{"role": "user", "content": d[:80]}, {"role": "assistant", "content": d[80:200]}]
+            record = {"text": d, "messages": turns, "other": turns[::-1][1:] + turns, "q": d[:50], "a": d[50:90]}
+            f.write(json.dumps(record) + "\n")
+    extra["chat_tokenizer"] = with_special_tokens(tokenizer_dir, str(root / "chat_tokenizer"), [])
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}"
+    with open(os.path.join(extra["chat_tokenizer"], "chat_template.jinja"), "w") as f:
+        f.write(template + "{% if add_generation_prompt %}<assistant>{% endif %}")
+    extra["template"] = str(root / "other.jinja")
+    with open(extra["template"], "w") as f:
+        f.write(template.replace("\n", " ") + "{% if add_generation_prompt %}<assistant>{% endif %}")
     # A document [1] first: eos_token_id = 1 (the changed setting) then still names an id of the first ones.
     extra["olmo"] = write_olmo(str(root / "docs.npy"), [[1], *ids], eos=0)
     return Job(corpus_dir, tokenizer_dir, extra)

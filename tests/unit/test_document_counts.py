@@ -179,7 +179,9 @@ def test_a_ledger_entry_with_bad_counts_is_refused(tmp_path):
 
 
 def test_metrics_and_the_log_line():
-    counts = [7, 1, 2, 0, 0, 0] + [5, 0, 0, 0, 0, 0]
+    code, prose = [0] * PER_SOURCE, [0] * PER_SOURCE
+    code[:3], prose[0] = [7, 1, 2], 5
+    counts = code + prose
     assert document_metrics(NAMES, counts, False) == {"zephon/documents/code/read": 7, "zephon/documents/prose/read": 5}
     every = document_metrics(NAMES, counts, True)
     assert every["zephon/documents/code/dropped_by_keep"] == 2 and len(every) == 2 * PER_SOURCE

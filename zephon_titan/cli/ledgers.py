@@ -111,7 +111,18 @@ def _read(path: str) -> dict[int, LedgerEntry]:
 
 
 # The fields `verify` names when two entries of a step differ.
-_COMPARED = ("sha256", "rows", "tokens", "padding", "weights", "seq_len", "excluded", "pipeline", "documents")
+_COMPARED = (
+    "sha256",
+    "rows",
+    "tokens",
+    "padding",
+    "weights",
+    "seq_len",
+    "excluded",
+    "pipeline",
+    "documents",
+    "targets",
+)
 
 
 def _comparable(a: LedgerEntry, b: LedgerEntry) -> tuple[LedgerEntry, LedgerEntry]:

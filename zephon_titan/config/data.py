@@ -335,6 +335,18 @@ def validate(config: DataConfig) -> None:
             f"that skips its documents) or neither; got exclude = {config.exclude!r}, exclude_from_step = "
             f"{config.exclude_from_step}"
         )
+    chat = [s.name for s in config.sources if s.chat]
+    if chat and (config.packing != "best_fit" or config.labels != "document"):
+        key, value = ("packing", "best_fit") if config.packing != "best_fit" else ("labels", "document")
+        raise ConfigError(
+            f"[dataloader] {key} = {getattr(config, key)!r} with chat source {chat[0]}: a conversation is trained whole "
+            f"in one row, its mask on its own targets; set {key} = {value!r} (docs/chat.md)"
+        )
+    if chat and config.mix_chunk_tokens:
+        raise ConfigError(
+            f"[dataloader] mix_chunk_tokens = {config.mix_chunk_tokens} with chat source {chat[0]}: the mixer would "
+            "cut a conversation into pieces; leave it 0 (a row) (docs/chat.md)"
+        )
     if config.split == "eval":
         empty = [s.name for s in config.sources if s.eval_fraction <= 0.0]
         if empty:

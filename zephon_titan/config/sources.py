@@ -176,6 +176,49 @@ class SourceConfig:
     by every process of the job. Each takes the record (a dict of its columns, the text included) and returns the
     new text, a new record, or None to drop the document. Checked for determinism when the job starts."""
 
+    chat: bool = setting(False, rows=True, rows_note="the chat component of the source (its template's digest)")
+    """The documents are conversations (docs/chat.md): rendered by a chat template and trained on the loss mask
+    `loss_on` chooses, each whole in one row (best_fit packing)."""
+
+    messages_field: str = setting("messages", rows=True, rows_note="chat sources only", check=not_empty())
+    """Chat sources: the field or column holding each conversation, a list of {role, content} messages (roles
+    system, user, assistant, tool); in JSON Lines a JSON list (or a string holding one)."""
+
+    prompt_field: str = setting("", rows=True, rows_note="chat sources only")
+    """Chat sources: instead of messages_field, the field of a single user turn (with response_field), e.g.
+    GSM8K's `question`."""
+
+    response_field: str = setting("", rows=True, rows_note="chat sources only")
+    """Chat sources: the field of the single assistant turn that answers prompt_field, e.g. GSM8K's `answer`."""
+
+    chat_template: str = setting("", rows=True, rows_note="the chat component: the template's SHA-256, not its path")
+    """Chat sources: a Jinja template file; empty: the tokenizer's (chat_template.jinja beside tokenizer.json, or
+    chat_template in tokenizer_config.json), as TorchTitan's tokenizer finds it."""
+
+    loss_on: str = setting(
+        "assistant",
+        rows=True,
+        rows_note="chat sources only",
+        choices={
+            "assistant": "every assistant message (its end-of-turn tokens included)",
+            "last_assistant": "the last assistant message only",
+            "all": "every token of the conversation",
+        },
+    )
+    """Chat sources: which targets are trained; the others get label -100."""
+
+    too_long: str = setting(
+        "drop",
+        rows=True,
+        rows_note="chat sources only",
+        choices={
+            "drop": "left out and counted (TorchTitan's rule)",
+            "truncate": "cut to the row, its mask cut with it",
+            "error": "the run stops, naming the file and row",
+        },
+    )
+    """Chat sources: a conversation longer than a row."""
+
     index: str = setting(
         "",
         rows=False,
@@ -213,3 +256,13 @@ def validate_source(source: SourceConfig) -> None:
     if not (isinstance(paths, list) and paths and all(isinstance(p, str) and p for p in paths)):
         raise ConfigError(f"{where} paths must be a non-empty list of strings, got {short_repr(paths)}")
     check_settings(source, where)
+    if bool(source.prompt_field) != bool(source.response_field):
+        raise ConfigError(f"{where} prompt_field and response_field go together (one user turn, one assistant turn)")
+    chat_only = [k for k in ("prompt_field", "chat_template") if getattr(source, k)]
+    chat_only += [k for k, default in (("loss_on", "assistant"), ("too_long", "drop"), ("messages_field", "messages"))
+                  if getattr(source, k) != default]  # fmt: skip
+    if chat_only and not source.chat:
+        raise ConfigError(f"{where} {chat_only[0]} is for chat sources; set chat = true (docs/chat.md) or remove it")
+    if source.chat and (source.token_field or source.transform):
+        key = "token_field" if source.token_field else "transform"
+        raise ConfigError(f"{where} is a chat source: its documents are conversations, not {key}; remove {key}")

@@ -11,7 +11,9 @@ Per source, in this order (COUNTS):
 - dropped_by_keep: documents read that the source's keep drops;
 - dropped_by_repeat: documents kept but sampled out this pass (a repeat below 1, or 0);
 - dropped_by_transform: documents read whose transforms return None;
-- excluded: documents read that `[dataloader] exclude` leaves out (from exclude_from_step on).
+- excluded: documents read that `[dataloader] exclude` leaves out (from exclude_from_step on);
+- dropped_by_mask, dropped_too_long, truncated: chat sources' conversations whose loss mask cannot be exact, that
+  are longer than a row under too_long = "drop", or cut to a row under too_long = "truncate" (chat.py).
 A unit drawn before an exclusion or a new keep began, whose rest is left out after it, is not counted again.
 """
 
@@ -28,8 +30,28 @@ class Counted(Protocol):
     def documents(self) -> tuple[int, ...] | None: ...
 
 
-COUNTS = ("read", "repeated", "dropped_by_keep", "dropped_by_repeat", "dropped_by_transform", "excluded")
-READ, REPEATED, DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM, EXCLUDED = range(len(COUNTS))
+COUNTS = (
+    "read",
+    "repeated",
+    "dropped_by_keep",
+    "dropped_by_repeat",
+    "dropped_by_transform",
+    "excluded",
+    "dropped_by_mask",
+    "dropped_too_long",
+    "truncated",
+)
+(
+    READ,
+    REPEATED,
+    DROPPED_BY_KEEP,
+    DROPPED_BY_REPEAT,
+    DROPPED_BY_TRANSFORM,
+    EXCLUDED,
+    DROPPED_BY_MASK,
+    DROPPED_TOO_LONG,
+    TRUNCATED,
+) = range(len(COUNTS))
 PER_SOURCE = len(COUNTS)
 
 

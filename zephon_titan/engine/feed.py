@@ -9,7 +9,18 @@ out the documents the new keep drops (`pruning`).
 
 from __future__ import annotations
 
-from zephon_titan.engine.document_counts import EXCLUDED, PER_SOURCE, READ, REPEATED
+import numpy as np
+
+from zephon_titan.engine.chat import REFUSED
+from zephon_titan.engine.document_counts import (
+    DROPPED_BY_MASK,
+    DROPPED_TOO_LONG,
+    EXCLUDED,
+    PER_SOURCE,
+    READ,
+    REPEATED,
+    TRUNCATED,
+)
 from zephon_titan.engine.encode_calls import EncodeBatcher
 from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.pipeline import DROPPED
@@ -111,18 +122,39 @@ class DocumentFeed:
         if window is not None and cursor.position == len(window) - 1 and (since[0] != cursor.window or since[1] == 0):
             self.readers[s].met_barren(cursor.window)  # the whole window, from its first document, placed nothing
 
-    def _count(self, s: int, cursor: SourceCursor, dropped: bool, excluded: bool) -> None:
+    def _count(self, s: int, cursor: SourceCursor, tokens: np.ndarray, excluded: bool, too_long: bool) -> None:
         """Count the document slot at the cursor, met at its start (document_counts.py)."""
-        copy, stage = self.readers[s].fate(cursor, dropped)
+        reader = self.readers[s]
+        copy, stage = reader.fate(cursor, tokens is DROPPED)
         at = s * PER_SOURCE
+        chat = reader.source.chat
         if copy == 0:
             self.counted[at + READ] += 1
             if stage >= 0:
                 self.counted[at + stage] += 1
+            elif tokens is REFUSED:
+                self.counted[at + DROPPED_BY_MASK] += 1
             elif excluded:
                 self.counted[at + EXCLUDED] += 1
-        elif not dropped and not excluded:
-            self.counted[at + REPEATED] += 1
+            elif too_long and chat is not None:
+                self.counted[at + (TRUNCATED if chat.too_long == "truncate" else DROPPED_TOO_LONG)] += 1
+        elif tokens is not DROPPED and tokens is not REFUSED and not excluded:
+            if not (too_long and chat is not None and chat.too_long == "drop"):
+                self.counted[at + REPEATED] += 1
+
+    def _too_long(self, s: int, doc: Document) -> bool:
+        """Whether a chat source's conversation is longer than a row (its (input, label) pairs past the piece size,
+        which is the row's: chat sources take whole documents); too_long = "error" stops here."""
+        chat = self.readers[s].source.chat
+        if chat is None or doc.tokens is DROPPED or doc.tokens is REFUSED or len(doc.tokens) - 1 <= self.chunk:
+            return False
+        if chat.too_long == "error":
+            raise DataError(
+                f"{doc.file} {self.readers[s].source.row_unit} {doc.row} (source {self.spec.source_names[s]!r}): the "
+                f"conversation is {len(doc.tokens):,} tokens, longer than a row of {self.chunk:,}; set too_long = "
+                '"drop" or "truncate", or a longer seq_len'
+            )
+        return True
 
     def next_document(self) -> Document | None:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
@@ -143,6 +175,9 @@ class DocumentFeed:
                 return None
             cursor = self.cursors[s]
             doc = self.readers[s].document(cursor)
+            too_long = self._too_long(s, doc)
+            if too_long and self.readers[s].source.chat.too_long == "truncate":  # type: ignore[union-attr]
+                doc = Document(doc.source, doc.tokens[: self.chunk + 1], doc.file, doc.row, 0, self.chunk + 1)
             n = len(doc.tokens)
             if cursor.offset > n and doc.tokens is not DROPPED:  # (the rest of a document a new keep drops: skipped)
                 raise DataError(
@@ -150,9 +185,10 @@ class DocumentFeed:
                     f"tokens into this document, which has {n}; was the data changed?"
                 )
             excluded = doc.tokens is not DROPPED and self.excluding and self.dropped(s, doc.file, doc.row)
-            dropped = excluded or doc.tokens is DROPPED
+            skipped = doc.tokens is DROPPED or doc.tokens is REFUSED or (too_long and n - 1 > self.chunk)
+            dropped = excluded or skipped
             if cursor.offset == 0:
-                self._count(s, cursor, doc.tokens is DROPPED, excluded)
+                self._count(s, cursor, doc.tokens, excluded, too_long)
             self._watch_barren(s, cursor, 0 if dropped else n)
             if dropped:  # the document, or its rest, is skipped
                 self._has_document[s] = None  # its cursor moves to the next document

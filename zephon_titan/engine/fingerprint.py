@@ -64,6 +64,7 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         **{f"pipeline.{s.name}": s.pipeline.describe() for s in spec.sources if s.pipeline is not None},
         **_pipelines_component(spec),
         **{f"transform.{s.name}": describe_all(s.transforms) for s in spec.sources if s.transforms},
+        **{f"chat.{s.name}": s.chat.describe() for s in spec.sources if s.chat is not None},
         **_mixing_components(spec),
         **({SEQ_LENS_KEY: eras_text(spec.eras)} if spec.eras else {}),
         **({EXCLUDE_KEY: spec.exclusion.describe()} if spec.exclusion is not None else {}),

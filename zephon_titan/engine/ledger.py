@@ -22,7 +22,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass
 
-from zephon_titan.engine.document_counts import COUNTS, by_source
+from zephon_titan.engine.document_counts import COUNTS, PER_SOURCE, by_source
 from zephon_titan.engine.jsonl_log import AppendOnlyLog, RecordFormat, read_entries
 from zephon_titan.engine.spec import EngineSpec
 
@@ -36,6 +36,7 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # set so): "per_window" at each step, so the ledger alone says which rule made its rows (docs/mixture.md).
 # pipeline: runs whose keep, repeat or transforms change by step (pipeline_from_step), the SHA-256 of those in
 # force, at each step from the first change.
+# targets: runs with chat sources, the step's trained targets per source (labels other than -100).
 # documents: runs that may drop or repeat documents (EngineSpec.counts_documents), per source what the step's rows
 # read, repeated and dropped (engine/document_counts.py).
 _OPTIONAL = {
@@ -45,6 +46,7 @@ _OPTIONAL = {
     "best_fit_mixing": str,
     "pipeline": str,
     "documents": dict,
+    "targets": dict,
 }
 
 
@@ -61,6 +63,7 @@ class LedgerEntry:
     best_fit_mixing: str | None = None
     pipeline: str | None = None
     documents: dict[str, dict[str, int]] | None = None
+    targets: dict[str, int] | None = None
 
     @classmethod
     def of(
@@ -76,10 +79,12 @@ class LedgerEntry:
         best_fit_mixing: str | None = None,
         pipeline: str | None = None,
         documents: bool = False,
+        targets: bool = False,
     ) -> LedgerEntry:
-        """From `step_tally()` counts: tokens per source, padding, then the documents' counts (recorded when
-        `documents`)."""
+        """From `step_tally()` counts: tokens per source, padding, the documents' counts (recorded when
+        `documents`), the trained targets per source (recorded when `targets`)."""
         n = len(source_names)
+        counted = counts[n + 1 : n + 1 + n * PER_SOURCE]
         return cls(
             step=step,
             sha256=sha256,
@@ -91,7 +96,8 @@ class LedgerEntry:
             excluded=excluded,
             best_fit_mixing=best_fit_mixing,
             pipeline=pipeline,
-            documents=by_source(counts[n + 1 :], source_names) if documents else None,
+            documents=by_source(counted, source_names) if documents else None,
+            targets=dict(zip(source_names, counts[n + 1 + n * PER_SOURCE :])) if targets else None,
         )
 
     def to_json(self) -> str:
@@ -154,6 +160,8 @@ def _entry(raw: bytes) -> LedgerEntry:
         raise ValueError("tokens must map source names to integers")
     if not all(isinstance(k, str) and type(v) in (int, float) for k, v in data.get("weights", {}).items()):
         raise ValueError("weights must map source names to numbers")
+    if not all(isinstance(k, str) and type(v) is int for k, v in data.get("targets", {}).items()):
+        raise ValueError("targets must map source names to integers")
     for name, counts in data.get("documents", {}).items():
         if (
             not isinstance(counts, dict)

@@ -29,6 +29,7 @@ import numpy as np
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine.buffers import lasting_array
+from zephon_titan.engine.chat import MASKED
 from zephon_titan.engine.document_counts import count_documents
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.spec import EngineSpec
@@ -65,6 +66,9 @@ class Row:
     documents: tuple[int, ...] | None = None
     """What the lane's feed did with documents since its previous row (engine/document_counts.py; set by the lane;
     never part of the row's bytes)."""
+    targets: tuple[int, ...] | None = None
+    """Per piece, its trained targets (labels other than -100) where some are not (chat sources); None: every
+    slot of every piece is a trained target."""
 
     def to_bytes(self) -> bytes:
         return self.inputs.tobytes() + self.labels.tobytes() + self.positions.tobytes()
@@ -80,10 +84,21 @@ def tally(rows: Iterable[Row], num_sources: int) -> list[int]:
     return counts
 
 
+def count_targets(rows: Iterable[Row], num_sources: int) -> list[int]:
+    """Trained targets per source over `rows` (labels other than -100; padding has none)."""
+    counts = [0] * num_sources
+    for row in rows:
+        lengths = row.targets if row.targets is not None else (p.length for p in row.pieces)
+        for piece, n in zip(row.pieces, lengths):
+            counts[piece.source] += n
+    return counts
+
+
 def step_tally(rows: Iterable[Row], num_sources: int) -> list[int]:
-    """What the ledger records of rows: their tally(), then their documents' counts (document_counts.py)."""
+    """What the ledger records of rows: their tally(), their documents' counts (document_counts.py), then their
+    trained targets per source."""
     rows = list(rows)
-    return tally(rows, num_sources) + count_documents(rows, num_sources)
+    return tally(rows, num_sources) + count_documents(rows, num_sources) + count_targets(rows, num_sources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +108,16 @@ class RowShape:
     slots: int
     within_document: bool
     pad_id: int
+    masked: bool = False
+    """Some source's tokens carry chat.MASKED (chat sources): those targets get label -100."""
 
     @classmethod
     def of(cls, spec: EngineSpec, seq_len: int | None = None) -> RowShape:
         """Rows of the spec's seq_len, or of `seq_len` (an earlier era's: spec.eras)."""
         within = spec.config.labels == "document"
         n = spec.seq_len if seq_len is None else seq_len
-        return cls(n if within else n + 1, within, spec.pad_id)
+        masked = any(s.chat is not None for s in spec.sources)
+        return cls(n if within else n + 1, within, spec.pad_id, masked)
 
     def piece_slots(self, doc: Document) -> int:
         """Slots of a piece tokens[start:end] of a document: the pairs whose input is in the piece
@@ -127,9 +145,18 @@ class RowShape:
         inputs[at:] = self.pad_id
         positions[at:] = ramp[:padding]
         pieces = tuple(p for _, p in parts)
+        targets = None
+        if self.masked:  # a chat document's untrained targets: label -100, and the bit off its inputs
+            untrained = (labels & MASKED) != 0
+            untrained[at:] = True
+            labels[untrained] = IGNORE_INDEX
+            np.bitwise_and(inputs, ~MASKED, out=inputs)
+            ends = np.cumsum([p.length for p in pieces])
+            trained = np.concatenate([[0], np.cumsum(~untrained)[ends - 1]]) if pieces else np.zeros(1, np.int64)
+            targets = tuple(int(n) for n in np.diff(trained))
         if self.within_document:
             labels[at:] = IGNORE_INDEX
-            return Row(inputs, labels, positions, pieces, padding)
+            return Row(inputs, labels, positions, pieces, padding, targets=targets)
         # The stream rule: the row's seq_len + 1 tokens, shifted by one.
         labels[:-1] = inputs[1:]
         if padding:

@@ -37,6 +37,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from zephon_titan.engine import chat
 from zephon_titan.engine.document_counts import DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM
 from zephon_titan.engine.encode_calls import (
     _NO_BATCH,
@@ -428,7 +429,7 @@ class LaneSourceReader:
             else:
                 self._current = _NO_BATCH  # the previous batch is consumed: let it go
                 self._current = self._encode_batch(window, p)
-            if self._batch >= 4 * FIRST_TOKENIZE_BATCH and self.batch_end < len(window):
+            if self._batch >= 4 * FIRST_TOKENIZE_BATCH and self.batch_end < len(window) and self.source.chat is None:
                 # Its next batch may join another reader's encode call; not the first two (a lane's first rows
                 # wait for its first documents only).
                 self.batcher.wants(self)
@@ -491,7 +492,8 @@ class LaneSourceReader:
         for item, file, row in docs:
             if not isinstance(item, str) and item is not DROPPED:
                 check_token_ids(self.source, item, file, row, self.spec.tokenizer.vocab_size)
-        others = self.batcher.join(self, docs) if all(_textual(d[0]) for d in docs) else []
+        shared = self.source.chat is None and all(_textual(d[0]) for d in docs)  # conversations encode apart
+        others = self.batcher.join(self, docs) if shared else []
         texts = [item for item, _, _ in docs] + [item for _, _, more in others for item, _, _ in more]
         try:
             encoded = self._encode(texts)
@@ -509,7 +511,13 @@ class LaneSourceReader:
         return _batch_of(p, docs, encoded)
 
     def _encode(self, items: list[str | np.ndarray]) -> list[np.ndarray]:
-        """Each document's ids; a dropped slot stays DROPPED (never encoded)."""
+        """Each document's ids; a dropped slot stays DROPPED (never encoded). A chat source's conversations carry
+        their masks (chat.py), REFUSED where a mask cannot be exact."""
+        if self.source.chat is not None:
+            tokenizer = self.spec.tokenizer
+            conversations = [i for i in items if i is not DROPPED]
+            ids = iter(chat.encode(tokenizer.tokenizer, conversations, tokenizer.bos_id, tokenizer.eos_id))  # type: ignore[arg-type]
+            return [DROPPED if item is DROPPED else next(ids) for item in items]
         if not any(item is DROPPED for item in items):
             return self.spec.tokenizer.encode(items, self.source.specials_in_tokens)
         encoded = iter(

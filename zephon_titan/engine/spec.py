@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
+from zephon_titan.engine.chat import chat_setup
 from zephon_titan.engine.exclusion import Exclusion, build_exclusion
 from zephon_titan.engine.mixing import added_offsets, initial_offsets
 from zephon_titan.engine.pipeline import (
@@ -106,10 +107,16 @@ class EngineSpec:
     @cached_property
     def counts_documents(self) -> bool:
         """Whether the ledger says per step what happened to each source's documents (document_counts.py): in a
-        run where some may be dropped or repeated (a keep, a repeat, a transform, an exclusion); other ledgers keep
-        the form they had."""
+        run where some may be dropped or repeated (a keep, a repeat, a transform, an exclusion, a chat source); other
+        ledgers keep the form they had."""
         pipelined = any(e.expressions or e.transforms for e in self.pipeline_eras)
-        return pipelined or self.exclusion is not None
+        return pipelined or self.exclusion is not None or self.counts_targets
+
+    @property
+    def counts_targets(self) -> bool:
+        """Whether the ledger says per step each source's trained targets: in a run with chat sources, whose
+        masks leave some targets untrained (other ledgers keep their form)."""
+        return any(s.chat is not None for s in self.sources)
 
     def pipeline_era_of(self, step: int) -> int:
         """The index of the pipeline era in force at `step`."""
@@ -234,6 +241,9 @@ def build_engine(
         exclusion = build_exclusion(config.exclude, config.exclude_from_step, files)
     eras = seq_len_eras(config, seq_len)
     pipelines = config_eras(config, {s.name: describe_all(s.transforms) for s in sources if s.transforms})
+    for source, source_config in zip(sources, config.sources):
+        if source_config.chat:
+            source.chat = chat_setup(source_config, config.tokenizer_path or tokenizer.folder)
     for source in sources:
         by_era = era_pipelines(source.name, pipelines)
         source.set_pipelines(by_era, slots_needed(by_era))
@@ -312,6 +322,7 @@ class PortableSpec(TypedDict):
     tokenizer: str  # Tokenizer.to_str()
     bos: list[Any]  # [token_id, reason] of a SpecialTokenChoice
     eos: list[Any]
+    tokenizer_folder: str  # where a chat source's template is (DocumentTokenizer.folder)
     listings: dict[str, list[FileRecord]]  # source name -> its files' records
     phase_offsets: list[str] | None  # EngineSpec.phase_offsets as "k/n" texts
     eras: list[list[int]]  # EngineSpec.eras as [start, seq_len, chunk]
@@ -327,6 +338,7 @@ def portable(spec: EngineSpec) -> PortableSpec:
         "tokenizer": spec.tokenizer.tokenizer.to_str(),
         "bos": [spec.tokenizer.bos.token_id, spec.tokenizer.bos.reason],
         "eos": [spec.tokenizer.eos.token_id, spec.tokenizer.eos.reason],
+        "tokenizer_folder": spec.tokenizer.folder,
         "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
         "phase_offsets": None if spec.phase_offsets is None else [str(u) for u in spec.phase_offsets],
         "eras": [[e.start, e.seq_len, e.chunk] for e in spec.eras],
@@ -347,6 +359,7 @@ def spec_from_portable(data: PortableSpec) -> EngineSpec:
         SpecialTokenChoice(*data["eos"]),
         backend,
         loading,
+        folder=data["tokenizer_folder"],
     )
     spec = build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
     offsets = data["phase_offsets"]

@@ -58,6 +58,7 @@ class DocumentTokenizer:
         eos: SpecialTokenChoice | int | None = None,
         backend: str = "auto",
         loading: BackendLoad | None = None,
+        folder: str = "",
     ):
         """`loading`: the backend's load, started before the reference was (worker processes)."""
         self.tokenizer = whole_documents(tokenizer)
@@ -69,6 +70,8 @@ class DocumentTokenizer:
         self._verify_left = tokenizer_backends.VERIFY_DOCUMENTS
         self._verify_chars_left = tokenizer_backends.VERIFY_CHARS
         self._fast_failed = False  # said once: fastokens raised on a document the reference encoded
+        self.folder = folder
+        """The directory it was loaded from ("" if unknown): where a chat source finds its template (chat.py)."""
         self.bos = bos if isinstance(bos, SpecialTokenChoice) else SpecialTokenChoice(bos, "given")
         self.eos = eos if isinstance(eos, SpecialTokenChoice) else SpecialTokenChoice(eos, "given")
         bos_id, eos_id = self.bos.token_id, self.eos.token_id

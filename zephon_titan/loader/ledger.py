@@ -57,6 +57,7 @@ def gather_ledger_entry(
         step_mixing(spec),
         step_pipeline(spec, step),
         spec.counts_documents,
+        spec.counts_targets,
     )
 
 

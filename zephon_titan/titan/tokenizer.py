@@ -127,7 +127,7 @@ def document_tokenizer(
     settings = getattr(hf, "_hf_config", None) or {}
     bos = _choose("bos", getattr(hf, "bos_id", None), getattr(hf, "hf_adds_bos", False), settings, add_bos)
     eos = _choose("eos", getattr(hf, "eos_id", None), getattr(hf, "hf_adds_eos", False), settings, add_eos)
-    return DocumentTokenizer(inner, bos, eos, backend)
+    return DocumentTokenizer(inner, bos, eos, backend, folder=getattr(hf, "tokenizer_path", "") or "")
 
 
 def _choose(

@@ -3,6 +3,8 @@ format registry (formats.py): a new format is one module plus one `register_form
 
 from __future__ import annotations
 
+import dataclasses
+
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.pipeline import SourcePipeline, slots_needed, source_pipeline
 from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
@@ -33,6 +35,8 @@ def open_source(
 ) -> Source:
     """Open a source: from `listed` (files already scanned by another process of this job), from
     its index, or by listing and scanning its files (then writing the index if one is configured)."""
+    if source.chat:  # a chat source's documents are in its conversation field
+        source = dataclasses.replace(source, text_field=source.prompt_field or source.messages_field)
     write_index = False
     if listed is None and source.index and use_index:
         indexed = read_index(source, options)

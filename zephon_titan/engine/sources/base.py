@@ -25,6 +25,7 @@ from typing import Any, TypeAlias, overload
 import numpy as np
 import pyarrow as pa
 
+from zephon_titan.engine.chat import ChatSetup
 from zephon_titan.engine.pipeline import DROPPED, SourcePipeline
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.retry import read_with_retries
@@ -174,6 +175,9 @@ class Source(ABC):
         """Slots per document in a training window: the largest copies its repeat can ask for in any era."""
         self.transforms: tuple[Transform, ...] = ()
         """Set by open_source from the source's transform list, before any block is read: the config's."""
+        self.chat: ChatSetup | None = None
+        """A chat source's template and mask rule (engine/chat.py; set by build_engine): its documents are
+        conversations read from its records."""
         self.era_transforms: tuple[tuple[Transform, ...], ...] = ()
         """Its transforms in each pipeline era of the run (set_era_transforms); empty: `transforms` in every era."""
         self.pipeline_seconds = 0.0
@@ -291,7 +295,7 @@ class Source(ABC):
     @property
     def reads_records(self) -> bool:
         """Whether a block's records are read for transforms (in some era)."""
-        return bool(self.transforms) or any(self.era_transforms)
+        return bool(self.transforms) or any(self.era_transforms) or self.chat is not None
 
     @property
     def pipeline(self) -> SourcePipeline | None:
@@ -330,6 +334,8 @@ class Source(ABC):
     def _transformed(self, block: BlockDocuments) -> BlockDocuments:
         """The block whose texts are its records through the source's transforms (DROPPED where one drops it); where
         they change by era, its texts in each era too (`era_texts`, the last the config's)."""
+        if self.chat is not None:
+            return dataclasses.replace(block, texts=self._conversations(block, self.chat))
         chains = self.era_transforms or (self.transforms,)
         made: dict[tuple[str, ...], Sequence[Any]] = {}
         for chain in chains:
@@ -338,6 +344,19 @@ class Source(ABC):
                 made[key] = self._texts_through(block, chain) if chain else block.texts
         era_texts = tuple(made[tuple(t.describe() for t in chain)] for chain in chains)
         return dataclasses.replace(block, texts=era_texts[-1], era_texts=era_texts if len(made) > 1 else ())
+
+    def _conversations(self, block: BlockDocuments, chat: ChatSetup) -> Sequence[Any]:
+        """A chat source's documents: each record's conversation rendered, with its supervised spans."""
+        records = block.records
+        assert records is not None, f"{self.format_name} gives records for a chat source"
+
+        def conversation(i: int) -> Any:
+            where = f"{block.file} {self.row_unit} {block.rows[i]} (source {self.name!r})"
+            rendered = chat.conversation(records(i), where)
+            self.check_size(rendered, where)
+            return rendered
+
+        return LazyTexts(len(block.texts), conversation)
 
     def _texts_through(self, block: BlockDocuments, chain: tuple[Transform, ...]) -> Sequence[Any]:
         """The block's texts through `chain`, each when it is asked for; with a batched transform, one call over the

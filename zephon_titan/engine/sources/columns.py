@@ -24,6 +24,8 @@ def is_text_type(kind: pa.DataType) -> bool:
 
 def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_row: int) -> BlockDocuments:
     """`column` holds rows first_row.. of `path` in `source.column` (its text_field or token_field)."""
+    if source.chat is not None:  # conversations come from the records (Source._conversations), any column type
+        return BlockDocuments(path, LazyTexts(len(column), lambda i: ""), range(first_row, first_row + len(column)))
     if column.null_count:
         i = next(i for i, v in enumerate(column.is_null().to_pylist()) if v)
         raise DataError(f"{path} row {first_row + i}: column {source.column!r} is null; drop null rows from the file")

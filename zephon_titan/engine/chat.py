@@ -1,0 +1,274 @@
+"""Chat sources: conversations rendered by a chat template, tokenized with an exact loss mask.
+
+    [dataloader.sources.sft]
+    paths = ["data/sft/*.jsonl"]
+    chat = true
+    messages_field = "messages"   # a list of {role, content}; or prompt_field and response_field (one turn each)
+    loss_on = "assistant"         # "last_assistant", "all"
+    too_long = "drop"             # "truncate", "error"
+
+The template is data: the tokenizer's, found as TorchTitan's tokenizer finds it (`chat_template.jinja` beside
+tokenizer.json, else `chat_template` in tokenizer_config.json), or a file named by `chat_template`. It is rendered
+in Jinja's immutable sandbox (no Python reachable from a template) with what TorchTitan 0.3 passes: `messages` and
+`add_generation_prompt`, and no clock (`strftime_now` is not defined, so a template falls back to its own date).
+
+The mask, by rendering prefixes. Assistant message i's supervised text runs from the end of the conversation up
+to it rendered with the generation prompt (`render(messages[:i], add_generation_prompt=True)`) to the end of the
+conversation up to and including it (`render(messages[:i + 1])`); both must be prefixes of the whole rendering, or
+the template does not render conversations turn by turn and the conversation is refused. The whole rendering, its
+trailing newlines stripped (as TorchTitan does), is tokenized once with character offsets: a token is supervised
+when its characters lie inside a supervised span, and a token that crosses a span's edge (a BPE merge across the
+turn boundary) refuses the conversation rather than shift its mask by a token. Refused conversations are counted
+(document_counts.py: dropped_by_mask), never trained with a guessed mask.
+
+Tokens: the loader's BOS first (as for text documents), then the rendering's ids, then EOS if they do not end with
+it (TorchTitan's rule); the appended EOS is supervised when the conversation ends inside a supervised span. A token
+whose prediction is not trained carries the MASKED bit in the document's id array; packing.py turns it into the
+label -100 and strips it from the inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zephon_titan.errors import ConfigError, DataError
+
+ROLES = ("system", "user", "assistant", "tool")
+MASKED = 1 << 30
+"""Set on a chat document's token whose prediction is not trained (vocabularies stay far below it)."""
+TEMPLATE_FILE = "chat_template.jinja"
+
+REFUSED = np.empty(0, dtype=np.int32)
+"""A conversation whose mask cannot be exact (its template does not render it turn by turn, or a token crosses a
+turn's edge): never trained, counted as dropped_by_mask."""
+REFUSED.flags.writeable = False
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    text: str
+    origin: str
+    """Where it was found (said by validate and in errors)."""
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:16]
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = False) -> str:
+        return str(_compiled(self.text).render(messages=messages, add_generation_prompt=add_generation_prompt))
+
+
+_templates: dict[str, Any] = {}
+
+
+def _compiled(text: str) -> Any:
+    """The template compiled once per process, in Jinja's immutable sandbox (TorchTitan's and Hugging Face's
+    settings: trim_blocks, lstrip_blocks, loop controls, raise_exception, tojson)."""
+    if text not in _templates:
+        import jinja2
+        import jinja2.ext
+        import jinja2.sandbox
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, **kw)
+
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+        )
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = tojson
+        _templates[text] = env.from_string(text)
+    return _templates[text]
+
+
+def load_template(path: str, tokenizer_dir: str, where: str) -> ChatTemplate:
+    """The template a chat source renders with: the file at `path`, else the tokenizer's (ConfigError in one line
+    when there is none or it does not compile)."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                template = ChatTemplate(f.read(), path)
+        except OSError as e:
+            raise ConfigError(f"{where} chat_template {path!r} cannot be read ({e.strerror})") from None
+    else:
+        folder = tokenizer_dir if os.path.isdir(tokenizer_dir) else os.path.dirname(tokenizer_dir)
+        jinja, config = os.path.join(folder, TEMPLATE_FILE), os.path.join(folder, "tokenizer_config.json")
+        text = None
+        if os.path.isfile(jinja):
+            with open(jinja, encoding="utf-8") as f:
+                text, origin = f.read(), jinja
+        elif os.path.isfile(config):
+            with open(config, encoding="utf-8") as f:
+                text, origin = json.load(f).get("chat_template"), config
+        if not isinstance(text, str):
+            raise ConfigError(
+                f"{where} is a chat source, but the tokenizer in {folder} has no chat template ({TEMPLATE_FILE}, or "
+                "chat_template in tokenizer_config.json); name a template file with chat_template"
+            )
+        template = ChatTemplate(text, origin)
+    try:
+        _compiled(template.text)
+    except Exception as e:  # jinja2's TemplateSyntaxError, said with its line
+        raise ConfigError(f"{where} chat template {template.origin}: {type(e).__name__}: {e}") from None
+    return template
+
+
+@dataclass(frozen=True)
+class ChatFields:
+    """Where a record holds its conversation."""
+
+    messages_field: str = "messages"
+    prompt_field: str = ""
+    response_field: str = ""
+
+    def messages(self, record: dict[str, Any], where: str) -> list[dict[str, Any]]:
+        """The record's conversation as a list of {role, content}; DataError naming `where` when it is not one."""
+        if self.prompt_field:
+            prompt, response = record.get(self.prompt_field), record.get(self.response_field)
+            for name, value in ((self.prompt_field, prompt), (self.response_field, response)):
+                if not isinstance(value, str):
+                    raise DataError(f"{where}: field {name!r} is {_kind(value)}, not a string")
+            return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+        messages = record.get(self.messages_field)
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except ValueError:
+                raise DataError(f"{where}: field {self.messages_field!r} is a string that is not JSON") from None
+        if not isinstance(messages, list) or not messages:
+            raise DataError(
+                f"{where}: field {self.messages_field!r} is {_kind(messages)}; a chat source's documents are a list of "
+                "{role, content} messages"
+            )
+        out = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                role = m.get("role") if isinstance(m, dict) else None
+                what = f"role {role!r} is not one of {', '.join(ROLES)}" if role not in ROLES else "no string content"
+                raise DataError(f"{where}: message {i} has {what}")
+            out.append({k: v for k, v in m.items() if v is not None})
+        if not any(m["role"] == "assistant" for m in out):
+            raise DataError(f"{where}: the conversation has no assistant message; nothing in it would be trained")
+        return out
+
+
+def _kind(value: Any) -> str:
+    return "missing" if value is None else type(value).__name__
+
+
+class Conversation(str):
+    """A rendered conversation: its text, and the character spans whose tokens are trained (`spans`); no spans:
+    the template does not render it turn by turn (REFUSED when encoded)."""
+
+    spans: tuple[tuple[int, int], ...]
+
+
+def render(template: ChatTemplate, messages: list[dict[str, Any]], loss_on: str, where: str) -> Conversation:
+    """The conversation's text and supervised spans (module docstring); DataError when the template fails."""
+    try:
+        full = template.render(messages)
+        if loss_on == "all":
+            spans = [(0, len(full))]
+        else:
+            turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+            if loss_on == "last_assistant":
+                turns = turns[-1:]
+            spans = []
+            for i in turns:
+                start, end = (
+                    template.render(messages[:i], add_generation_prompt=True),
+                    template.render(messages[: i + 1]),
+                )
+                if not (full.startswith(start) and full.startswith(end) and len(start) <= len(end)):
+                    spans = []
+                    break
+                spans.append((len(start), len(end)))
+    except Exception as e:  # the template's own raise_exception, or an error inside it
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise DataError(f"{where}: the chat template {template.origin} fails: {type(e).__name__}: {first}") from None
+    text = full.rstrip("\n")
+    out = Conversation(text)
+    out.spans = tuple((a, min(b, len(text))) for a, b in spans if a < min(b, len(text)))
+    if spans and not out.spans:
+        out.spans = ((len(text), len(text)),)  # spans that the stripping emptied: kept, nothing in them trained
+    return out
+
+
+def encode(
+    tokenizer: Any, conversations: Sequence[Conversation], bos_id: int | None, eos_id: int | None
+) -> list[np.ndarray]:
+    """Each conversation's ids (int32), MASKED set on the tokens whose prediction is not trained; REFUSED where the
+    mask cannot be exact. `tokenizer`: a `tokenizers.Tokenizer` (offsets are needed)."""
+    encodings = tokenizer.encode_batch(list(conversations), add_special_tokens=False) if conversations else []
+    out = []
+    for conversation, encoding in zip(conversations, encodings):
+        if not conversation.spans:
+            out.append(REFUSED)
+            continue
+        ids = np.asarray(encoding.ids, dtype=np.int64)
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        trained = np.zeros(len(ids), dtype=bool)
+        exact = True
+        for a, b in conversation.spans:
+            inside = (offsets[:, 0] >= a) & (offsets[:, 1] <= b) & (offsets[:, 1] > offsets[:, 0])
+            crossing = (offsets[:, 0] < a) & (offsets[:, 1] > a) | (offsets[:, 0] < b) & (offsets[:, 1] > b)
+            if crossing.any():
+                exact = False
+                break
+            trained |= inside
+        if not exact:
+            out.append(REFUSED)
+            continue
+        ends_trained = bool(conversation.spans[-1][1] == len(conversation))
+        parts_ids = [ids]
+        parts_trained = [trained]
+        if bos_id is not None:
+            parts_ids.insert(0, np.array([bos_id]))
+            parts_trained.insert(0, np.zeros(1, dtype=bool))
+        if eos_id is not None and (len(ids) == 0 or ids[-1] != eos_id):
+            parts_ids.append(np.array([eos_id]))
+            parts_trained.append(np.array([ends_trained]))
+        tokens = np.concatenate(parts_ids).astype(np.int32)
+        tokens[~np.concatenate(parts_trained)] |= MASKED
+        out.append(tokens)
+    return out
+
+
+@dataclass(frozen=True)
+class ChatSetup:
+    """A chat source's settings (SourceConfig's chat keys) with its template loaded."""
+
+    template: ChatTemplate
+    fields: ChatFields
+    loss_on: str
+    too_long: str
+
+    def describe(self) -> str:
+        """The fingerprint's `chat.<source>`: what its rows depend on (the template by its SHA-256, not its path)."""
+        f = self.fields
+        where = (
+            f"prompt {f.prompt_field}, response {f.response_field}"
+            if f.prompt_field
+            else f"messages {f.messages_field}"
+        )
+        return f"template sha256 {self.template.digest}; {where}; loss on {self.loss_on}; too long: {self.too_long}"
+
+    def conversation(self, record: dict[str, Any], where: str) -> Conversation:
+        return render(self.template, self.fields.messages(record, where), self.loss_on, where)
+
+
+def chat_setup(source: Any, tokenizer_dir: str) -> ChatSetup:
+    """The ChatSetup of a SourceConfig with chat = true; `tokenizer_dir`: where the tokenizer's template is."""
+    where = f"[dataloader.sources.{source.name}]"
+    fields = ChatFields(source.messages_field, source.prompt_field, source.response_field)
+    return ChatSetup(load_template(source.chat_template, tokenizer_dir, where), fields, source.loss_on, source.too_long)
