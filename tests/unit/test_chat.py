@@ -442,3 +442,19 @@ def test_the_ledger_counts_each_sources_trained_targets_and_verify_compares_them
     capsys.readouterr()
     assert main(["verify", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")]) == 1
     assert "first difference at step 2 (targets)" in capsys.readouterr().out
+
+
+def test_a_parquet_source_of_message_lists_trains_what_its_json_lines_twin_does(chat_and_text, tmp_path):
+    """Conversations as a list-of-structs column (Parquet) and as JSON lists (JSON Lines): the same documents."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = chat_and_text["sources"]["chat"]["paths"][0]
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    pq.write_table(pa.Table.from_pylist(records), str(tmp_path / "c.parquet"), row_group_size=10)
+    tokenizer = chat_and_text["tokenizer_path"]
+    jsonl = _documents(spec_from_table(_chat_table(path, tokenizer), seq_len=512))
+    parquet = _documents(spec_from_table(_chat_table(str(tmp_path / "c.parquet"), tokenizer), seq_len=512))
+    assert len(parquet) > 40
+    assert sorted(jsonl.values()) == sorted(parquet.values())
