@@ -458,3 +458,69 @@ def test_a_parquet_source_of_message_lists_trains_what_its_json_lines_twin_does(
     parquet = _documents(spec_from_table(_chat_table(str(tmp_path / "c.parquet"), tokenizer), seq_len=512))
     assert len(parquet) > 40
     assert sorted(jsonl.values()) == sorted(parquet.values())
+
+
+def test_validate_says_what_each_chat_source_trains_and_leaves_out(chat_and_text, tmp_path, capsys):
+    from zephon_titan.cli import main
+
+    sources = chat_and_text["sources"]
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+        "[training]\nseq_len = 64\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
+        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\n'
+        f'[dataloader.sources.chat]\npaths = ["{sources["chat"]["paths"][0]}"]\nchat = true\nblock_bytes = 4096\n'
+    )
+    assert main(["validate", str(job), "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out
+    spec = spec_from_table(
+        {**chat_and_text, "sources": {"chat": {**sources["chat"], "weight": 1.0}}, "exhaustion": "redistribute"},
+        seq_len=64,
+    )
+    counts = _pass_counts(spec)["chat"]  # what a pass of the lanes counts: the same as validate's reading
+    line = next(line for line in out.splitlines() if "conversations:" in line)
+    assert f"{counts['read']} conversations: {counts['dropped_by_mask']} refused" in line
+    assert f"{counts['dropped_too_long']} longer than a row (dropped)" in line
+    trained = sum(sum(label != IGNORE_INDEX for label in labels) for _, labels in _documents(spec).values())
+    assert f"train {trained:,} of their" in line
+    assert "chat: template sha256 " in out and "loss on assistant" in out
+
+
+def test_inspect_marks_the_trained_targets(chat_and_text, tmp_path, capsys):
+    from zephon_titan.cli import main
+
+    sources = chat_and_text["sources"]
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+        "[training]\nseq_len = 128\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
+        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\nbest_fit_window_docs = 24\n'
+        f'[dataloader.sources.chat]\npaths = ["{sources["chat"]["paths"][0]}"]\nchat = true\nblock_bytes = 4096\n'
+    )
+    assert main(["inspect", str(job), "--step", "1", "--lane", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    pieces = [p for row in report for p in row["pieces"]]
+    assert pieces and all(0 < p["trained_targets"] < p["row_tokens"][1] - p["row_tokens"][0] for p in pieces)
+    for p in pieces:  # every trained span is an assistant turn's: it follows the assistant header
+        spans = p["text"].split("⟦")[1:]
+        assert len(spans) >= 1 and all("⟧" in span for span in spans)
+        heads = [part.rsplit("<|im_start|>", 1)[-1] for part in p["text"].split("⟦")[:-1]]
+        assert all(head == "assistant\n" for head in heads), heads
+
+
+def test_the_worked_gsm8k_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/chat.md's GSM8K job, run by `validate` from the shared data folder: the lines the page shows."""
+    from zephon_titan.cli import main
+
+    if not os.path.isdir(os.path.join(SHARED, "sft", "gsm8k_test")):
+        pytest.skip("../shared/data (GSM8K, TorchTitan's test tokenizer) is absent; the fixture pairs test the same")
+    page = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "chat.md")).read()
+    section = page.split("## A worked example: GSM8K", 1)[1].split("\n## ", 1)[0]
+    job, shown = section.split("```toml\n", 1)[1].split("```", 1)
+    shown = shown.split("```\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "gsm8k.toml").write_text(job)
+    monkeypatch.chdir(SHARED)
+    assert main(["validate", str(tmp_path / "gsm8k.toml"), "--world-sizes", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    for line in shown.splitlines():
+        assert line in out, line

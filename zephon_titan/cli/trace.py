@@ -16,31 +16,57 @@ if TYPE_CHECKING:
     from zephon_titan.engine import LaneState
     from zephon_titan.titan.job import Job
 
-_PIECE_KEYS = ("source", "file", "doc_tokens", "row_tokens", "text")
+_PIECE_KEYS = ("source", "file", "doc_tokens", "row_tokens", "text", "trained_targets")
 
 
 def _pieces(job: Job, row) -> list[dict]:
-    from zephon_titan.engine.packing import RowShape
+    from zephon_titan.engine.packing import IGNORE_INDEX, RowShape
 
     out, at = [], 0
     if RowShape.of(job.spec).within_document:
         tokens = row.inputs.tolist()  # a piece's slots are its inputs (each label is the next token)
     else:  # the row's tokens: the inputs, plus the last label when it is a real token (not padding)
         tokens = row.inputs.tolist() + ([int(row.labels[-1])] if row.padding == 0 else [])
+    masked = RowShape.of(job.spec).masked
     for piece in row.pieces:
         ids = tokens[at : at + piece.length]
-        out.append(
-            {
-                "source": job.spec.source_names[piece.source],
-                "file": piece.file,
-                job.spec.sources[piece.source].row_unit.replace(" ", "_"): piece.row,
-                "doc_tokens": [piece.doc_offset, piece.doc_offset + piece.length],
-                "row_tokens": [at, at + piece.length],
-                "text": job.spec.tokenizer.decode(ids),
-            }
-        )
+        entry = {
+            "source": job.spec.source_names[piece.source],
+            "file": piece.file,
+            job.spec.sources[piece.source].row_unit.replace(" ", "_"): piece.row,
+            "doc_tokens": [piece.doc_offset, piece.doc_offset + piece.length],
+            "row_tokens": [at, at + piece.length],
+            "text": job.spec.tokenizer.decode(ids),
+        }
+        if masked:  # chat sources: which targets are trained, marked in the text
+            labels = row.labels[at : at + piece.length].tolist()
+            entry["trained_targets"] = sum(label != IGNORE_INDEX for label in labels)
+            entry["text"] = _marked(job, ids, labels)
+        out.append(entry)
         at += piece.length
     return out
+
+
+def _marked(job: Job, ids: list[int], labels: list[int]) -> str:
+    """A piece's text with its trained targets between ⟦ and ⟧ (each label is the next token: the piece's first
+    token is no target, and its last label is the token after it)."""
+    from zephon_titan.engine.packing import IGNORE_INDEX
+
+    targets = [
+        (label if label != IGNORE_INDEX else (ids[k + 1] if k + 1 < len(ids) else None))
+        for k, label in enumerate(labels)
+    ]
+    flags = [False] + [label != IGNORE_INDEX for label in labels]
+    runs: list[tuple[bool, list[int]]] = []
+    for token, trained in zip([ids[0], *targets] if ids else [], flags):
+        if token is None:
+            continue
+        if runs and runs[-1][0] == trained:
+            runs[-1][1].append(token)
+        else:
+            runs.append((trained, [token]))
+    decode = job.spec.tokenizer.decode
+    return "".join(f"⟦{decode(run)}⟧" if trained else decode(run) for trained, run in runs)
 
 
 def cmd_inspect(args) -> int:
@@ -126,9 +152,10 @@ def _print_row(item: dict[str, Any], full: bool) -> None:
         start, end = p["row_tokens"]
         inputs = min(end, item["seq_len"]) - start  # under labels = "stream" the row's last token is a label only
         text = p["text"] if full else (p["text"][:160] + ("..." if len(p["text"]) > 160 else ""))
+        trained = f", {p['trained_targets']} trained targets (in ⟦ ⟧)" if "trained_targets" in p else ""
         print(
             f"  tokens {start:>5}-{end:<5} positions 0-{inputs - 1:<5} {p['source']}: {p['file']} "
-            f"{where}, document tokens {p['doc_tokens'][0]}-{p['doc_tokens'][1]}"
+            f"{where}, document tokens {p['doc_tokens'][0]}-{p['doc_tokens'][1]}{trained}"
         )
         print(f"      {text!r}")
 

@@ -128,6 +128,9 @@ def source_summary(job: Job, index: int, count: bool) -> SourceSummary:
         index_hint=len(source.files) >= INDEX_HINT_FILES,
         pipeline=source.pipeline.describe() if source.pipeline is not None else "",
         transforms="; ".join(t.describe() for t in source.transforms),
+        chat=source.chat.describe() if source.chat is not None else "",
+        chat_origin=source.chat.template.origin if source.chat is not None else "",
+        too_long=config.too_long,
     )
 
 
@@ -156,7 +159,12 @@ def _count(job: Job, index: int) -> Counts:
         if spec.exclusion is not None:
             counts.excluded += _excluded_in(spec.exclusion, index, documents)
         counts.documents += len(texts)
-        lengths = np.array([len(t) for t in spec.tokenizer.encode(texts, source.specials_in_tokens)], dtype=np.int64)
+        encoded = (
+            _conversations(job, source, texts, counts)
+            if source.chat is not None
+            else spec.tokenizer.encode(texts, source.specials_in_tokens)
+        )
+        lengths = np.array([len(t) for t in encoded], dtype=np.int64)
         if dropped:
             lengths[np.asarray(dropped)] = 0
         counts.tokens += int(lengths.sum())
@@ -188,6 +196,28 @@ def _transformed(source, documents, texts: list, counts: Counts) -> tuple[list, 
             counts.chars_after += len(text)
             out.append(text)
     return out, [t is DROPPED for t in texts]
+
+
+def _conversations(job: Job, source, texts: list, counts: Counts) -> list:
+    """A chat source's conversations encoded with their masks and counted (refused, too long, trained targets):
+    the ids a lane trains of each (none for one it leaves out)."""
+    import numpy as np
+
+    from zephon_titan.engine import chat
+
+    tokenizer = job.spec.tokenizer
+    out = []
+    for ids in chat.encode(tokenizer.tokenizer, texts, tokenizer.bos_id, tokenizer.eos_id):
+        if ids is chat.REFUSED:
+            counts.chat_refused += 1
+            ids = np.zeros(0, dtype=np.int32)
+        elif len(ids) - 1 > job.spec.seq_len:
+            counts.chat_too_long += 1
+            ids = ids[: job.spec.seq_len + 1] if source.chat.too_long == "truncate" else np.zeros(0, dtype=np.int32)
+        counts.chat_tokens += len(ids)
+        counts.chat_targets += int(np.count_nonzero((ids[1:] & chat.MASKED) == 0))
+        out.append(ids & ~chat.MASKED)
+    return out
 
 
 def _excluded_in(exclusion, index: int, documents) -> int:

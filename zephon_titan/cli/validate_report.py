@@ -71,6 +71,10 @@ class Counts:
     chars_before: int = 0  # and the characters of the texts before them
     chars_after: int = 0  # and after them (of the documents kept)
     transform_seconds: float = 0.0  # running them (CPU of this process, reading the records included)
+    chat_refused: int = 0  # chat sources: conversations whose mask cannot be exact
+    chat_too_long: int = 0  # and those longer than a row
+    chat_targets: int = 0  # and the trained targets of the others
+    chat_tokens: int = 0  # and their tokens
 
 
 @dataclass
@@ -89,6 +93,9 @@ class SourceSummary:
     index_hint: bool  # so many files that an index would spare every rank listing them
     pipeline: str = ""  # its keep and repeat as the fingerprint says them ("" without)
     transforms: str = ""  # its transforms as the fingerprint says them ("" without)
+    chat: str = ""  # a chat source's template and mask rule as the fingerprint says them ("" without)
+    chat_origin: str = ""  # where its template was found
+    too_long: str = ""  # what it does with a conversation longer than a row
 
     @property
     def all_excluded(self) -> bool:
@@ -110,6 +117,8 @@ class SourceSummary:
             yield from self.pipeline_lines()
         if self.transforms:
             yield from self.transform_lines()
+        if self.chat:
+            yield from self.chat_lines()
         if self.index:
             yield f"  {'':<12} index {self.index}"
         elif self.index_hint:
@@ -117,6 +126,22 @@ class SourceSummary:
                 f"  {'':<12} hint: every rank lists these {self.files:,} files at startup; set "
                 f'index = "<path or URI>" in [dataloader.sources.{self.name}] to read one manifest instead'
             )
+
+    def chat_lines(self) -> Iterator[str]:
+        yield f"  {'':<12} chat: {self.chat} ({self.chat_origin})"
+        c = self.counts
+        if c is None or not c.documents:
+            return
+        kept = c.documents - c.chat_refused - c.chat_too_long
+        verb = "truncated" if self.too_long == "truncate" else "dropped"
+        line = (
+            f"  {'':<12} {c.documents:,} conversations: {c.chat_refused:,} refused (their mask cannot be exact), "
+            f"{c.chat_too_long:,} longer than a row ({verb}); the {kept:,} others train {c.chat_targets:,} of their "
+            f"{c.chat_tokens:,} tokens ({c.chat_targets / max(c.chat_tokens, 1):.1%})"
+        )
+        if not kept and self.too_long != "truncate":
+            line += "; WARNING: nothing is left, so the source gives no token"
+        yield line
 
     def transform_lines(self) -> Iterator[str]:
         yield f"  {'':<12} transforms: {self.transforms}"
