@@ -524,3 +524,34 @@ def test_the_worked_gsm8k_example_runs_as_written(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out.splitlines()
     for line in shown.splitlines():
         assert line in out, line
+
+
+def test_a_held_out_chat_set_counts_only_the_targets_its_masks_train(chat_and_text, tmp_path):
+    """eval_fraction on a chat source: the eval set's targets of that source are the held-out conversations'
+    trained targets, counted here from their masks alone (chat.encode), not from rows."""
+    from zephon_titan.engine import chat
+    from zephon_titan.engine.split import held_out
+    from zephon_titan.plan import plan_eval_set
+
+    sources = chat_and_text["sources"]
+    path = sources["chat"]["paths"][0]
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+        "[training]\nseq_len = 512\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
+        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\n'
+        f'[dataloader.sources.chat]\npaths = ["{path}"]\nchat = true\nblock_bytes = 4096\neval_fraction = 0.3\n'
+        "[validator]\nenable = true\n"
+    )
+    report = plan_eval_set(str(job))
+    spec = spec_from_table(_chat_table(path, chat_and_text["tokenizer_path"]), seq_len=512)
+    source = spec.sources[0]
+    expected = 0
+    for b in range(source.num_blocks):
+        block = source.read_block(b)
+        out = held_out(spec.config.split_seed, block.file, block.rows, 0.3)
+        conversations = [block.texts[i] for i in range(len(block.texts)) if out[i]]
+        for ids in chat.encode(spec.tokenizer.tokenizer, conversations, spec.tokenizer.bos_id, spec.tokenizer.eos_id):
+            if ids is not chat.REFUSED and len(ids) - 1 <= 512:
+                expected += int(np.count_nonzero((ids[1:] & chat.MASKED) == 0))
+    assert report["tokens"]["chat"] == expected > 0
