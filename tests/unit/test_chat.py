@@ -555,3 +555,15 @@ def test_a_held_out_chat_set_counts_only_the_targets_its_masks_train(chat_and_te
             if ids is not chat.REFUSED and len(ids) - 1 <= 512:
                 expected += int(np.count_nonzero((ids[1:] & chat.MASKED) == 0))
     assert report["tokens"]["chat"] == expected > 0
+
+
+def test_homogeneous_rows_keep_conversations_and_text_apart(chat_and_text):
+    spec = spec_from_table({**chat_and_text, "homogeneous_rows": True}, seq_len=512)
+    rows = [row for lane in range(4) for row in LaneStream(spec, lane).take(40)]
+    kinds = [{p.source for p in row.pieces} for row in rows]
+    assert {0} in kinds and {1} in kinds and all(len(k) == 1 for k in kinds if k)
+    assert_same_rows_for_any_layout(spec, steps=4)
+    assert_restores_exactly(spec, 1, [0, 2, 7], rows=4)
+    mixed = spec_from_table(chat_and_text, seq_len=512)  # the control: without it, rows hold both
+    both = [len({p.source for p in row.pieces}) == 2 for lane in range(4) for row in LaneStream(mixed, lane).take(40)]
+    assert any(both)

@@ -178,6 +178,12 @@ class DataConfig:
     """best_fit only: how a window's rows follow the mixture (docs/mixture.md). A resume continues with its
     checkpoint's way; `per_window` re-plans a run started before `per_step` existed from step 1."""
 
+    homogeneous_rows: bool = setting(
+        False, rows=True, rows_note='under packing = "best_fit" only; in the fingerprint only when set'
+    )
+    """best_fit only: a row holds only conversations (chat sources) or only text documents, never both (a window's
+    rows are packed apart; docs/chat.md)."""
+
     exclude: str = setting(
         "",
         rows=True,
@@ -341,6 +347,11 @@ def validate(config: DataConfig) -> None:
         raise ConfigError(
             f"[dataloader] {key} = {getattr(config, key)!r} with chat source {chat[0]}: a conversation is trained whole "
             f"in one row, its mask on its own targets; set {key} = {value!r} (docs/chat.md)"
+        )
+    if config.homogeneous_rows and config.packing != "best_fit":
+        raise ConfigError(
+            f'[dataloader] homogeneous_rows = true needs packing = "best_fit" (got {config.packing!r}): wrap cuts '
+            "documents across rows as they come"
         )
     if chat and config.mix_chunk_tokens:
         raise ConfigError(

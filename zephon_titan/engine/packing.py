@@ -20,7 +20,7 @@ positions 0, 1, ... as one block, and label -100.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar, Protocol
@@ -332,14 +332,25 @@ class BestFitPacker:
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> BestFitPacker:
-        return cls(feed, RowShape.of(spec), spec.config.best_fit_window_docs, spec.config.best_fit_mixing)
+        groups = tuple(int(s.chat is not None) for s in spec.sources) if spec.config.homogeneous_rows else None
+        return cls(feed, RowShape.of(spec), spec.config.best_fit_window_docs, spec.config.best_fit_mixing, groups)
 
     @staticmethod
     def fingerprint(config: DataConfig) -> str:
-        return f"best_fit(window_docs={config.best_fit_window_docs})"
+        apart = ", chat and text rows apart" if config.homogeneous_rows else ""
+        return f"best_fit(window_docs={config.best_fit_window_docs}{apart})"
 
-    def __init__(self, feed: DocumentFeed, shape: RowShape, window_docs: int, mixing: str = "per_step"):
+    def __init__(
+        self,
+        feed: DocumentFeed,
+        shape: RowShape,
+        window_docs: int,
+        mixing: str = "per_step",
+        groups: tuple[int, ...] | None = None,
+    ):
+        """`groups`: per source, the group of rows its pieces go to (homogeneous_rows: chat 1, text 0); None: one."""
         self.feed = feed
+        self.groups = groups
         self.shape = shape
         self.window_docs = window_docs
         self.per_step = mixing == "per_step"
@@ -444,9 +455,24 @@ class BestFitPacker:
 
     def _pack(self, pieces: list[_Placed]) -> list[list[_Placed]]:
         """Best-fit decreasing of pieces (each at most a row) into rows; in the mixer's order under per_step."""
+        if self.groups is None:
+            bins = self._best_fit(pieces, range(len(pieces)))
+        else:  # homogeneous_rows: each group's pieces into rows of their own
+            of = self.groups
+            bins = [
+                b
+                for g in sorted(set(of))
+                for b in self._best_fit(pieces, [i for i, p in enumerate(pieces) if of[p.piece.source] == g])
+            ]
+        if self.per_step:
+            bins = _in_mixer_order(bins, [p.piece.length for p in pieces], [p.arrival for p in pieces])
+        return [[pieces[i] for i in parts] for parts in bins]
+
+    def _best_fit(self, pieces: list[_Placed], indices: Sequence[int]) -> list[list[int]]:
+        """Best-fit decreasing of pieces[i] for i in `indices` into rows (each row its pieces, as indices)."""
         # Longest first; equal lengths keep arrival order (sorted() is stable).
-        order = sorted(range(len(pieces)), key=lambda i: -pieces[i].piece.length)
-        bins: list[list[int]] = []  # each row's pieces, as indices into `pieces`
+        order = sorted(indices, key=lambda i: -pieces[i].piece.length)
+        bins: list[list[int]] = []
         free: list[tuple[int, int]] = []  # sorted (free tokens, bin index)
         for i in order:
             n = pieces[i].piece.length
@@ -459,9 +485,7 @@ class BestFitPacker:
             bins[b].append(i)
             if space - n > 0:
                 bisect.insort(free, (space - n, b))
-        if self.per_step:
-            bins = _in_mixer_order(bins, [p.piece.length for p in pieces], [p.arrival for p in pieces])
-        return [[pieces[i] for i in parts] for parts in bins]
+        return bins
 
 
 @dataclass(frozen=True, slots=True)
