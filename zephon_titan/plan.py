@@ -9,7 +9,7 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from zephon_titan.engine import (
@@ -183,11 +183,14 @@ def _report_steps(steps: list[int]) -> set[int]:
     return {s for s in (first, first + 9, first + 49, first + 199, first + 999, last) if first <= s <= last}
 
 
-def mixture_report(entries: list[LedgerEntry], weights: list[float]) -> MixtureReport:
+def mixture_report(entries: list[LedgerEntry], weights: list[float], by: Sequence[str] = ()) -> MixtureReport:
+    """Each source's share of the entries' tokens; for the sources named in `by`, of their trained targets
+    (mix_by = "targets": chat sources)."""
     names = list(entries[0].tokens) if entries else []
     shares, cumulative, totals = [], [], [0] * len(names)
     for entry in entries:
-        counts = [entry.tokens[name] for name in names]
+        counted = {**entry.tokens, **{n: (entry.targets or {}).get(n, entry.tokens[n]) for n in by}}
+        counts = [counted[name] for name in names]
         totals = [a + b for a, b in zip(totals, counts)]
         shares.append([c / max(sum(counts), 1) for c in counts])
         cumulative.append([t / max(sum(totals), 1) for t in totals])

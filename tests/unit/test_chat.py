@@ -567,3 +567,21 @@ def test_homogeneous_rows_keep_conversations_and_text_apart(chat_and_text):
     mixed = spec_from_table(chat_and_text, seq_len=512)  # the control: without it, rows hold both
     both = [len({p.source for p in row.pieces}) == 2 for lane in range(4) for row in LaneStream(mixed, lane).take(40)]
     assert any(both)
+
+
+def test_mix_by_targets_gives_chat_its_weight_in_trained_targets(chat_and_text):
+    """Weights 0.5 / 0.5: by targets, the chat source's trained targets are half of all trained targets; by tokens
+    (the control) its tokens are half, and its targets, prompts left out, well under half."""
+    from zephon_titan.engine import LaneGroup
+    from zephon_titan.engine.packing import count_targets, tally
+
+    def shares(mix_by: str) -> tuple[float, float]:
+        spec = spec_from_table({**chat_and_text, "mix_by": mix_by}, seq_len=512)
+        group = LaneGroup(spec, range(4), 2)
+        rows = [row for _ in range(30) for lane in group.next_step() for row in lane]
+        targets, tokens = count_targets(rows, 2), tally(rows, 2)[:2]
+        return targets[0] / sum(targets), tokens[0] / sum(tokens)
+
+    by_targets, by_tokens = shares("targets"), shares("tokens")
+    assert abs(by_targets[0] - 0.5) < 0.03 and abs(by_tokens[1] - 0.5) < 0.03
+    assert by_tokens[0] < 0.4 and by_targets[1] > 0.6

@@ -157,6 +157,7 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
         job.table(packing="best_fit"),
         job.table(packing="best_fit", best_fit_mixing="per_window"),
     ),
+    "DataConfig.mix_by": lambda job: (job.chat(), _set(job.chat(), "mix_by", "targets")),
     "DataConfig.homogeneous_rows": lambda job: (job.chat(), _set(job.chat(), "homogeneous_rows", True)),
     "DataConfig.exclude": lambda job: (job.excluding("code a.parquet 1\n"), job.excluding("code a.parquet 2\n")),
     "DataConfig.exclude_from_step": lambda job: (job.excluding(), job.excluding(exclude_from_step=4)),
@@ -295,7 +296,7 @@ _TRAINING = {
     "add_bos": False, "add_eos": True, "tokenizer_backend": "tokenizers", "num_workers": 2, "prefetch_factor": 3,
     "max_document_chars": 1000, "s3_endpoint_url": "http://host", "s3_region": "r", "s3_anonymous": True,
     "resume_allow": ["mtimes"], "exclude": "list.txt", "exclude_from_step": 3, "pipeline_from_step": 4,
-    "homogeneous_rows": True,
+    "homogeneous_rows": True, "mix_by": "targets",
 }  # fmt: skip
 
 

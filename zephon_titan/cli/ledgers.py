@@ -79,8 +79,13 @@ def _with_mixture_report(
         given = ", ".join(f"{s.name} {s.weight:g}" for s in data.sources)
         print(f"weights {given} sum to {sum(raw):g}; normalized: " + ", ".join(f"{w:.4f}" for w in weights), file=out)
     if entries:
-        print(mixture_report(entries, weights).format(), file=out)
+        print(mixture_report(entries, weights, _by_targets(job)).format(), file=out)
     return entries
+
+
+def _by_targets(job: Job) -> list[str]:
+    """The sources whose share is of trained targets (mix_by = "targets": the chat sources)."""
+    return [s.name for s in job.data.sources if s.chat] if job.data.mix_by == "targets" else []
 
 
 def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
@@ -96,7 +101,7 @@ def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
         weights = list(job.spec.schedule.segment(steady[0].step).weights)
         ramp = f" (its {phase.ramp_steps} ramp steps left out)" if phase.ramp_steps else ""
         print(f"phase {i + 1}, from step {phase.start_step}{ramp}:", file=out)
-        print(mixture_report(steady, weights).format(), file=out)
+        print(mixture_report(steady, weights, _by_targets(job)).format(), file=out)
 
 
 def _read(path: str) -> dict[int, LedgerEntry]:

@@ -126,6 +126,17 @@ class DataConfig:
     interleaved with the other sources instead of holding a lane; the per-lane mixture error is at
     most (1 + S * w_s) * mix_chunk_tokens tokens (S sources; docs/how-it-works.md, step 4)."""
 
+    mix_by: str = setting(
+        "tokens",
+        rows=True,
+        choices={
+            "tokens": "every source by its tokens",
+            "targets": "chat sources by their trained targets (text sources by their tokens)",
+        },
+    )
+    """What the weights share: tokens, or, for chat sources, the targets their masks train (docs/chat.md), so that
+    `weight` is the share of the loss's targets rather than of the context."""
+
     labels: str = setting(
         "document",
         rows=True,

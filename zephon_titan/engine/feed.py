@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zephon_titan.engine.chat import REFUSED
+from zephon_titan.engine.chat import MASKED, REFUSED
 from zephon_titan.engine.document_counts import (
     DROPPED_BY_MASK,
     DROPPED_TOO_LONG,
@@ -56,6 +56,8 @@ class DocumentFeed:
         self._has_document: list[bool | None] = [None] * len(spec.sources)
         """Per source, whether its cursor (normalized) stands at a document; None: not normalized since it moved.
         Only the source a piece came from moves, so a piece normalizes one cursor, not every source's."""
+        self._by_targets = [spec.config.mix_by == "targets" and source.chat is not None for source in spec.sources]
+        """Per source, whether its share counts trained targets (mix_by = "targets", a chat source)."""
         self.counted = [0] * (len(spec.sources) * PER_SOURCE)
         """What the feed did with documents since it was made, PER_SOURCE per source (document_counts.py)."""
         self._barren_since: list[tuple[int, int] | None] = [None] * len(spec.sources)
@@ -142,6 +144,13 @@ class DocumentFeed:
             if not (too_long and chat is not None and chat.too_long == "drop"):
                 self.counted[at + REPEATED] += 1
 
+    def _taken(self, s: int, doc: Document, start: int, stop: int) -> int:
+        """What the piece tokens[start:stop] counts for toward its source's share: its tokens, or under mix_by =
+        "targets" a chat source's trained targets in it (its tokens after the first not carrying chat.MASKED)."""
+        if not self._by_targets[s]:
+            return stop - start
+        return int(np.count_nonzero((doc.tokens[start + 1 : stop + 1] & MASKED) == 0))
+
     def _too_long(self, s: int, doc: Document) -> bool:
         """Whether a chat source's conversation is longer than a row (its (input, label) pairs past the piece size,
         which is the row's: chat sources take whole documents); too_long = "error" stops here."""
@@ -201,7 +210,7 @@ class DocumentFeed:
             self.cursors[s] = SourceCursor(
                 window=cursor.window,
                 position=cursor.position + done,
-                tokens=cursor.tokens + stop - cursor.offset,
+                tokens=cursor.tokens + self._taken(s, doc, cursor.offset, stop),
                 offset=0 if done else stop,
             )
             if n:  # an empty text without BOS/EOS has nothing to emit

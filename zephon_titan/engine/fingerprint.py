@@ -57,6 +57,7 @@ def fingerprint(spec: EngineSpec) -> Fingerprint:
         "packing": packer_class(c.packing).fingerprint(c),
         "labels": c.labels,
         "mix_chunk_tokens": str(spec.mix_chunk_tokens),
+        **({"mix_by": c.mix_by} if c.mix_by != "tokens" else {}),
         "shuffle": "on" if c.shuffle else "off",
         "exhaustion": c.exhaustion,
         "shuffle_window_blocks": str(c.shuffle_window_blocks),

@@ -32,7 +32,8 @@ class SourceCursor:
     """Documents of that window already taken, in the window's shuffled order."""
 
     tokens: int
-    """Tokens taken from this source by the lane so far (drives the mixture)."""
+    """Tokens taken from this source by the lane so far (drives the mixture); a chat source's trained targets
+    under mix_by = "targets"."""
 
     offset: int = 0
     """Tokens of the document at `position` already taken: the source's open document (see mixing.py)."""
