@@ -585,3 +585,33 @@ def test_mix_by_targets_gives_chat_its_weight_in_trained_targets(chat_and_text):
     by_targets, by_tokens = shares("targets"), shares("tokens")
     assert abs(by_targets[0] - 0.5) < 0.03 and abs(by_tokens[1] - 0.5) < 0.03
     assert by_tokens[0] < 0.4 and by_targets[1] > 0.6
+
+
+@pytest.mark.parametrize("shape", ["messages", "pairs", "parquet messages"])
+def test_init_recognizes_conversations(chat_and_text, tmp_path, monkeypatch, capsys, shape):
+    """Message lists (JSON Lines, Parquet) and question/answer pairs become chat sources; the job init writes
+    resolves as the trainer reads it, and plans."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_titan.cli import main
+
+    with open(chat_and_text["sources"]["chat"]["paths"][0]) as f:
+        records = [json.loads(line) for line in f]
+    os.makedirs(tmp_path / "sft")
+    if shape == "pairs":
+        records = [{"question": r["messages"][-2]["content"], "answer": r["messages"][-1]["content"]} for r in records]
+    if shape == "parquet messages":
+        pq.write_table(pa.Table.from_pylist(records), str(tmp_path / "sft" / "part-0.parquet"), row_group_size=20)
+    else:
+        _write(str(tmp_path / "sft" / "part-0.jsonl"), records)
+    monkeypatch.chdir(tmp_path)
+    tokenizer = chat_and_text["tokenizer_path"]
+    assert main(["init", "sft", "--tokenizer", tokenizer, "--gpus", "1,2", "--seq-len", "256", "-o", "job.toml"]) == 0
+    written = (tmp_path / "job.toml").read_text()
+    assert "chat = true" in written and 'packing = "best_fit"' in written
+    expected = 'prompt_field = "question"' if shape == "pairs" else 'messages_field = "messages"'
+    assert expected in written and "text_field" not in written
+    capsys.readouterr()
+    assert main(["plan", "job.toml", "--steps", "2", "--output", "ledger.jsonl"]) == 0
+    assert all(json.loads(line)["targets"]["sft"] > 0 for line in open(tmp_path / "ledger.jsonl"))

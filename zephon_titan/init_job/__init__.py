@@ -125,11 +125,11 @@ def check_written(path: str, layout: Layout) -> None:
 def report(c: JobChoices) -> None:
     print(f"sources (sampled up to {SAMPLE_FILES} files x {SAMPLE_ROWS} documents each, tokenized with {c.tokenizer}):")
     for plan in c.sources:
-        field = plan.why_field if plan.token_ids else f"text_field {plan.text_field!r}"
-        print(
-            f"  {plan.name}: {describe(plan)}; {field}"
-            + (f" ({plan.why_field})" if plan.why_field and not plan.token_ids else "")
-        )
+        if plan.token_ids or plan.chat:
+            field = plan.why_field
+        else:
+            field = f"text_field {plan.text_field!r}" + (f" ({plan.why_field})" if plan.why_field else "")
+        print(f"  {plan.name}: {describe(plan)}; {field}")
         if plan.columns:
             print(f"    columns for keep and repeat: {columns_text(plan.columns)}")
     how = "as given" if c.weights_given else "each source's share of the tokens, so all run out at the same step"

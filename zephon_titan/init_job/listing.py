@@ -29,6 +29,8 @@ class SourcePlan:
     tokens: float = 0.0
     token_settings: dict[str, tuple[Any, str]] = field(default_factory=dict)
     """Token formats: the source's keys that say how to read the ids (value, why)."""
+    chat: dict[str, Any] = field(default_factory=dict)
+    """A chat source's keys (chat = true, and where its conversations are): docs/chat.md."""
 
     @property
     def bytes(self) -> int:
@@ -47,6 +49,8 @@ class SourcePlan:
         for sample in self.samples:
             out.update((name, "string") for name in sample.texts if name != self.text_field)
             out.update((name, kind) for name, kind in sample.other_fields.items() if name != self.text_field)
+        for name in self.chat.values():
+            out.pop(str(name), None)
         return out
 
     @property

@@ -20,6 +20,33 @@ def spread(files: list[FileStat], count: int = SAMPLE_FILES) -> list[FileStat]:
     return [files[round(i * (len(files) - 1) / (count - 1))] for i in range(count)]
 
 
+# Field names that make a source a chat source (docs/chat.md) where the files have no `text`: a list of messages,
+# or a prompt and a response.
+MESSAGE_FIELDS = ("messages", "conversations", "conversation", "chat")
+PAIRS = (("question", "answer"), ("prompt", "response"), ("instruction", "output"), ("prompt", "completion"))
+
+
+def choose_chat_fields(plan: SourcePlan) -> bool:
+    """Whether the samples hold conversations (and no `text` column): a list field of messages, or a prompt and a
+    response field in every sampled document; then the source's chat keys are set (plan.chat)."""
+    samples = [s for s in plan.samples if s.documents]
+    common = set.intersection(*(set(s.texts) for s in samples))
+    if "text" in common:
+        return False
+    for name in MESSAGE_FIELDS:
+        kinds = {s.other_fields.get(name, "") for s in samples}
+        if all(k == "list" or k.startswith(("list<", "large_list<")) for k in kinds):
+            plan.chat = {"chat": True, "messages_field": name}
+            plan.why_field = f"field {name!r} holds lists (conversations: docs/chat.md)"
+            return True
+    for prompt, response in PAIRS:
+        if prompt in common and response in common:
+            plan.chat = {"chat": True, "prompt_field": prompt, "response_field": response}
+            plan.why_field = f"no text field; {prompt!r} and {response!r}: one user turn and its answer (docs/chat.md)"
+            return True
+    return False
+
+
 def choose_text_field(plan: SourcePlan) -> None:
     """`text` if every sampled file has it as a string, else the string field with the longest average values."""
     samples = [s for s in plan.samples if s.documents]  # an empty file has no say
@@ -50,7 +77,13 @@ def estimate(plan: SourcePlan, tokenizer) -> None:
     """Documents from the sampled files' counts scaled by bytes; tokens from the sample tokenized."""
     read = sum(s.file_documents for s in plan.samples)
     plan.documents = read * plan.bytes / max(1, sum(f.size for f in spread(plan.files)))
-    texts = [t for s in plan.samples for t in s.texts.get(plan.text_field, [])]  # an empty file has none
+    fields = (
+        [plan.chat["prompt_field"], plan.chat["response_field"]] if "prompt_field" in plan.chat else [plan.text_field]
+    )
+    texts = ["\n".join(x) for s in plan.samples for x in zip(*(s.texts.get(f, []) for f in fields))]
+    if plan.chat and not texts:  # message lists are not sampled as text: about 4 bytes a token
+        plan.tokens = plan.bytes / 4
+        return
     ids = tokenizer.encode(texts) if texts else []
     plan.tokens = plan.documents * (sum(len(i) for i in ids) / max(1, len(ids)))
 
@@ -81,6 +114,7 @@ def inspect_sources(arguments: list[str], tokenizer) -> list[SourcePlan]:
         plan.samples = [sample_file(f) for f in spread(plan.files)]
         if not any(s.documents for s in plan.samples):
             raise ConfigError(f"{', '.join(plan.paths)}: the sampled files hold no document; check the files")
-        choose_text_field(plan)
+        if not choose_chat_fields(plan):
+            choose_text_field(plan)
         estimate(plan, tokenizer)
     return plans

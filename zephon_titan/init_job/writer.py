@@ -47,6 +47,11 @@ def describe(plan: SourcePlan) -> str:
     )
 
 
+def _chat_lines(plan: SourcePlan) -> list[str]:
+    keys = list(plan.chat.items())
+    return [_line(keys[0][0], keys[0][1], plan.why_field), *(_line(k, v) for k, v in keys[1:])]
+
+
 def render(c: JobChoices, command: str) -> str:
     """The job TOML, every choice with a comment saying why."""
     gpus = ",".join(map(str, c.layout.gpus))
@@ -91,6 +96,11 @@ def render(c: JobChoices, command: str) -> str:
         "[dataloader]",
         _line("num_lanes", c.layout.num_lanes, "fixed for the run; a multiple of every GPU count named"),
         _line("seed", c.seed, "every shuffle; another seed is another data order"),
+        *(
+            [_line("packing", "best_fit", "conversations are trained whole, one row each at most (docs/chat.md)")]
+            if any(plan.chat for plan in c.sources)
+            else []
+        ),
         "# Validation on held-out documents: eval_fraction per source and [validator] (docs/validation.md).",
     ]
     for plan in c.sources:
@@ -102,6 +112,8 @@ def render(c: JobChoices, command: str) -> str:
             *(
                 [_line(key, value, why) for key, (value, why) in plan.token_settings.items()]
                 if plan.token_ids
+                else _chat_lines(plan)
+                if plan.chat
                 else [_line("text_field", plan.text_field, plan.why_field or "the text column")]
             ),
             _line("weight", c.weights[plan.name], share),
