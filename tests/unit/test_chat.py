@@ -615,3 +615,28 @@ def test_init_recognizes_conversations(chat_and_text, tmp_path, monkeypatch, cap
     capsys.readouterr()
     assert main(["plan", "job.toml", "--steps", "2", "--output", "ledger.jsonl"]) == 0
     assert all(json.loads(line)["targets"]["sft"] > 0 for line in open(tmp_path / "ledger.jsonl"))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    lane=st.integers(0, 3),
+    cuts=st.lists(st.integers(0, 30), min_size=1, max_size=4),
+    loss_on=st.sampled_from(["assistant", "last_assistant", "all"]),
+    too_long=st.sampled_from(["drop", "truncate"]),
+)
+def test_chat_rows_restore_exactly_at_random_cut_points(chat_and_text, lane, cuts, loss_on, too_long):
+    sources = {
+        **chat_and_text["sources"],
+        "chat": {**chat_and_text["sources"]["chat"], "loss_on": loss_on, "too_long": too_long},
+    }
+    spec = spec_from_table({**chat_and_text, "sources": sources}, seq_len=256)
+    assert_restores_exactly(spec, lane, cuts, rows=3)
+
+
+def test_a_chat_source_whose_conversations_are_all_too_long_is_one_line_not_a_hang(chat_and_text):
+    sources = {"chat": {**chat_and_text["sources"]["chat"], "weight": 1.0}}
+    spec = spec_from_table({**chat_and_text, "sources": sources}, seq_len=8)
+    with pytest.raises(
+        DataError, match=r"source 'chat': lane 0 met all \d+ of its blocks .* a conversation longer than a row"
+    ):
+        LaneStream(spec, 0).next_row()

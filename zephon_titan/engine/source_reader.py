@@ -411,7 +411,8 @@ class LaneSourceReader:
             raise DataError(
                 f"source {self.source.name!r}: lane {self.lane_id} met {met} "
                 "without a document that gives a row a token (every text empty, one token long under labels = "
-                f'"document", excluded, or left out by its keep or repeat){self._split_note()}; check field '
+                f'"document", excluded, left out by its keep or repeat, or a conversation longer than a row or whose '
+                f"mask cannot be exact){self._split_note()}; check field "
                 f"{self.source.text_field!r}, the add_bos/add_eos settings and its keep and repeat, or give this "
                 "source weight 0"
             )
