@@ -640,3 +640,65 @@ def test_a_chat_source_whose_conversations_are_all_too_long_is_one_line_not_a_ha
         DataError, match=r"source 'chat': lane 0 met all \d+ of its blocks .* a conversation longer than a row"
     ):
         LaneStream(spec, 0).next_row()
+
+
+# ---- a template changed from a step on --------------------------------------------------------------------------
+
+CHANGE_AT = 3  # the checkpoint's step; the new template from the next
+
+
+def test_a_template_changed_from_the_step_after_the_checkpoint(chat_and_text, tmp_path):
+    """Saved after step 3 with the ChatML template, resumed with another one from step 4: steps 1-3 are the first
+    run's, steps 4.. equal an uninterrupted run of both eras (in process and in workers); the old template file must
+    still hold what the checkpoint recorded, and a change at the checkpoint's step is refused."""
+    from helpers import engine_checkpoint
+
+    from zephon_titan.engine import LaneGroup, fingerprint, open_lane_group
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.errors import ResumeError
+    from zephon_titan.loader.state import Decoded
+
+    old_file, new_file = tmp_path / "old.jinja", tmp_path / "new.jinja"
+    old_file.write_text(CHATML)
+    new_file.write_text(
+        "{% for m in messages %}[{{ m.role }}]\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]\n{% endif %}"
+    )
+
+    def table(template, **overrides):
+        sources = {
+            **chat_and_text["sources"],
+            "chat": {**chat_and_text["sources"]["chat"], "chat_template": str(template)},
+        }
+        return {**chat_and_text, "sources": sources, **overrides}
+
+    old = spec_from_table(table(old_file), seq_len=256)
+    saved = engine_checkpoint(old, CHANGE_AT)
+
+    def resumed(from_step):
+        new = spec_from_table(table(new_file, pipeline_from_step=from_step), seq_len=256)
+        restored = read_state(Decoded(saved), range(4), fingerprint(new))
+        return restored, restored.spec(new)
+
+    restored, spec = resumed(CHANGE_AT + 1)
+    assert restored.mixture_change == f"the pipelines of chat change from step {CHANGE_AT + 1}"
+
+    def steps(s, n, states=None, first=0):
+        group = LaneGroup(s, range(4), 2, states, first)
+        return [[row.to_bytes() for lane in group.next_step() for row in lane] for _ in range(n)]
+
+    group = LaneGroup(old, range(4), 2)
+    for _ in range(CHANGE_AT):
+        group.next_step()
+    whole = steps(spec, CHANGE_AT + 12)
+    assert whole[:CHANGE_AT] == steps(old, CHANGE_AT)
+    after = steps(spec, 12, group.state(), CHANGE_AT)
+    assert after == whole[CHANGE_AT:]
+    assert after != steps(old, CHANGE_AT + 12)[CHANGE_AT:]  # the control: the new template's rows differ
+    with open_lane_group(spec, range(4), 2, num_workers=2, states=group.state(), first_step=CHANGE_AT) as workers:
+        assert [[row.to_bytes() for lane in workers.next_step() for row in lane] for _ in range(12)] == after
+    with pytest.raises(ResumeError, match=r"chat template of source chat changed, .* pipeline_from_step = 4"):
+        resumed(CHANGE_AT)
+    old_file.write_text(CHATML.replace("\n{% endfor %}", "{% endfor %}"))  # the old template edited since
+    with pytest.raises(ResumeError, match=r"made with the chat template .*old\.jinja \(sha256 \w+\), which now holds"):
+        resumed(CHANGE_AT + 1)

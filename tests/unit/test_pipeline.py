@@ -460,7 +460,7 @@ def test_a_change_at_or_before_the_checkpoint_or_past_its_slots_is_refused(score
     stricter = scored_table(scored, tokenizer_dir, keep=("quality >= 0.6", ""), repeat=("min(meta.score, 2)", ""))
     with pytest.raises(
         ResumeError,
-        match=rf"keep, repeat or transform of source code changed, .* set \[dataloader\] pipeline_from_step = {CHANGE_AT + 1}",
+        match=rf"keep, repeat, transform or chat template of source code changed, .* set \[dataloader\] pipeline_from_step = {CHANGE_AT + 1}",
     ):
         read_state(Decoded(saved), range(4), fingerprint(spec_from_table(stricter)))
     with pytest.raises(ResumeError, match="pipeline_from_step"):

@@ -292,7 +292,9 @@ def test_a_transform_change_is_refused_where_the_steps_before_could_not_be_repla
     old = _spec(scored, tokenizer_dir, ["pipeline_transforms:drop_short"], exhaustion="repeat")
     saved = engine_checkpoint(old, CHANGE_AT)
     for from_step in (1, CHANGE_AT):  # at or before the checkpoint's step: those steps are trained already
-        with pytest.raises(ResumeError, match=r"keep, repeat or transform of source code, prose changed, .* = 4"):
+        with pytest.raises(
+            ResumeError, match=r"keep, repeat, transform or chat template of source code, prose changed, .* = 4"
+        ):
             _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], from_step)
     # The old function's code changed under its name: the documents drawn before the change cannot be drawn again.
     monkeypatch.syspath_prepend(str(tmp_path))

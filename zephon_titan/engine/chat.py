@@ -266,6 +266,58 @@ class ChatSetup:
     def conversation(self, record: dict[str, Any], where: str) -> Conversation:
         return render(self.template, self.fields.messages(record, where), self.loss_on, where)
 
+    def era_record(self) -> dict[str, str]:
+        """What a checkpoint's pipeline eras keep of it (pipeline.PipelineEra.chats): enough to set it up again at a
+        resume, its template found where it was and checked by its SHA-256 (chat_of_record)."""
+        f = self.fields
+        return {
+            "template": self.template.origin,
+            "sha256": self.template.digest,
+            "messages_field": f.messages_field,
+            "prompt_field": f.prompt_field,
+            "response_field": f.response_field,
+            "loss_on": self.loss_on,
+            "too_long": self.too_long,
+        }
+
+
+def chat_of_record(record: dict[str, str], name: str, start: int) -> ChatSetup:
+    """The chat setup of an earlier pipeline era, its template read again from where it was found: ResumeError when
+    that file is gone or holds another template (the conversations drawn before the change are drawn again by it
+    at a resume)."""
+    from zephon_titan.errors import ResumeError
+
+    origin = record["template"]
+    try:
+        with open(origin, encoding="utf-8") as f:
+            text = json.load(f).get("chat_template") if origin.endswith(".json") else f.read()
+    except (OSError, ValueError):
+        text = None
+    template = ChatTemplate(text if isinstance(text, str) else "", origin)
+    if not isinstance(text, str) or template.digest != record["sha256"]:
+        found = "is gone" if text is None else f"now holds sha256 {template.digest}"
+        raise ResumeError(
+            f"source {name!r}: the run's steps from {start} were made with the chat template {origin} (sha256 "
+            f"{record['sha256']}), which {found}; a conversation drawn before the template changed is drawn again by "
+            "it at a resume: keep that file as it was (name the new template by chat_template) or resume from a "
+            "checkpoint of this template"
+        )
+    fields = ChatFields(record["messages_field"], record["prompt_field"], record["response_field"])
+    return ChatSetup(template, fields, record["loss_on"], record["too_long"])
+
+
+def era_chats(source: Any, eras: Sequence[Any]) -> tuple[ChatSetup | None, ...]:
+    """A source's chat setup in each pipeline era: the config's where an era records it, an earlier era's set up
+    again (chat_of_record)."""
+    current = source.chat.era_record() if source.chat is not None else None
+    out: list[ChatSetup | None] = []
+    for era in eras:
+        record = era.chats.get(source.name)
+        out.append(
+            source.chat if record == current else chat_of_record(record, source.name, era.start) if record else None
+        )
+    return tuple(out)
+
 
 def chat_setup(source: Any, tokenizer_dir: str) -> ChatSetup:
     """The ChatSetup of a SourceConfig with chat = true; `tokenizer_dir`: where the tokenizer's template is."""

@@ -129,7 +129,7 @@ class DocumentFeed:
         reader = self.readers[s]
         copy, stage = reader.fate(cursor, tokens is DROPPED)
         at = s * PER_SOURCE
-        chat = reader.source.chat
+        chat = reader.chat
         if copy == 0:
             self.counted[at + READ] += 1
             if stage >= 0:
@@ -154,7 +154,7 @@ class DocumentFeed:
     def _too_long(self, s: int, doc: Document) -> bool:
         """Whether a chat source's conversation is longer than a row (its (input, label) pairs past the piece size,
         which is the row's: chat sources take whole documents); too_long = "error" stops here."""
-        chat = self.readers[s].source.chat
+        chat = self.readers[s].chat
         if chat is None or doc.tokens is DROPPED or doc.tokens is REFUSED or len(doc.tokens) - 1 <= self.chunk:
             return False
         if chat.too_long == "error":
@@ -185,7 +185,7 @@ class DocumentFeed:
             cursor = self.cursors[s]
             doc = self.readers[s].document(cursor)
             too_long = self._too_long(s, doc)
-            if too_long and self.readers[s].source.chat.too_long == "truncate":  # type: ignore[union-attr]
+            if too_long and self.readers[s].chat.too_long == "truncate":  # type: ignore[union-attr]
                 doc = Document(doc.source, doc.tokens[: self.chunk + 1], doc.file, doc.row, 0, self.chunk + 1)
             n = len(doc.tokens)
             if cursor.offset > n and doc.tokens is not DROPPED:  # (the rest of a document a new keep drops: skipped)

@@ -96,9 +96,10 @@ def check_pipelines(
     ahead = (config_era,) if config_era.start > step else ()
     if config_era.start <= step and not config_era.same_pipelines(done[-1]):
         raise ResumeError(
-            f"keep, repeat or transform of source {', '.join(config_era.changed_sources(done[-1]))} changed, but the "
-            f"config puts the change at or before the checkpoint's step {step} (those steps are trained already); set "
-            f"[dataloader] pipeline_from_step = {step + 1} (or later) to change them from there on, or restore them"
+            f"keep, repeat, transform or chat template of source {', '.join(config_era.changed_sources(done[-1]))} "
+            f"changed, but the config puts the change at or before the checkpoint's step {step} (those steps are "
+            f"trained already); set [dataloader] pipeline_from_step = {step + 1} (or later) to change them from there "
+            "on, or restore them"
         )
     if ahead and ahead[0].same_pipelines(done[-1]):
         ahead = ahead[1:]  # no change at its start
@@ -116,7 +117,8 @@ def check_pipelines(
     change = ""
     if ahead:
         changed = sorted({n for e in ahead for n in e.changed_sources(done[-1])})
-        what = "keep and repeat" if all(e.transforms == done[-1].transforms for e in ahead) else "the pipelines"
+        same = all((e.transforms, e.chats) == (done[-1].transforms, done[-1].chats) for e in ahead)
+        what = "keep and repeat" if same else "the pipelines"
         change = f"{what} of {', '.join(changed)} change from step {ahead[0].start}"
     return done + ahead, slots, change
 
@@ -127,7 +129,7 @@ def _transforms(fp: Fingerprint) -> dict[str, str]:
 
 
 def _pipelines_component(spec: EngineSpec) -> Fingerprint:
-    if not any(e.expressions for e in spec.pipeline_eras) and not spec.transforms_change:
+    if not any(e.expressions or e.chats for e in spec.pipeline_eras) and not spec.transforms_change:
         return {}
     slots = {s.name: s.slots for s in spec.sources if any(p is not None for p in s.era_pipelines)}
     return {PIPELINES_KEY: pipeline_eras_text(spec.pipeline_eras, slots)}
@@ -343,7 +345,8 @@ def check_fingerprint(
         PIPELINES_KEY,
         "pipeline",
         "transform",
-    }  # check_mixture & co. at a resume
+        "chat",
+    }  # check_mixture & co. at a resume (check_pipelines: keep, repeat, transforms and chat templates by step)
     skip = set(allow) | (apart if mixture_checked_apart else set())
     if mixture_checked_apart:  # a resume: sources may be added, not removed
         refuse_removed_sources(source_names(saved), source_names(current))

@@ -130,7 +130,9 @@ def step_pipeline(spec: EngineSpec, step: int) -> str | None:
     if step < first_change:
         return None
     era = eras[spec.pipeline_era_of(step)]
-    decided = [era.expressions, era.transforms] if spec.transforms_change else era.expressions
+    decided: object = era.expressions
+    if spec.transforms_change or spec.chats_change:
+        decided = [era.expressions, era.transforms, *([era.chats] if spec.chats_change else [])]
     return hashlib.sha256(json.dumps(decided, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 

@@ -167,28 +167,35 @@ class PipelineEra:
     start: int
     expressions: dict[str, tuple[str, str]]
     transforms: dict[str, str] = field(default_factory=dict)
+    chats: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Each chat source's template and mask rule (chat.ChatSetup.era_record)."""
 
     def same_pipelines(self, other: PipelineEra) -> bool:
         """Whether the two eras decide alike (their starts aside)."""
-        return self.expressions == other.expressions and self.transforms == other.transforms
+        return (self.expressions, self.transforms, self.chats) == (other.expressions, other.transforms, other.chats)
 
     def changed_sources(self, other: PipelineEra) -> list[str]:
-        """The sources whose keep, repeat or transforms differ between the two eras."""
-        names = set(self.expressions) | set(other.expressions) | set(self.transforms) | set(other.transforms)
-        return sorted(
-            n
-            for n in names
-            if self.expressions.get(n) != other.expressions.get(n) or self.transforms.get(n) != other.transforms.get(n)
-        )
+        """The sources whose keep, repeat, transforms or chat template differ between the two eras."""
+        parts: list[tuple[dict[str, Any], dict[str, Any]]] = [
+            (self.expressions, other.expressions),
+            (self.transforms, other.transforms),
+            (self.chats, other.chats),
+        ]
+        names = {n for a, b in parts for n in (*a, *b)}
+        return sorted(n for n in names if any(a.get(n) != b.get(n) for a, b in parts))
 
 
-def config_eras(config: DataConfig, transforms: dict[str, str]) -> tuple[PipelineEra, ...]:
+def config_eras(
+    config: DataConfig, transforms: dict[str, str], chats: dict[str, dict[str, str]] | None = None
+) -> tuple[PipelineEra, ...]:
     """A new run's pipelines by step: the config's keep, repeat and `transforms` (by source, as the fingerprint
-    names them) from pipeline_from_step (none before it)."""
+    names them) from pipeline_from_step (none before it); its chat sources' `chats` from the first step (a source
+    is a chat source throughout)."""
     current = {s.name: (s.keep, s.repeat) for s in config.sources if s.keep or s.repeat}
+    chats = chats or {}
     if config.pipeline_from_step <= 1:
-        return (PipelineEra(1, current, transforms),)
-    return (PipelineEra(1, {}), PipelineEra(config.pipeline_from_step, current, transforms))
+        return (PipelineEra(1, current, transforms, chats),)
+    return (PipelineEra(1, {}, {}, chats), PipelineEra(config.pipeline_from_step, current, transforms, chats))
 
 
 def era_index(eras: Sequence[PipelineEra], step: int) -> int:
@@ -199,8 +206,12 @@ def era_index(eras: Sequence[PipelineEra], step: int) -> int:
 def eras_text(eras: Sequence[PipelineEra], slots: dict[str, int]) -> str:
     """The fingerprint's `pipelines`: every era and each source's slots per document, as JSON (an era's transforms
     only where some era has any, so runs without keep the text they had)."""
-    with_transforms = any(e.transforms for e in eras)
-    listed = [[e.start, e.expressions, *([e.transforms] if with_transforms else [])] for e in eras]
+    with_chats = any(e.chats for e in eras)
+    with_transforms = with_chats or any(e.transforms for e in eras)
+    listed = [
+        [e.start, e.expressions, *([e.transforms] if with_transforms else []), *([e.chats] if with_chats else [])]
+        for e in eras
+    ]
     return json.dumps({"eras": listed, "slots": slots}, sort_keys=True)
 
 
@@ -214,6 +225,9 @@ def read_eras(text: str) -> tuple[tuple[PipelineEra, ...], dict[str, int]]:
                 int(era[0]),
                 {str(k): (str(v[0]), str(v[1])) for k, v in dict(era[1]).items()},
                 {str(k): str(v) for k, v in dict(era[2]).items()} if len(era) > 2 else {},
+                {str(k): {str(a): str(b) for a, b in dict(v).items()} for k, v in dict(era[3]).items()}
+                if len(era) > 3
+                else {},
             )
             for era in data["eras"]
         )

@@ -38,6 +38,7 @@ from itertools import accumulate
 import numpy as np
 
 from zephon_titan.engine import chat
+from zephon_titan.engine.chat import ChatSetup
 from zephon_titan.engine.document_counts import DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM
 from zephon_titan.engine.encode_calls import (
     _NO_BATCH,
@@ -249,6 +250,11 @@ class LaneSourceReader:
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
+
+    @property
+    def chat(self) -> ChatSetup | None:
+        """The source's chat setup in the reader's era (None: not a chat source)."""
+        return self.source.era_chats[self.era] if self.source.era_chats else self.source.chat
 
     @property
     def copies(self) -> int:

@@ -15,7 +15,7 @@ from functools import cached_property
 from typing import Any, TypedDict
 
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
-from zephon_titan.engine.chat import chat_setup
+from zephon_titan.engine.chat import chat_setup, era_chats
 from zephon_titan.engine.exclusion import Exclusion, build_exclusion
 from zephon_titan.engine.mixing import added_offsets, initial_offsets
 from zephon_titan.engine.pipeline import (
@@ -97,7 +97,12 @@ class EngineSpec:
     @cached_property
     def pipelines_change(self) -> bool:
         """Whether some source's keep or repeat changes by step (a lane then needs the step of its rows)."""
-        return len({json.dumps([e.expressions, e.transforms], sort_keys=True) for e in self.pipeline_eras}) > 1
+        return len({json.dumps([e.expressions, e.transforms, e.chats], sort_keys=True) for e in self.pipeline_eras}) > 1
+
+    @cached_property
+    def chats_change(self) -> bool:
+        """Whether some chat source's template or mask rule changes by step."""
+        return len({json.dumps(e.chats, sort_keys=True) for e in self.pipeline_eras}) > 1
 
     @cached_property
     def transforms_change(self) -> bool:
@@ -131,6 +136,7 @@ class EngineSpec:
             pipelines = era_pipelines(source.name, eras)
             source.set_pipelines(pipelines, slots.get(source.name, slots_needed(pipelines)))
             source.set_era_transforms(era_transforms(source, eras))
+            source.set_era_chats(era_chats(source, eras))
         return dataclasses.replace(self, pipeline_eras=eras)
 
     def with_eras(self, eras: tuple[Era, ...]) -> EngineSpec:
@@ -240,14 +246,16 @@ def build_engine(
         files = [(s.name, [f.path for f in s.files]) for s in sources]
         exclusion = build_exclusion(config.exclude, config.exclude_from_step, files)
     eras = seq_len_eras(config, seq_len)
-    pipelines = config_eras(config, {s.name: describe_all(s.transforms) for s in sources if s.transforms})
     for source, source_config in zip(sources, config.sources):
         if source_config.chat:
             source.chat = chat_setup(source_config, config.tokenizer_path or tokenizer.folder)
+    transforms = {s.name: describe_all(s.transforms) for s in sources if s.transforms}
+    pipelines = config_eras(config, transforms, {s.name: s.chat.era_record() for s in sources if s.chat is not None})
     for source in sources:
         by_era = era_pipelines(source.name, pipelines)
         source.set_pipelines(by_era, slots_needed(by_era))
         source.set_era_transforms(era_transforms(source, pipelines))
+        source.set_era_chats(era_chats(source, pipelines))
     return EngineSpec(
         config=config,
         sources=sources,

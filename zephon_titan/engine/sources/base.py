@@ -178,6 +178,8 @@ class Source(ABC):
         self.chat: ChatSetup | None = None
         """A chat source's template and mask rule (engine/chat.py; set by build_engine): its documents are
         conversations read from its records."""
+        self.era_chats: tuple[ChatSetup | None, ...] = ()
+        """A chat source's setup in each pipeline era where it changes by era (set_era_chats); empty: `chat`."""
         self.era_transforms: tuple[tuple[Transform, ...], ...] = ()
         """Its transforms in each pipeline era of the run (set_era_transforms); empty: `transforms` in every era."""
         self.pipeline_seconds = 0.0
@@ -292,6 +294,13 @@ class Source(ABC):
         with self._held_lock:
             self._held.clear()
 
+    def set_era_chats(self, setups: tuple[ChatSetup | None, ...]) -> None:
+        """A chat source's setup in each of the run's eras (chat.era_chats); blocks read before are forgotten."""
+        records = {None if c is None else json.dumps(c.era_record(), sort_keys=True) for c in setups}
+        self.era_chats = setups if len(records) > 1 else ()
+        with self._held_lock:
+            self._held.clear()
+
     @property
     def reads_records(self) -> bool:
         """Whether a block's records are read for transforms (in some era)."""
@@ -334,8 +343,11 @@ class Source(ABC):
     def _transformed(self, block: BlockDocuments) -> BlockDocuments:
         """The block whose texts are its records through the source's transforms (DROPPED where one drops it); where
         they change by era, its texts in each era too (`era_texts`, the last the config's)."""
-        if self.chat is not None:
+        if self.chat is not None and not self.era_chats:
             return dataclasses.replace(block, texts=self._conversations(block, self.chat))
+        if self.era_chats:  # the template changes by era: each era's conversations (the last the config's)
+            era_texts = self._era_conversations(block)
+            return dataclasses.replace(block, texts=era_texts[-1], era_texts=era_texts)
         chains = self.era_transforms or (self.transforms,)
         made: dict[tuple[str, ...], Sequence[Any]] = {}
         for chain in chains:
@@ -344,6 +356,18 @@ class Source(ABC):
                 made[key] = self._texts_through(block, chain) if chain else block.texts
         era_texts = tuple(made[tuple(t.describe() for t in chain)] for chain in chains)
         return dataclasses.replace(block, texts=era_texts[-1], era_texts=era_texts if len(made) > 1 else ())
+
+    def _era_conversations(self, block: BlockDocuments) -> tuple[Sequence[Any], ...]:
+        """A chat source's conversations in each pipeline era (one object per distinct setup)."""
+        made: dict[str, Sequence[Any]] = {}
+        out = []
+        for setup in self.era_chats:
+            assert setup is not None, "a chat source is one in every era"
+            key = json.dumps(setup.era_record(), sort_keys=True)
+            if key not in made:
+                made[key] = self._conversations(block, setup)
+            out.append(made[key])
+        return tuple(out)
 
     def _conversations(self, block: BlockDocuments, chat: ChatSetup) -> Sequence[Any]:
         """A chat source's documents: each record's conversation rendered, with its supervised spans."""
