@@ -185,10 +185,8 @@ def render(template: ChatTemplate, messages: list[dict[str, Any]], loss_on: str,
                 turns = turns[-1:]
             spans = []
             for i in turns:
-                start, end = (
-                    template.render(messages[:i], add_generation_prompt=True),
-                    template.render(messages[: i + 1]),
-                )
+                start = template.render(messages[:i], add_generation_prompt=True)
+                end = full if i == len(messages) - 1 else template.render(messages[: i + 1])  # the whole: rendered
                 if not (full.startswith(start) and full.startswith(end) and len(start) <= len(end)):
                     spans = []
                     break
@@ -208,40 +206,43 @@ def encode(
     tokenizer: Any, conversations: Sequence[Conversation], bos_id: int | None, eos_id: int | None
 ) -> list[np.ndarray]:
     """Each conversation's ids (int32), MASKED set on the tokens whose prediction is not trained; REFUSED where the
-    mask cannot be exact. `tokenizer`: a `tokenizers.Tokenizer` (offsets are needed)."""
+    mask cannot be exact. `tokenizer`: a `tokenizers.Tokenizer` (character offsets are needed)."""
     encodings = tokenizer.encode_batch(list(conversations), add_special_tokens=False) if conversations else []
     out = []
     for conversation, encoding in zip(conversations, encodings):
-        if not conversation.spans:
-            out.append(REFUSED)
+        ids = np.array(encoding.ids, dtype=np.int32)
+        first = int(bos_id is not None)
+        bounds = [_token_at(encoding, pos, len(conversation), len(ids)) for span in conversation.spans for pos in span]
+        if not conversation.spans or None in bounds:
+            out.append(REFUSED)  # not rendered turn by turn, or a token across a span's edge
             continue
-        ids = np.asarray(encoding.ids, dtype=np.int64)
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        trained = np.zeros(len(ids), dtype=bool)
-        exact = True
-        for a, b in conversation.spans:
-            inside = (offsets[:, 0] >= a) & (offsets[:, 1] <= b) & (offsets[:, 1] > offsets[:, 0])
-            crossing = (offsets[:, 0] < a) & (offsets[:, 1] > a) | (offsets[:, 0] < b) & (offsets[:, 1] > b)
-            if crossing.any():
-                exact = False
-                break
-            trained |= inside
-        if not exact:
-            out.append(REFUSED)
-            continue
-        ends_trained = bool(conversation.spans[-1][1] == len(conversation))
-        parts_ids = [ids]
-        parts_trained = [trained]
+        eos = eos_id is not None and (len(ids) == 0 or ids[-1] != eos_id)
+        tokens = np.empty(first + len(ids) + eos, dtype=np.int32)
+        tokens[first : first + len(ids)] = ids
         if bos_id is not None:
-            parts_ids.insert(0, np.array([bos_id]))
-            parts_trained.insert(0, np.zeros(1, dtype=bool))
-        if eos_id is not None and (len(ids) == 0 or ids[-1] != eos_id):
-            parts_ids.append(np.array([eos_id]))
-            parts_trained.append(np.array([ends_trained]))
-        tokens = np.concatenate(parts_ids).astype(np.int32)
-        tokens[~np.concatenate(parts_trained)] |= MASKED
+            tokens[0] = bos_id
+        if eos_id is not None and eos:
+            tokens[-1] = eos_id
+        trained = np.zeros(len(tokens), dtype=bool)
+        for a, b in zip(bounds[::2], bounds[1::2]):
+            assert a is not None and b is not None  # None refused the conversation above
+            trained[first + a : first + b] = True
+        if eos:  # the appended EOS ends the last span when the conversation does
+            trained[-1] = conversation.spans[-1][1] == len(conversation)
+        tokens[~trained] |= MASKED
         out.append(tokens)
     return out
+
+
+def _token_at(encoding: Any, pos: int, chars: int, tokens: int) -> int | None:
+    """The index of the token that starts at character `pos` (`tokens` at the end of the text); None when a token
+    covers `pos` without starting there (a merge across a span's edge) or no token holds it."""
+    if pos >= chars:
+        return tokens
+    t = encoding.char_to_token(pos)
+    if t is None or encoding.token_to_chars(t)[0] != pos:
+        return None
+    return int(t)
 
 
 @dataclass(frozen=True)
