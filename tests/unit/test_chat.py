@@ -702,3 +702,30 @@ def test_a_template_changed_from_the_step_after_the_checkpoint(chat_and_text, tm
     old_file.write_text(CHATML.replace("\n{% endfor %}", "{% endfor %}"))  # the old template edited since
     with pytest.raises(ResumeError, match=r"made with the chat template .*old\.jinja \(sha256 \w+\), which now holds"):
         resumed(CHANGE_AT + 1)
+
+
+def test_a_tool_call_without_content_is_rendered_as_the_template_writes_it(tmp_path, tokenizer_dir):
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.tool_calls %}{% for c in m.tool_calls %}<call>{{ c.function.name }}({{ c.function.arguments }})</call>"
+        "{% endfor %}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tokenizer = _with_template(tokenizer_dir, str(tmp_path / "tok"), template)
+    call = {"type": "function", "function": {"name": "lookup", "arguments": '{"q": "zip"}'}}
+    messages = [
+        {"role": "user", "content": "what does zip do"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "zip pairs items"},
+        {"role": "assistant", "content": "It pairs items of iterables."},
+    ]
+    path = _write(str(tmp_path / "c.jsonl"), [{"messages": messages}])
+    spec = spec_from_table(_chat_table(path, tokenizer), seq_len=256)
+    ((inputs, labels),) = _documents(spec).values()
+    decode = spec.tokenizer.decode
+    trained = decode([t for t in labels if t != IGNORE_INDEX and t != spec.tokenizer.eos_id])
+    assert trained == '<call>lookup({"q": "zip"})</call><|im_end|>\nIt pairs items of iterables.<|im_end|>'
+    messages[1] = {"role": "assistant", "content": None}  # no content and no tool call: one line
+    path = _write(str(tmp_path / "d.jsonl"), [{"messages": messages}])
+    with pytest.raises(DataError, match="message 1 has no string content"):
+        epoch_rows(spec_from_table(_chat_table(path, tokenizer), seq_len=256))

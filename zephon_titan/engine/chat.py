@@ -152,10 +152,12 @@ class ChatFields:
             )
         out = []
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                role = m.get("role") if isinstance(m, dict) else None
+            role = m.get("role") if isinstance(m, dict) else None
+            # A message's content is text, or none where it calls tools (OpenAI's and Hugging Face's tool calls).
+            content = m.get("content") if isinstance(m, dict) else None
+            if role not in ROLES or not (isinstance(content, str) or content is None and m.get("tool_calls")):
                 what = f"role {role!r} is not one of {', '.join(ROLES)}" if role not in ROLES else "no string content"
-                raise DataError(f"{where}: message {i} has {what}")
+                raise DataError(f"{where}: message {i} has {what} (nor tool_calls)")
             out.append({k: v for k, v in m.items() if v is not None})
         if not any(m["role"] == "assistant" for m in out):
             raise DataError(f"{where}: the conversation has no assistant message; nothing in it would be trained")
