@@ -6,6 +6,7 @@ zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan where CONFIG.toml --source S (--file F --row N | --match TEXT) [--steps A-B] [--json]
 zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
+zephon-titan run [--nproc N] [--cpu] CONFIG.toml [--section.key value ...]
 zephon-titan index CONFIG.toml [--check]
 zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
 """

@@ -47,7 +47,7 @@ def check_tokenizer_dir(path: str) -> None:
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
         raise ConfigError(
             f"--tokenizer {path} holds no tokenizer.json; download it with the model's tokenizer_config.json "
-            "(huggingface-cli download <model> tokenizer.json tokenizer_config.json --local-dir DIR)"
+            "(hf download <model> tokenizer.json tokenizer_config.json --local-dir DIR)"
         )
 
 

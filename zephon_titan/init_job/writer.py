@@ -59,8 +59,8 @@ def render(c: JobChoices, command: str) -> str:
     out = [
         f"# Written by: {command if len(command) < 300 else command[:300] + ' ...'}",
         f"# Check:  zephon-titan validate {c.path} --world-sizes {gpus}",
-        f"# Train:  torchrun --nproc_per_node {c.layout.gpus[0]} -m zephon_titan.train --job.config_file {c.path}",
-        "#         (no GPU: -m zephon_titan.train_cpu). Every key: docs/configuration.md.",
+        f"# Train:  zephon-titan run --nproc {c.layout.gpus[0]} {c.path}   (checks the job first, then torchrun;",
+        "#         no GPU: add --cpu). Every key: docs/configuration.md.",
         "# Relative paths start from the directory you launch from.",
         _line("hf_assets_path", c.tokenizer, f"the tokenizer (the trainer's and the loader's): {c.vocab_ids:,} ids"),
         _line("dump_folder", c.dump_folder, "this run's own folder: checkpoints, ledger.jsonl"),
