@@ -93,7 +93,7 @@ def test_validate_reports_counts_and_world_sizes(tmp_path, corpus_dir, tokenizer
     assert main(["validate", job, "--no-count", "--world-sizes", "3,8,16"]) == 1
     out = capsys.readouterr().out
     assert "3 ranks: INVALID (the data-parallel size is 3, which does not divide training.global_batch_size" in out
-    assert "8 ranks: ok (2 rows per rank per step, 1 microbatches)" in out
+    assert "8 ranks: ok (2 rows per rank per step, 1 microbatch)" in out
     assert "16 ranks: INVALID (each of the 16 data-parallel ranks takes global_batch_size / 16 = 1 rows" in out
 
 

@@ -41,7 +41,7 @@ class JobSummary:
     def lines(self) -> Iterator[str]:
         yield (
             f"config: {self.path}  ({self.lanes} lanes, global batch {self.global_batch} rows of "
-            f"{self.seq_len} tokens, {self.rows_per_lane} rows per lane per step)"
+            f"{self.seq_len} tokens, {counted(self.rows_per_lane, 'row')} per lane per step)"
         )
         yield (
             f"tokenizer: {self.tokenizer_key} = {self.tokenizer_path}  ({self.vocab_size:,} ids; model vocabulary "
@@ -53,6 +53,11 @@ class JobSummary:
                 + (f" ({s.token!r}, id {s.token_id})" if s.token else "")
                 + f": {s.reason}"
             )
+
+
+def counted(n: int, word: str, plural: str = "s") -> str:
+    """`n` and the word, plural unless n is 1 ("1 file", "2 files", "1,024 rows")."""
+    return f"{n:,} {word}{'' if n == 1 else plural}"
 
 
 @dataclass
@@ -103,7 +108,10 @@ class SourceSummary:
         return self.counts is not None and bool(self.counts.documents) and self.counts.excluded == self.counts.documents
 
     def lines(self) -> Iterator[str]:
-        line = f"  {self.name:<12} weight {self.weight:.3f}  {self.files} files, {self.bytes:,} bytes, {self.blocks} blocks"
+        line = (
+            f"  {self.name:<12} weight {self.weight:.3f}  {counted(self.files, 'file')}, {self.bytes:,} bytes, "
+            f"{counted(self.blocks, 'block')}"
+        )
         if (c := self.counts) is not None:
             line += f", {c.documents:,} documents, {c.tokens:,} tokens per epoch"
             if c.excluded:
@@ -314,8 +322,12 @@ class WorldSizes:
             f"{self.usable}"
         )
         for w in self.checked:
-            detail = f"{w.rows} rows per rank per step, {w.microbatches} microbatches" if w.why is None else w.why
-            yield f"  {w.size:>5} ranks: {'ok' if w.why is None else 'INVALID'} ({detail})"
+            detail = (
+                f"{counted(w.rows, 'row')} per rank per step, {counted(w.microbatches or 0, 'microbatch', 'es')}"
+                if w.why is None
+                else w.why
+            )
+            yield f"  {w.size:>5} {'rank' if w.size == 1 else 'ranks'}: {'ok' if w.why is None else 'INVALID'} ({detail})"
 
 
 # Headings printed before what they head is worked out: an error in it (a packing the fingerprint refuses)
