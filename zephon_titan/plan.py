@@ -90,7 +90,7 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
                 excluded,
                 mixing,
                 step_pipeline(spec, step),
-                spec.counts_documents,
+                spec.counts_documents_at(step),
                 spec.counts_targets,
             )
 

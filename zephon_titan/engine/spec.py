@@ -117,6 +117,17 @@ class EngineSpec:
         pipelined = any(e.expressions or e.transforms for e in self.pipeline_eras)
         return pipelined or self.exclusion is not None or self.counts_targets
 
+    def counts_documents_at(self, step: int) -> bool:
+        """Whether the ledger's entry of `step` says what happened to documents: from the first step where something
+        may drop or repeat them (a keep, repeat, transform or chat source in force, an exclusion from its step), so
+        the steps before keep the form they had (a resume that adds an exclusion leaves them byte for byte)."""
+        if not self.counts_documents:
+            return False
+        era = self.pipeline_eras[self.pipeline_era_of(step)] if self.pipeline_eras else None
+        if era is not None and (era.expressions or era.transforms or era.chats):
+            return True
+        return self.exclusion is not None and step >= self.exclusion.from_step
+
     @property
     def counts_targets(self) -> bool:
         """Whether the ledger says per step each source's trained targets: in a run with chat sources, whose

@@ -56,7 +56,7 @@ def gather_ledger_entry(
         step_exclusion(spec, step),
         step_mixing(spec),
         step_pipeline(spec, step),
-        spec.counts_documents,
+        spec.counts_documents_at(step),
         spec.counts_targets,
     )
 

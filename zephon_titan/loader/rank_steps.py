@@ -241,8 +241,10 @@ class RankSteps:
     def consumed_documents(self) -> list[int]:
         """What happened to documents in the rows of the lanes this rank owns that this process handed to the trainer
         (engine/document_counts.py; PER_SOURCE per source): a sum over the DP ranks counts every lane once."""
-        owned = self.lanes.owned
-        return [sum(column) for column in zip(*(self._documents[lane] for lane in owned))]
+        totals = [0] * (len(self.spec.sources) * PER_SOURCE)  # a rank with no lane of its own (more ranks than lanes)
+        for lane in self.lanes.owned:
+            totals = [a + b for a, b in zip(totals, self._documents[lane])]
+        return totals
 
     # ---- checkpoint state ------------------------------------------------------------------
 
