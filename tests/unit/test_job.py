@@ -76,7 +76,7 @@ def test_dataloader_global_batch_size_points_to_training(tmp_path, corpus_dir, t
             "global_batch_size = 16\nlocal_batch_size = 2",
             3,
             r"data-parallel size is 3, which does not divide training.global_batch_size = 16 rows per step; valid "
-            r"data-parallel sizes: \[1, 2, 4, 8, 16\]",
+            r"data-parallel sizes: \[1, 2, 4, 8\] with local_batch_size = 2 \(.*; \[1, 2, 4, 8, 16\] with a smaller",
         ),
     ],
 )

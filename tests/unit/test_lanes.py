@@ -101,8 +101,8 @@ def test_the_initial_state_is_known_without_reading_data(corpus_dir, tokenizer_d
             3,
             2,
             "the data-parallel size is 3, which does not divide training.global_batch_size = 16 rows per step; "
-            "valid data-parallel sizes: [1, 2, 4, 8, 16] (data_parallel_replicate_degree x data_parallel_shard_degree; "
-            "local_batch_size must also divide the rows per rank)",
+            "valid data-parallel sizes: [1, 2, 4, 8] with local_batch_size = 2 (data_parallel_replicate_degree x "
+            "data_parallel_shard_degree; [1, 2, 4, 8, 16] with a smaller local_batch_size)",
         ),
         (
             16,

@@ -121,7 +121,8 @@ def test_trainer_tokenizer_is_the_default(corpus_dir, tokenizer_dir):
             3,
             2,
             r"data-parallel size is 3, which does not divide training.global_batch_size = 16 rows per step; valid "
-            r"data-parallel sizes: \[1, 2, 4, 8, 16\]",
+            r"data-parallel sizes: \[1, 2, 4, 8\] with local_batch_size = 2 \(.*; \[1, 2, 4, 8, 16\] with a "
+            r"smaller",
         ),
         (20, 2, 2, r"global batch size 20 is not a positive multiple of num_lanes 8"),
         (

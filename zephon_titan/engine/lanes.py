@@ -136,12 +136,17 @@ def validate_batch_layout(num_lanes: int, global_batch_size: int, dp_world_size:
         )
     rows = rows_per_lane(global_batch_size, num_lanes)
     if dp_world_size < 1 or global_batch_size % dp_world_size:
+        sizes = valid_world_sizes(global_batch_size)
+        usable = [w for w in sizes if local_batch_size >= 1 and (global_batch_size // w) % local_batch_size == 0]
+        others = "; {sizes} with a smaller {local_batch_short}" if usable != sizes else ""
         raise LayoutError(
             "the data-parallel size is {ranks}, which does not divide {global_batch} = {batch} rows per step; "
-            "valid data-parallel sizes: {sizes} ({dp_size}; {local_batch_short} must also divide the rows per rank)",
+            "valid data-parallel sizes: {usable} with {local_batch_short} = {local} ({dp_size}" + others + ")",
             ranks=dp_world_size,
             batch=global_batch_size,
-            sizes=valid_world_sizes(global_batch_size),
+            usable=usable,
+            local=local_batch_size,
+            sizes=sizes,
         )
     rows_per_rank = global_batch_size // dp_world_size
     if local_batch_size < 1 or rows_per_rank % local_batch_size:
