@@ -702,6 +702,10 @@ def test_a_template_changed_from_the_step_after_the_checkpoint(chat_and_text, tm
     old_file.write_text(CHATML.replace("\n{% endfor %}", "{% endfor %}"))  # the old template edited since
     with pytest.raises(ResumeError, match=r"made with the chat template .*old\.jinja \(sha256 \w+\), which now holds"):
         resumed(CHANGE_AT + 1)
+    old_file.unlink()
+    os.mkfifo(old_file)  # a path the checkpoint names is read as a bounded regular file: never a hang
+    with pytest.raises(ResumeError, match=r"old\.jinja \(sha256 \w+\), which is gone \(or is no regular file\)"):
+        resumed(CHANGE_AT + 1)
 
 
 def test_a_tool_call_without_content_is_rendered_as_the_template_writes_it(tmp_path, tokenizer_dir):

@@ -298,18 +298,22 @@ def test_a_transform_change_is_refused_where_the_steps_before_could_not_be_repla
             _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], from_step)
     # The old function's code changed under its name: the documents drawn before the change cannot be drawn again.
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text']\n")
+    v2 = "\ndef clean_v2(record):\n    return record['text'].lower()\n"
+    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text']\n" + v2)
     sys.modules.pop("my_cleanup", None)
     saved = engine_checkpoint(_spec(scored, tokenizer_dir, ["my_cleanup:clean"], exhaustion="repeat"), CHANGE_AT)
-    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text'].strip()\n")
+    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text'].strip()\n" + v2)
     sys.modules.pop("my_cleanup", None)
     importlib.invalidate_caches()
     with pytest.raises(ResumeError, match=r"were made by my_cleanup:clean \(sha256 \w+\), but this code has") as e:
-        _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], CHANGE_AT + 1)
+        _resumed(scored, tokenizer_dir, saved, ["my_cleanup:clean_v2"], CHANGE_AT + 1)
     assert "keep that code importable unchanged" in str(e.value) and "\n" not in str(e.value)
+    # A checkpoint never chooses code: its old transform is looked up only in a module the job's transforms name.
+    with pytest.raises(ResumeError, match=r"my_cleanup:clean is not in a module this job's transforms name"):
+        _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], CHANGE_AT + 1)
     # The control: the old code back, the change from the next step is taken.
-    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text']\n")
+    (tmp_path / "my_cleanup.py").write_text("def clean(record):\n    return record['text']\n" + v2)
     sys.modules.pop("my_cleanup", None)
     importlib.invalidate_caches()
-    restored, _ = _resumed(scored, tokenizer_dir, saved, ["pipeline_transforms:drop_german"], CHANGE_AT + 1)
+    restored, _ = _resumed(scored, tokenizer_dir, saved, ["my_cleanup:clean_v2"], CHANGE_AT + 1)
     assert restored.mixture_change.endswith(f"change from step {CHANGE_AT + 1}")

@@ -44,6 +44,7 @@ ROLES = ("system", "user", "assistant", "tool")
 MASKED = 1 << 30
 """Set on a chat document's token whose prediction is not trained (vocabularies stay far below it)."""
 TEMPLATE_FILE = "chat_template.jinja"
+MAX_TEMPLATE_FILE_BYTES = 64 << 20  # a tokenizer_config.json holding a template, read whole
 
 REFUSED = np.empty(0, dtype=np.int32)
 """A conversation whose mask cannot be exact (its template does not render it turn by turn, or a token crosses a
@@ -288,17 +289,19 @@ def chat_of_record(record: dict[str, str], name: str, start: int) -> ChatSetup:
     """The chat setup of an earlier pipeline era, its template read again from where it was found: ResumeError when
     that file is gone or holds another template (the conversations drawn before the change are drawn again by it
     at a resume)."""
-    from zephon_titan.errors import ResumeError
+    from zephon_titan.engine.sources.guards import open_bounded
+    from zephon_titan.errors import ResumeError, ZephonError
 
-    origin = record["template"]
+    origin = record["template"]  # a path the checkpoint names: read as data (a regular file, bounded), never run
     try:
-        with open(origin, encoding="utf-8") as f:
-            text = json.load(f).get("chat_template") if origin.endswith(".json") else f.read()
-    except (OSError, ValueError):
+        with open_bounded(origin, MAX_TEMPLATE_FILE_BYTES, "chat template", ResumeError) as f:
+            data = f.read().decode("utf-8")
+        text = json.loads(data).get("chat_template") if origin.endswith(".json") else data
+    except (OSError, ValueError, AttributeError, ZephonError):
         text = None
     template = ChatTemplate(text if isinstance(text, str) else "", origin)
     if not isinstance(text, str) or template.digest != record["sha256"]:
-        found = "is gone" if text is None else f"now holds sha256 {template.digest}"
+        found = "is gone (or is no regular file)" if text is None else f"now holds sha256 {template.digest}"
         raise ResumeError(
             f"source {name!r}: the run's steps from {start} were made with the chat template {origin} (sha256 "
             f"{record['sha256']}), which {found}; a conversation drawn before the template changed is drawn again by "

@@ -142,7 +142,18 @@ def era_transforms(source: Any, eras: Sequence[Any]) -> tuple[tuple[Transform, .
             out.append(tuple(source.transforms))
             continue
         where = f"[dataloader.sources.{source.name}] (the run's transforms from step {era.start})"
-        chain = tuple(load_transform(part.split(" (")[0], where) for part in text.split("; ")) if text else ()
+        references = [part.split(" (")[0] for part in text.split("; ")] if text else []
+        # The checkpoint names them, and a checkpoint never chooses code: only functions of modules the job's own
+        # transforms of this source import are looked up (and then checked against the recorded digest).
+        modules = {t.reference.partition(":")[0] for t in source.transforms}
+        foreign = [r for r in references if r.partition(":")[0] not in modules]
+        if foreign:
+            raise ResumeError(
+                f"source {source.name!r}: the run's steps from {era.start} were made by {text}, and {foreign[0]} is not "
+                f"in a module this job's transforms name ({', '.join(sorted(modules)) or 'none'}); keep the old "
+                "function beside the new one, in its module, or resume from a checkpoint of these transforms"
+            )
+        chain = tuple(load_transform(reference, where) for reference in references)
         if describe_all(chain) != text:
             raise ResumeError(
                 f"source {source.name!r}: the run's steps from {era.start} were made by {text}, but this code has "
