@@ -94,6 +94,19 @@ def _pass_counts(spec) -> dict:
     return by_source(counted, spec.source_names)
 
 
+def _chat_job(path, chat_and_text: dict, seq_len: int, dataloader: str = "", chat: str = "", rest: str = "") -> str:
+    """A job TOML at `path` over the chat fixture's conversations (the strings: more [dataloader] lines, more lines of
+    the chat source, and tables after it)."""
+    path.write_text(
+        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
+        f"[training]\nseq_len = {seq_len}\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
+        f'[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\n{dataloader}'
+        f'[dataloader.sources.chat]\npaths = ["{chat_and_text["sources"]["chat"]["paths"][0]}"]\nchat = true\n'
+        f"block_bytes = 4096\n{chat}{rest}"
+    )
+    return str(path)
+
+
 # ---- parity with TorchTitan 0.3's ChatDataset -------------------------------------------------------------
 
 
@@ -425,12 +438,9 @@ def test_the_ledger_counts_each_sources_trained_targets_and_verify_compares_them
         by_hand.append(counts)
     sources = chat_and_text["sources"]
     job = tmp_path / "job.toml"
-    job.write_text(
-        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
-        "[training]\nseq_len = 128\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
-        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\nbest_fit_window_docs = 24\nshuffle_window_blocks = 2\n'
-        f'[dataloader.sources.chat]\npaths = ["{sources["chat"]["paths"][0]}"]\nchat = true\nblock_bytes = 4096\nweight = 0.5\n'
-        f"[dataloader.sources.prose]\npaths = {json.dumps(sources['prose']['paths'])}\nweight = 0.5\n"
+    prose = f"[dataloader.sources.prose]\npaths = {json.dumps(sources['prose']['paths'])}\nweight = 0.5\n"
+    _chat_job(
+        job, chat_and_text, 128, "best_fit_window_docs = 24\nshuffle_window_blocks = 2\n", "weight = 0.5\n", prose
     )
     assert main(["plan", str(job), "--steps", "3", "--output", str(tmp_path / "a.jsonl")]) == 0
     lines = [json.loads(line) for line in open(tmp_path / "a.jsonl")]
@@ -465,12 +475,7 @@ def test_validate_says_what_each_chat_source_trains_and_leaves_out(chat_and_text
 
     sources = chat_and_text["sources"]
     job = tmp_path / "job.toml"
-    job.write_text(
-        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
-        "[training]\nseq_len = 64\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
-        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\n'
-        f'[dataloader.sources.chat]\npaths = ["{sources["chat"]["paths"][0]}"]\nchat = true\nblock_bytes = 4096\n'
-    )
+    _chat_job(job, chat_and_text, 64)
     assert main(["validate", str(job), "--world-sizes", "2"]) == 0
     out = capsys.readouterr().out
     spec = spec_from_table(
@@ -489,14 +494,8 @@ def test_validate_says_what_each_chat_source_trains_and_leaves_out(chat_and_text
 def test_inspect_marks_the_trained_targets(chat_and_text, tmp_path, capsys):
     from zephon_titan.cli import main
 
-    sources = chat_and_text["sources"]
     job = tmp_path / "job.toml"
-    job.write_text(
-        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
-        "[training]\nseq_len = 128\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
-        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\nbest_fit_window_docs = 24\n'
-        f'[dataloader.sources.chat]\npaths = ["{sources["chat"]["paths"][0]}"]\nchat = true\nblock_bytes = 4096\n'
-    )
+    _chat_job(job, chat_and_text, 128, "best_fit_window_docs = 24\n")
     assert main(["inspect", str(job), "--step", "1", "--lane", "0", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     pieces = [p for row in report for p in row["pieces"]]
@@ -536,13 +535,7 @@ def test_a_held_out_chat_set_counts_only_the_targets_its_masks_train(chat_and_te
     sources = chat_and_text["sources"]
     path = sources["chat"]["paths"][0]
     job = tmp_path / "job.toml"
-    job.write_text(
-        f'hf_assets_path = "{chat_and_text["tokenizer_path"]}"\n[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n'
-        "[training]\nseq_len = 512\nglobal_batch_size = 8\nlocal_batch_size = 2\n"
-        '[dataloader]\nnum_lanes = 4\nseed = 5\npacking = "best_fit"\n'
-        f'[dataloader.sources.chat]\npaths = ["{path}"]\nchat = true\nblock_bytes = 4096\neval_fraction = 0.3\n'
-        "[validator]\nenable = true\n"
-    )
+    _chat_job(job, chat_and_text, 512, chat="eval_fraction = 0.3\n", rest="[validator]\nenable = true\n")
     report = plan_eval_set(str(job))
     spec = spec_from_table(_chat_table(path, chat_and_text["tokenizer_path"]), seq_len=512)
     source = spec.sources[0]
