@@ -137,9 +137,9 @@ def test_a_lane_restores_exactly_around_the_exclusion_step(tmp_path, corpus_dir,
     for _ in range(STEPS * ROWS):
         stream.next_row()
         states.append(stream.state())
-    assert any(s.excluding for s in states)
-    assert not any(s.excluding for s in states[: (k - 1) * ROWS])  # nothing is drawn under it before step k
-    marked = next((s for s in states if s.excluding), None)
+    assert any(s.feed.excluding for s in states)
+    assert not any(s.feed.excluding for s in states[: (k - 1) * ROWS])  # nothing is drawn under it before step k
+    marked = next((s for s in states if s.feed.excluding), None)
     if marked is not None:
         with pytest.raises(Exception, match="keep the exclude settings"):
             LaneStream(base, 1, LaneState.from_dict(marked.to_dict()), clock=clock)
@@ -247,7 +247,7 @@ def test_worker_processes_give_the_same_rows_under_an_exclusion_and_across_a_res
     expected = [in_process.next_step() for _ in range(3)]
     states = in_process.state()
     expected += [in_process.next_step() for _ in range(2)]
-    assert any(s.excluding for s in states.values())
+    assert any(s.feed.excluding for s in states.values())
 
     def digest(steps) -> list[bytes]:
         return [row.to_bytes() for step in steps for lane in step for row in lane]

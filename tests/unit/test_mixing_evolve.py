@@ -202,8 +202,9 @@ def test_a_best_fit_window_replays_with_its_row_budget_after_a_batch_size_change
     reference = LaneStream(spec, 0, None, StepClock(R))
     reference.take(2 * R)
     state = reference.state()
-    assert state.unit_open and state.window_rows == 3 * R  # drawn at row 0: 3 steps of 2 rows before step 4
-    left = len(reference.packer._rows) - state.unit_offset  # the window's rows still to come
+    # Drawn at row 0: 3 steps of 2 rows before step 4.
+    assert state.packer.unit_open and state.packer.window_rows == 3 * R
+    left = len(reference.packer._rows) - state.packer.unit_offset  # the window's rows still to come
     expected = [rows_digest([row]) for row in reference.take(left + 3 * R)]
 
     def resumed(data, rows_per_step, rows):
@@ -214,13 +215,14 @@ def test_a_best_fit_window_replays_with_its_row_budget_after_a_batch_size_change
     assert resumed(state.to_dict(), 2 * R, left) == expected[:left]  # G doubled: the same window
     # Negative control: the window redrawn without its budget is another window: what follows it differs.
     data = state.to_dict()
-    del data["window_rows"]
+    del data["packer"]["window_rows"]
     assert resumed(data, R, left + 3 * R) != expected
     # The field is checked like the others: never without an open unit.
-    with pytest.raises(ResumeError, match="'window_rows' is 6 with no open unit"):
-        LaneState.from_dict({**state.to_dict(), "unit_open": False, "unit_offset": 0})
-    with pytest.raises(ResumeError, match="'window_rows' is 0 with an open unit"):
-        LaneState.from_dict({**state.to_dict(), "window_rows": 0})
+    packer = state.packer.to_dict()
+    with pytest.raises(ResumeError, match="'packer.window_rows' is 6 with no open unit"):
+        LaneState.from_dict({**state.to_dict(), "packer": {**packer, "unit_open": False, "unit_offset": 0}})
+    with pytest.raises(ResumeError, match="'packer.window_rows' is 0 with an open unit"):
+        LaneState.from_dict({**state.to_dict(), "packer": {**packer, "window_rows": 0}})
 
 
 def _books(tmp_path, prose_docs) -> str:

@@ -435,7 +435,11 @@ def test_a_stricter_keep_and_another_repeat_from_the_step_after_the_checkpoint(s
     from zephon_titan.engine import LaneGroup
     from zephon_titan.errors import ResumeError
 
-    doctored = {lane: dataclasses.replace(st, pipeline_era=7) for lane, st in group.state().items() if st.unit_open}
+    doctored = {
+        lane: dataclasses.replace(st, feed=dataclasses.replace(st.feed, era=7))
+        for lane, st in group.state().items()
+        if st.packer.unit_open
+    }
     assert doctored  # lanes with a unit open at the checkpoint (long documents)
     with pytest.raises(ResumeError, match="drawn in pipeline era 7, but the run has 2"):
         LaneGroup(resumed, sorted(doctored), 2, doctored, CHANGE_AT)

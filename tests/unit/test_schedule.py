@@ -123,7 +123,7 @@ def test_each_phase_mixes_its_own_weights_from_its_first_step(corpus_dir, tokeni
 def test_restore_is_exact_at_random_cuts_under_a_schedule(corpus_dir, tokenizer_dir, lane, cut, packing, ramp):
     phases = [TWO_PHASES[0], {**TWO_PHASES[1], "ramp_steps": ramp}, {"start_step": 9, "weights": {"prose": 1}}]
     spec = _spec(corpus_dir, tokenizer_dir, phases=phases, packing=packing, seq_len=24, best_fit_window_docs=8)
-    assert "mix" in LaneStream(spec, lane, clock=StepClock(R)).state().to_dict()  # the mixer's place is saved
+    assert "mix" in LaneStream(spec, lane, clock=StepClock(R)).state().feed.to_dict()  # the mixer's place is saved
     assert_restores_exactly(spec, lane, [cut], rows=10, rows_per_step=R)
 
 
@@ -283,7 +283,7 @@ def test_a_source_added_at_a_resume_starts_later_and_nothing_else_is_lost(corpus
         stream = LaneStream(spec_b, lane, state, clock)
         stream.take(1)
         saved_again = stream.state().to_dict()
-        replayed += "replay" in saved_again
+        replayed += "replay" in saved_again["feed"]
         expected = stream.take(8)
         again = LaneStream(spec_b, lane, LaneState.from_dict(saved_again), clock)
         assert rows_digest(again.take(8)) == rows_digest(expected), lane

@@ -98,15 +98,16 @@ def test_a_window_open_at_the_change_is_packed_again_and_saved_with_resized(corp
     before = LaneStream(spec_a, 0, clock=StepClock(1))
     before.take(1)
     state = before.state()
-    assert state.unit_open
+    assert state.packer.unit_open
     after = LaneStream(resumed, 0, state, StepClock(1, 1, 1))
-    assert after.state().resized == (state.unit_offset,)
-    assert "resized" in after.state().to_dict()
+    assert after.state().packer.resized == (state.packer.unit_offset,)
+    assert "resized" in after.state().packer.to_dict()
     after.take(1)
     # A second change while that window is open: packed again at each change, each count kept.
     third = _spec(corpus_dir, tokenizer_dir, 96, "best_fit", "document").continuing_at(resumed, 2)
     again = LaneStream(third, 0, after.state(), StepClock(1, 2, 2))
-    assert again.state().resized == (state.unit_offset, 1) and [e.seq_len for e in third.eras] == [160, 48, 96]
+    assert again.state().packer.resized == (state.packer.unit_offset, 1)
+    assert [e.seq_len for e in third.eras] == [160, 48, 96]
     assert len(again.next_row().inputs) == 96
     # Negative control: the same state resumed without the run's earlier seq_len (the window replayed at 48) trains
     # pieces twice or never.
@@ -120,8 +121,9 @@ def test_a_window_open_at_the_change_is_packed_again_and_saved_with_resized(corp
     with pytest.raises(AssertionError):
         assert_each_document_once(spec_a, epoch)
     # A damaged count is refused in one line.
-    bad = LaneState.from_dict({**after.state().to_dict(), "resized": [1, 2, 3]})
-    with pytest.raises(ResumeError, match="'resized' has 3 entries for 1 seq_len changes"):
+    saved = after.state()
+    bad = LaneState.from_dict({**saved.to_dict(), "packer": {**saved.packer.to_dict(), "resized": [1, 2, 3]}})
+    with pytest.raises(ResumeError, match="'packer.resized' has 3 entries for 1 seq_len changes"):
         LaneStream(resumed, 0, bad, StepClock(1, 2, 1))
 
 

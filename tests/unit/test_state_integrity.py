@@ -78,20 +78,23 @@ def test_a_lane_copied_to_another_lane_is_refused(corpus_dir, tokenizer_dir, sav
     "edit, match",
     [
         (
-            lambda e: e["state"].__setitem__("unit_offset", -129),
-            r"lane 3 .*field 'unit_offset' must be an integer >= 0, got -129",
+            lambda e: e["state"]["packer"].__setitem__("unit_offset", -129),
+            r"lane 3 .*field 'packer.unit_offset' must be an integer >= 0, got -129",
         ),
         (
-            lambda e: e["state"].__setitem__("unit_open", ""),
-            r"lane 3 .*field 'unit_open' must be true or false, got ''",
+            lambda e: e["state"]["packer"].__setitem__("unit_open", ""),
+            r"lane 3 .*field 'packer.unit_open' must be true or false, got ''",
         ),
         (
-            lambda e: e["state"]["cursors"][0].__setitem__(1, -5),
-            r"lane 3 .*field 'cursors.position' must be an integer >= 0",
+            lambda e: e["state"]["feed"]["cursors"][0].__setitem__(1, -5),
+            r"lane 3 .*field 'feed.cursors.position' must be an integer >= 0",
         ),
         (lambda e: e["state"].__setitem__("lane_id", 4), r"lane 3 .*field 'lane_id' is 4, not 3"),
         (lambda e: e.__setitem__("tokens", [1]), r"lane 3 .*field 'tokens' must be 2 counts >= 0"),
-        (lambda e: e["state"]["cursors"].pop(), r"lane 3 .*field 'cursors' has 1 sources, the checkpoint has 2"),
+        (
+            lambda e: e["state"]["feed"]["cursors"].pop(),
+            r"lane 3 .*field 'feed.cursors' has 1 sources, the checkpoint has 2",
+        ),
         (lambda e: e["state"].__setitem__("rows", 7), r"lanes stand at rows \[6, 7\], not at the end of one step"),
     ],
 )
@@ -203,36 +206,46 @@ def test_a_header_resealed_unchanged_loads(corpus_dir, tokenizer_dir, saved):
 
 
 def _cursor(source, field, value):
-    return lambda e: e["state"]["cursors"][source].__setitem__(
+    return lambda e: e["state"]["feed"]["cursors"][source].__setitem__(
         ("window", "position", "tokens", "offset").index(field), value
     )
 
 
 def _state(name, value):
-    return lambda e: e["state"].__setitem__(name, value)
+    """Set a field of the lane state where its stage keeps it (the packer's, the feed's, or the lane's own)."""
+    stage = {"unit_open": "packer", "unit_offset": "packer", "cursors": "feed", "mix": "feed", "replay": "feed"}
+
+    def edit(e):
+        (e["state"][stage[name]] if name in stage else e["state"]).__setitem__(name, value)
+
+    return edit
 
 
 def _closed_with_replay(e):
-    e["state"].update(unit_open=False, unit_offset=0, replay=[2, [0, 1]])
+    e["state"]["packer"].update(unit_open=False, unit_offset=0)
+    e["state"]["feed"]["replay"] = [2, [0, 1]]
 
 
 @pytest.mark.parametrize(
     "edit, match",
     [
-        (_cursor(0, "tokens", 10), r"lane 3 .*field 'cursors' of source 0: offset 64 exceeds tokens 10"),
-        (_cursor(1, "offset", -1), r"lane 3 .*field 'cursors.offset' must be an integer >= 0, got -1"),
-        (_cursor(1, "window", 2**63), r"lane 3 .*field 'cursors.window' must be an integer >= 0"),
+        (_cursor(0, "tokens", 10), r"lane 3 .*field 'feed.cursors' of source 0: offset 64 exceeds tokens 10"),
+        (_cursor(1, "offset", -1), r"lane 3 .*field 'feed.cursors.offset' must be an integer >= 0, got -1"),
+        (_cursor(1, "window", 2**63), r"lane 3 .*field 'feed.cursors.window' must be an integer >= 0"),
         (_state("rows", -6), r"lane 3 .*field 'rows' must be an integer >= 0, got -6"),
-        (_state("unit_open", False), r"lane 3 .*field 'unit_offset' is 32 with no open unit"),
-        (_state("version", 3), r"lane 3 .*version 3 is not supported"),
-        (_state("mix", [1, [65, 0]]), r"lane 3 .*field 'mix.bases' of source 0 is 65, more than the source's 64"),
-        (_state("mix", [9, [0, 0]]), r"lane 3 .*field 'mix.segment' is step 9, after the checkpoint's step 3"),
-        (_state("mix", [0, [0, 0]]), r"lane 3 .*field 'mix.segment' must be a step >= 1, got 0"),
-        (_state("mix", [1, [0]]), r"lane 3 .*field 'mix' must be \[segment, \[one base per source\]\]"),
-        (_closed_with_replay, r"lane 3 .*field 'replay' is set with no open unit"),
-        (_state("replay", [2, [0, 0]]), r"lane 3 .*field 'replay' must give each of its 2 sources one index"),
-        (_state("replay", [2, [0, 2]]), r"lane 3 .*field 'replay' has indices outside \[-1, 2\)"),
-        (_state("replay", [1, [0, -1]]), r"lane 3 .*field 'cursors' of source 1: a source added after the open unit"),
+        (_state("unit_open", False), r"lane 3 .*field 'packer.unit_offset' is 32 with no open unit"),
+        (_state("version", 4), r"lane 3 .*version 4 is not supported"),
+        (_state("mix", [1, [65, 0]]), r"lane 3 .*field 'feed.mix.bases' of source 0 is 65, more than the source's 64"),
+        (_state("mix", [9, [0, 0]]), r"lane 3 .*field 'feed.mix.segment' is step 9, after the checkpoint's step 3"),
+        (_state("mix", [0, [0, 0]]), r"lane 3 .*field 'feed.mix.segment' must be a step >= 1, got 0"),
+        (_state("mix", [1, [0]]), r"lane 3 .*field 'feed.mix' must be \[segment, \[one base per source\]\]"),
+        (_closed_with_replay, r"lane 3 .*field 'feed.replay' is set with no open unit"),
+        (_state("replay", [2, [0, 0]]), r"lane 3 .*field 'feed.replay' must give each of its 2 sources one index"),
+        (_state("replay", [2, [0, 2]]), r"lane 3 .*field 'feed.replay' has indices outside \[-1, 2\)"),
+        (
+            _state("replay", [1, [0, -1]]),
+            r"lane 3 .*field 'feed.cursors' of source 1: a source added after the open unit",
+        ),
         (_set("tokens", [96, -1]), r"lane 3 .*field 'tokens' must be 2 counts >= 0"),
         (_set("padding", -1), r"lane 3 .*field 'padding' must be 1 counts >= 0"),
         (_set("padding", True), r"lane 3 .*field 'padding' must be 1 counts >= 0"),
@@ -255,7 +268,7 @@ def test_a_cursor_beyond_its_window_is_refused_not_skipped(corpus_dir, tokenizer
     state, following = saved
 
     def far(entry):
-        cursors = entry["state"]["cursors"]
+        cursors = entry["state"]["feed"]["cursors"]
         cursors[0][1] = 10**6
 
     loader = _loader(corpus_dir, tokenizer_dir)

@@ -1,7 +1,8 @@
 """One lane's mixed stream of document pieces: its readers of every source (source_reader.py), mixed by tokens.
 
 A piece is at most `mix_chunk_tokens` tokens of one document; the mixer (mixing.py) picks the source of each
-piece. The feed's state is each source's cursor and, under a mixture schedule, the segment it mixes (FeedState).
+piece. The feed's state (FeedState) is each source's cursor, under a mixture schedule the segment it mixes, and
+how the lane's open unit was drawn (another release's phases, an exclusion in force, a pipeline era).
 From `exclude_from_step` on (the lane says when: `excluding`), a listed document is skipped where it is read; in
 a pipeline era (pipeline.py), a slot its pass does not train is skipped, and a unit drawn in an earlier era leaves
 out the documents the new keep drops (`pruning`).
@@ -26,15 +27,15 @@ from zephon_titan.engine.mixing import choose_source, lane_phases
 from zephon_titan.engine.pipeline import DROPPED
 from zephon_titan.engine.source_reader import Document, LaneSourceReader
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import FeedState, MixState, SourceCursor, initial_cursors
-from zephon_titan.errors import DataError
+from zephon_titan.engine.state import FeedState, MixState, Replay, SourceCursor, initial_cursors
+from zephon_titan.errors import DataError, ResumeError
 
 __all__ = ["Document", "DocumentFeed"]
 
 
 class DocumentFeed:
-    """One lane's mixed stream of document pieces; its state is the per-source cursors and, under a
-    mixture schedule, the segment it mixes (FeedState)."""
+    """One lane's mixed stream of document pieces; its state is the per-source cursors, under a mixture schedule
+    the segment it mixes, and how the open unit was drawn (FeedState)."""
 
     def __init__(
         self, spec: EngineSpec, lane_id: int, state: FeedState | None = None, batcher: EncodeBatcher | None = None
@@ -45,11 +46,18 @@ class DocumentFeed:
         batcher = batcher if batcher is not None else EncodeBatcher()
         self.readers = [LaneSourceReader(spec, s, lane_id, batcher) for s in range(len(spec.sources))]
         if state is None:
-            state = FeedState(initial_cursors(len(spec.sources)), MixState.initial(len(spec.sources)))
+            state = FeedState(initial_cursors(len(spec.sources)))
         self.cursors = list(state.cursors)
-        self.mix = state.mix
+        self.mix = state.mixing
         self.weights = spec.schedule.segment(self.mix.segment).weights
         self.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
+        self._scheduled = spec.schedule.scheduled
+        self._eras = spec.pipelines_change
+        self.replay = state.replay
+        """Set while the unit a restore replays was drawn before an earlier release added sources: the feed mixes
+        with the phases it was drawn with (end_replay puts this run's back)."""
+        if self.replay is not None:
+            self.phases = _replay_phases(self.replay, lane_id, spec.num_lanes)
         self.chunk = spec.mix_chunk_tokens
         # Tokens a document needs to put anything in a row: an (input, label) pair under labels = "document".
         self.placeable = 2 if spec.config.labels == "document" else 1
@@ -69,12 +77,45 @@ class DocumentFeed:
         self.pruning = False
         """The open unit was drawn in an earlier pipeline era: its documents this era's keep drops are left out
         (stream.py sets it; the packers ask `dropped`, as for an exclusion)."""
+        self._restore_drawing(state)
         for reader, cursor, weight in zip(self.readers, self.cursors, self.weights):
             if weight > 0:  # lanes created together fetch their first windows together (next_document's)
                 reader.prefetch(cursor.window)
 
+    def _restore_drawing(self, state: FeedState) -> None:
+        """Draw the restored unit as it was drawn: in its pipeline era, under the exclusion if it was."""
+        if state.era is not None and state.era >= len(self.spec.pipeline_eras):
+            raise ResumeError(
+                f"lane {self.lane_id}: the state's open unit was drawn in pipeline era {state.era}, but the run has "
+                f"{len(self.spec.pipeline_eras)}; the checkpoint is damaged or belongs to another run"
+            )
+        if state.era is not None and self._eras:
+            self.set_era(state.era)
+        if state.excluding:
+            if self.spec.exclusion is None:
+                raise ResumeError(
+                    f"lane {self.lane_id}: the state's open unit was drawn under [dataloader] exclude, which this "
+                    "config lacks; keep the exclude settings of the run"
+                )
+            self.excluding = True
+
+    def end_replay(self) -> None:
+        """The restored unit is drawn again: the next units mix with this run's phases."""
+        if self.replay is not None:
+            self.replay = None
+            self.phases = lane_phases(
+                self.spec.source_names, self.lane_id, self.spec.num_lanes, self.spec.phase_offsets
+            )
+
     def state(self) -> FeedState:
-        return FeedState(tuple(self.cursors), self.mix)
+        """Where the feed stands, and how a unit drawn from here is drawn (the packers keep it for their unit)."""
+        return FeedState(
+            tuple(self.cursors),
+            self.mix if self._scheduled else None,
+            self.replay,
+            self.excluding,
+            self.era if self._eras else None,
+        )
 
     def at_step(self, step: int) -> None:
         """The next pieces are for a row of optimizer step `step`: mix with that step's segment, counting
@@ -215,3 +256,10 @@ class DocumentFeed:
             )
             if n:  # an empty text without BOS/EOS has nothing to emit
                 return Document(doc.source, doc.tokens, doc.file, doc.row, cursor.offset, stop)
+
+
+def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:
+    """The lane's mixing phases as they were when its open unit was drawn, for this run's sources; an
+    added source gets 0 (it had no weight then, so it is never drawn in the replay)."""
+    then = lane_phases(["_"] * replay.num_sources, lane_id, num_lanes)  # phi depends on the index and S only
+    return tuple(then[i] if i >= 0 else 0.0 for i in replay.indices)

@@ -33,7 +33,7 @@ from zephon_titan.engine.chat import MASKED
 from zephon_titan.engine.document_counts import count_documents
 from zephon_titan.engine.feed import Document, DocumentFeed
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import MAX_RESIZED, FeedState
+from zephon_titan.engine.state import CLOSED, MAX_RESIZED, FeedState, PackerState
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 
 IGNORE_INDEX = -100
@@ -173,7 +173,8 @@ def _ramp(n: int) -> np.ndarray:
 
 
 class Packer(Protocol):
-    """A packing mode: documents of a lane's feed -> rows; its state is the open unit (see state.py)."""
+    """A packing mode: documents of a lane's feed -> rows; its state is the open unit (PackerState, state.py),
+    with the feed's state at the unit's start."""
 
     name: ClassVar[str]
 
@@ -182,12 +183,6 @@ class Packer(Protocol):
     boundary: Callable[[], int | None] | None
     """Set by the lane under a mixture schedule: rows from the next one to the next segment's
     first row (None: no later segment). A packer that draws ahead stops drawing there."""
-    window_rows: int | None
-    """The open unit's row budget from `boundary` when it was drawn (saved with it, so a restore draws the
-    same unit whatever the clock is then); None: none."""
-    resized: tuple[int, ...]
-    """The open unit's rows emitted at each earlier seq_len, when it was drawn before a resume changed seq_len
-    (saved with it: LaneState.resized); empty otherwise."""
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> Packer: ...
@@ -199,13 +194,13 @@ class Packer(Protocol):
 
     def next_row(self) -> Row: ...
 
-    def unit(self) -> tuple[FeedState, bool, int]: ...
+    def unit(self) -> tuple[FeedState, PackerState]:
+        """The packer's state, with the feed's at the start of its open unit (where a restore replays from)."""
+        ...
 
-    def restore(
-        self, unit_open: bool, unit_offset: int, shapes: list[RowShape] | None = None, resized: tuple[int, ...] = ()
-    ) -> None:
+    def restore(self, state: PackerState, shapes: list[RowShape] | None = None) -> None:
         """Replay the open unit from the feed (at its start). `shapes`: the row shapes from the one it was drawn
-        with to this run's (a resume changed seq_len since), `resized` its rows emitted at each but the last."""
+        with to this run's (a resume changed seq_len since)."""
         ...
 
 
@@ -236,8 +231,6 @@ class WrapPacker:
 
     name: ClassVar[str] = "wrap"
     boundary: Callable[[], int | None] | None = None  # one document at a time: nothing drawn ahead
-    window_rows: int | None = None
-    resized: tuple[int, ...] = ()  # the open piece's offset counts slots, whatever the row length
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> WrapPacker:
@@ -254,14 +247,13 @@ class WrapPacker:
         self._doc_start: FeedState = feed.state()
         self._offset = 0
 
-    def restore(
-        self, unit_open: bool, unit_offset: int, shapes: list[RowShape] | None = None, resized: tuple[int, ...] = ()
-    ) -> None:
+    def restore(self, state: PackerState, shapes: list[RowShape] | None = None) -> None:
         """Re-read the open document (the feed is at its start) and skip what was emitted. Across a seq_len change
         the piece goes on into rows of the new length from its offset (in slots, which do not depend on it)."""
-        if resized:
+        unit_open, unit_offset = state.unit_open, state.unit_offset
+        if state.resized:
             raise ResumeError(
-                f"lane {self.feed.lane_id}: field 'resized' is set in a wrap state; the checkpoint is damaged"
+                f"lane {self.feed.lane_id}: field 'packer.resized' is set in a wrap state; the checkpoint is damaged"
             )
         self._doc_start = self.feed.state()
         self._doc = self.feed.next_document() if unit_open else None
@@ -271,10 +263,10 @@ class WrapPacker:
                 f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?"
             )
 
-    def unit(self) -> tuple[FeedState, bool, int]:
+    def unit(self) -> tuple[FeedState, PackerState]:
         if self._doc is None:
-            return self.feed.state(), False, 0
-        return self._doc_start, True, self._offset
+            return self.feed.state(), CLOSED
+        return self._doc_start, PackerState(True, self._offset)
 
     def next_row(self) -> Row:
         parts: list[tuple[np.ndarray, Piece]] = []
@@ -364,17 +356,17 @@ class BestFitPacker:
         self._emitted = 0
         self._window_start = feed.state()
 
-    def restore(
-        self, unit_open: bool, unit_offset: int, shapes: list[RowShape] | None = None, resized: tuple[int, ...] = ()
-    ) -> None:
+    def restore(self, state: PackerState, shapes: list[RowShape] | None = None) -> None:
         """Replay the open window with the row shape it was drawn with; across each later seq_len change (a
         resume) the pieces of its rows not yet emitted are packed again, by the same rule, into rows of the new
         length (a piece longer than the new row is cut first), and those rows follow: every piece once."""
+        unit_open, unit_offset, resized = state.unit_open, state.unit_offset, state.resized or ()
+        self.window_rows = state.window_rows  # the open window's budget when it was drawn
         shapes = shapes or [self.shape]
         counts = [*resized, unit_offset]
         if len(counts) > len(shapes) or not unit_open and resized:
             raise ResumeError(
-                f"lane {self.feed.lane_id}: field 'resized' has {len(resized)} entries for {len(shapes) - 1} seq_len "
+                f"lane {self.feed.lane_id}: field 'packer.resized' has {len(resized)} entries for {len(shapes) - 1} seq_len "
                 "changes since its window was drawn; the checkpoint is damaged"
             )
         if len(shapes) - 1 > MAX_RESIZED:
@@ -400,10 +392,10 @@ class BestFitPacker:
         self._emitted = counts[-1]
         self.resized = tuple(counts[:-1]) if unit_open else ()
 
-    def unit(self) -> tuple[FeedState, bool, int]:
+    def unit(self) -> tuple[FeedState, PackerState]:
         if self._emitted == len(self._rows):
-            return self.feed.state(), False, 0
-        return self._window_start, True, self._emitted
+            return self.feed.state(), CLOSED
+        return self._window_start, PackerState(True, self._emitted, self.window_rows, self.resized or None)
 
     def next_row(self) -> Row:
         while self._emitted == len(self._rows):

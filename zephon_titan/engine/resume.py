@@ -234,9 +234,9 @@ def read_lane(state: Mapping[str, Any], lane: int, header: Header, names: list[s
     if lane_state.lane_id != lane:
         raise ResumeError(f"{where}: field 'lane_id' is {lane_state.lane_id}, not {lane}; the checkpoint is damaged")
     saved = header.sources
-    if len(lane_state.cursors) != len(saved):
+    if len(lane_state.feed.cursors) != len(saved):
         raise ResumeError(
-            f"{where}: field 'cursors' has {len(lane_state.cursors)} sources, the checkpoint has "
+            f"{where}: field 'feed.cursors' has {len(lane_state.feed.cursors)} sources, the checkpoint has "
             f"{len(saved)}; the checkpoint is damaged"
         )
     tokens = _counts(entry.get("tokens"), len(saved), "tokens", where)
@@ -247,9 +247,9 @@ def read_lane(state: Mapping[str, Any], lane: int, header: Header, names: list[s
             "step takes at least one row of every lane); the checkpoint is damaged"
         )
     step = lane_state.rows if header.step is None else header.step
-    if lane_state.mix is not None and lane_state.mix.segment > step + 1:
+    if lane_state.feed.mix is not None and lane_state.feed.mix.segment > step + 1:
         raise ResumeError(
-            f"{where}: field 'mix.segment' is step {lane_state.mix.segment}, after the checkpoint's step {step}; "
+            f"{where}: field 'feed.mix.segment' is step {lane_state.feed.mix.segment}, after the checkpoint's step {step}; "
             "the checkpoint is damaged"
         )
     if saved != names:

@@ -7,10 +7,9 @@ from dataclasses import dataclass
 
 from zephon_titan.engine.encode_calls import EncodeBatcher
 from zephon_titan.engine.feed import DocumentFeed
-from zephon_titan.engine.mixing import lane_phases
 from zephon_titan.engine.packing import Row, RowShape, packer_class
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.state import LaneState, Replay
+from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 
 
@@ -65,37 +64,21 @@ class LaneStream:
         self.lane_id = lane_id
         self.rows = 0
         self.clock = clock if stepped else None
-        feed_state = None
         if state is not None:
             _check_state(spec, lane_id, state)
-            feed_state = state.feed
             self.rows = state.rows
         self.batcher = batcher
-        self.feed = DocumentFeed(spec, lane_id, feed_state, batcher)
+        # The feed takes its state, and with it how the open unit was drawn (its era, an exclusion, a replay).
+        self.feed = DocumentFeed(spec, lane_id, state.feed if state is not None else None, batcher)
         self.packer = packer_class(spec.config.packing).from_spec(self.feed, spec)
-        # Whether the open unit was drawn with the exclusion in force: a restore replays it the same way.
         self._unit_start: object = None
-        self._unit_excluding = False
-        # The pipeline era the open unit was drawn in (engine/pipeline.py): a restore replays it in that era, and
-        # rows of a later era leave out its documents that era's keep drops. A state without one was saved in a
-        # run of one era up to its checkpoint: its unit was drawn in the era of the last step trained.
-        self._unit_era = 0
-        if state is not None and state.pipeline_era is not None and state.pipeline_era >= len(spec.pipeline_eras):
-            raise ResumeError(
-                f"lane {lane_id}: the state's open unit was drawn in pipeline era {state.pipeline_era}, but the run has "
-                f"{len(spec.pipeline_eras)}; the checkpoint is damaged or belongs to another run"
-            )
-        if state is not None and spec.pipelines_change:
+        # The pipeline era the open unit was drawn in (engine/pipeline.py): rows of a later era leave out its
+        # documents that era's keep drops. A state without one was saved in a run of one era up to its checkpoint:
+        # its unit was drawn in the era of the last step trained.
+        if state is not None and spec.pipelines_change and state.feed.era is None:
             last = self.clock.step(state.rows) - 1 if self.clock is not None else 0
-            self._unit_era = state.pipeline_era if state.pipeline_era is not None else spec.pipeline_era_of(last)
-            self.feed.set_era(self._unit_era)
-        if state is not None and state.excluding:
-            if spec.exclusion is None:
-                raise ResumeError(
-                    f"lane {lane_id}: the state's open unit was drawn under [dataloader] exclude, which this config "
-                    "lacks; keep the exclude settings of the run"
-                )
-            self.feed.excluding = self._unit_excluding = True
+            self.feed.set_era(spec.pipeline_era_of(last))
+        self._unit_era = self.feed.era
         # The era of the lane's next row: its row length and the mixer's piece size (spec.py; one era unless the
         # job schedules seq_len or a resume changed it).
         self.era = spec.era_of(self.clock.step(self.rows) if self.clock is not None else 1)
@@ -103,21 +86,15 @@ class LaneStream:
         self.feed.chunk = self.era.chunk
         if spec.schedule.scheduled and self.clock is not None:
             self.packer.boundary = self._rows_to_next_segment
-        self._replay: tuple[Replay, object] | None = None
         if state is not None:
-            if state.replay is not None:  # the open unit was drawn before sources were added (an earlier release)
-                self.feed.phases = _replay_phases(state.replay, lane_id, spec.num_lanes)
-            self.packer.window_rows = state.window_rows
             # The open unit, drawn as it was: with the seq_len and piece size of the step it was drawn for
             # (its segment's first step: a seq_len change starts a segment), then resized (packing.py).
-            eras = spec.eras_from(state.feed.mix.segment, self.era.start) if state.unit_open else []
+            eras = spec.eras_from(state.feed.mixing.segment, self.era.start) if state.packer.unit_open else []
             shapes = [RowShape.of(spec, era.seq_len) for era in eras]
             self.feed.chunk = eras[0].chunk if eras else self.era.chunk
-            self.packer.restore(state.unit_open, state.unit_offset, shapes, state.resized or ())
+            self.packer.restore(state.packer, shapes)
             self.feed.chunk = self.era.chunk
-            self.feed.phases = lane_phases(spec.source_names, lane_id, spec.num_lanes, spec.phase_offsets)
-            if state.replay is not None:  # kept in this lane's states while that unit stays open
-                self._replay = (state.replay, self.packer.unit()[0])
+            self.feed.end_replay()
             self._unit_start = self.packer.unit()[0]
         # The feed's counts when the lane's last row was made: a restore's replay counted what it read again, up
         # to where the saved row left off (document_counts.py).
@@ -138,8 +115,7 @@ class LaneStream:
         row = self.packer.next_row()
         tracked = self.spec.exclusion is not None or self.spec.pipelines_change
         if tracked and self.packer.unit()[0] is not self._unit_start:  # a unit drawn now
-            self._unit_start, self._unit_excluding = self.packer.unit()[0], self.feed.excluding
-            self._unit_era = self.feed.era
+            self._unit_start, self._unit_era = self.packer.unit()[0], self.feed.era
         self.rows += 1
         counted = self.feed.counted
         row = dataclasses.replace(row, documents=tuple(a - b for a, b in zip(counted, self._counted)))
@@ -166,34 +142,18 @@ class LaneStream:
         return out
 
     def state(self) -> LaneState:
-        feed, unit_open, unit_offset = self.packer.unit()
+        """The lane's rows and each stage's own state: the feed's at the start of the packer's open unit."""
+        feed, packer = self.packer.unit()
         return LaneState(
-            lane_id=self.lane_id,
-            rows=self.rows,
-            cursors=feed.cursors,
-            unit_open=unit_open,
-            unit_offset=unit_offset,
-            mix=feed.mix if self.spec.schedule.scheduled else None,
-            replay=self._replay[0] if self._replay is not None and self._replay[1] is feed else None,
-            window_rows=self.packer.window_rows if unit_open else None,
-            resized=self.packer.resized if unit_open and self.packer.resized else None,
-            excluding=True if unit_open and self._unit_excluding else None,
-            pipeline_era=self._unit_era if unit_open and self.spec.pipelines_change else None,
+            lane_id=self.lane_id, rows=self.rows, feed=feed if packer.unit_open else feed.at_rest(), packer=packer
         )
-
-
-def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:
-    """The lane's mixing phases as they were when its open unit was drawn, for this run's sources; an
-    added source gets 0 (it had no weight then, so it is never drawn in the replay)."""
-    then = lane_phases(["_"] * replay.num_sources, lane_id, num_lanes)  # phi depends on the index and S only
-    return tuple(then[i] if i >= 0 else 0.0 for i in replay.indices)
 
 
 def _check_state(spec: EngineSpec, lane_id: int, state: LaneState) -> None:
     if state.lane_id != lane_id:
         raise ResumeError(f"state of lane {state.lane_id} given to lane {lane_id}")
-    if len(state.cursors) != len(spec.sources):
+    if len(state.feed.cursors) != len(spec.sources):
         raise ResumeError(
-            f"lane {lane_id}: state has {len(state.cursors)} source cursors, the config has "
+            f"lane {lane_id}: state has {len(state.feed.cursors)} source cursors, the config has "
             f"{len(spec.sources)} sources ({', '.join(spec.source_names)})"
         )
