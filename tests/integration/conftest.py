@@ -71,6 +71,16 @@ def ledger(path: str) -> dict[int, str]:
     return {e.step: e.sha256 for e in read_ledger(path)}
 
 
+def planned_eval_set(workdir: str, job: str) -> dict:
+    """`zephon-titan plan JOB --validation` run in `workdir`: the eval set's sha256, steps, rows, seq_len and
+    tokens per source, as every validation of the job records them."""
+    planned = subprocess.run(
+        [sys.executable, "-m", "zephon_titan.cli", "plan", job, "--validation"],
+        cwd=workdir, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(planned.stdout.strip().splitlines()[-1])
+
+
 def copy_checkpoint(workdir: str, src_run: str, step: int, dst_run: str) -> None:
     """Start run `dst_run` from `src_run`'s checkpoint at `step` (and its ledger up to there)."""
     runs.copy_checkpoint(os.path.join(workdir, src_run), step, os.path.join(workdir, dst_run))

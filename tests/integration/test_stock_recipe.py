@@ -2,7 +2,8 @@
 (zephon_titan/titan/override.py): `torchtitan.train` unchanged, the recipe `llama3_debugmodel` as TorchTitan ships
 it, on CPU under torchrun. Its ledger equals `plan` of the job file that holds the loader's table, from the start
 and after a resume on another rank count; a trainer whose global batch is not the loader's is refused before
-step 1."""
+step 1. With the validator entry, every validation is of the job's eval set, as `plan --validation` predicts it
+(the job-file route's own check: integration/test_validation.py); a job without one is refused before step 1."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import json
 import os
 
 import pytest
-from conftest import CPU_CONFIG, check, copy_checkpoint, ledger, losses, torchrun
+from conftest import CPU_CONFIG, REPO, check, copy_checkpoint, ledger, losses, planned_eval_set, torchrun
+from helpers import read_validation_entries
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STOCK_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stock_train_cpu.py")
 STEPS = 4
+VALIDATED = os.path.join(REPO, "configs", "debug_cpu_validated.toml")  # an eval set, validated at 1, 2 and 4
 
 
 def stock_args(
@@ -79,3 +82,38 @@ def test_the_loader_entry_without_the_checkpoint_entry_is_refused_before_step_1(
     output = result.stdout + result.stderr
     assert result.returncode != 0 and not losses(output)
     assert "add zephon_titan.titan.override.checkpoint to --override.imports" in output
+
+
+def test_the_validator_entry_validates_the_jobs_eval_set(workdir):
+    """The stock recipe's validator replaced by the entry: validations at the job's steps (its [validator] freq),
+    each of the eval set `plan --validation` predicts (SHA-256, steps, rows, tokens per source), recorded in
+    validation.jsonl beside the ledger; the training batches still the planned ones."""
+    validate = "validator=" + json.dumps({"job": VALIDATED})
+    result = check(
+        torchrun(workdir, STOCK_TRAIN, 2, stock_args("stock/val", job=VALIDATED, entries=("checkpoint", validate)))
+    )
+    output = result.stdout + result.stderr
+    assert "zephon_titan.titan.override.validator: validator Validator.Config -> ZephonValidator.Config" in output
+    plan = planned_eval_set(workdir, VALIDATED)
+    assert plan["steps"] >= 2 and all(plan["tokens"].values())
+    entries = read_validation_entries(os.path.join(workdir, "stock/val/checkpoint/validation.jsonl"))
+    assert [e["step"] for e in entries] == [1, 2, 4]
+    for entry in entries:
+        assert {key: entry[key] for key in plan} == plan, f"step {entry['step']}: not the planned eval set"
+        assert f"zephon validation at step {entry['step']}: eval set sha256 {plan['sha256'][:16]}" in output
+        tokens, per_source = entry["tokens"], entry["loss_per_source"]
+        mean = sum(per_source[s] * tokens[s] for s in per_source) / sum(tokens.values())
+        assert mean == pytest.approx(entry["loss"], rel=1e-9)
+    assert len({e["loss"] for e in entries}) == 3  # the model learns between validations
+    assert ledger(os.path.join(workdir, "stock/val/checkpoint/ledger.jsonl")) == planned(workdir, job=VALIDATED)
+
+
+def test_the_validator_entry_refuses_a_job_without_an_eval_set_before_step_1(workdir):
+    validate = "validator=" + json.dumps({"job": CPU_CONFIG})
+    result = torchrun(workdir, STOCK_TRAIN, 1, stock_args("stock/no_eval_set", entries=("checkpoint", validate)))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and not losses(output)
+    assert (
+        f"zephon_titan.titan.override.validator job={CPU_CONFIG!r}: the job has no eval set; set eval_fraction"
+        in output
+    )

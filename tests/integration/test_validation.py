@@ -4,13 +4,10 @@ each source (titan/validator.py)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO, check, copy_checkpoint, ledger, torchrun
+from conftest import REPO, check, copy_checkpoint, ledger, planned_eval_set, torchrun
 from helpers import read_validation_entries
 
 # Slow tier (the eval set through the real trainer (eval rows per W: unit/test_eval_split.py)).
@@ -41,11 +38,7 @@ def runs(workdir) -> dict[str, list[dict]]:
 
 
 def test_the_eval_set_is_the_same_rows_everywhere_and_as_planned(workdir, runs):
-    planned = subprocess.run(
-        [sys.executable, "-m", "zephon_titan.cli", "plan", JOB, "--validation"],
-        cwd=workdir, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    plan = json.loads(planned.stdout.strip().splitlines()[-1])
+    plan = planned_eval_set(workdir, JOB)
     assert plan["steps"] >= 1 and all(plan["tokens"].values())
     assert [e["step"] for e in runs["2 ranks"]] == [e["step"] for e in runs["1 rank"]] == [1, 2, 4]
     assert [e["step"] for e in runs["resumed on 4"]] == [4]  # validation.jsonl is not copied with the checkpoint

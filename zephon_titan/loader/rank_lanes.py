@@ -11,7 +11,7 @@ data-parallel ranks answers each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from zephon_titan.config import DataConfig
-from zephon_titan.engine import EngineSpec, RankRows, build_engine, rank_rows, validate_batch_layout
+from zephon_titan.engine import EngineSpec, RankRows, Row, build_engine, rank_rows, validate_batch_layout
+from zephon_titan.engine.eval_set import slot_sources
 from zephon_titan.engine.tokenize import DocumentTokenizer
 
 T = TypeVar("T")
@@ -33,6 +34,8 @@ class RankLanes:
     spec: EngineSpec
     rows_per_lane: int
     rows: RankRows
+    local_batch_size: int
+    """Rows per microbatch (the trainer's): this rank's rows of a step are a whole number of them."""
 
     @property
     def lane_ids(self) -> list[int]:
@@ -53,6 +56,13 @@ class RankLanes:
         start = self.rows.lanes.start
         return [per_lane[lane - start] for lane in self.rows.owned]
 
+    def microbatches(self, rows: Sequence[Row]) -> Iterator[Microbatch]:
+        """This rank's rows of a step (`mine`), in order, cut into microbatches of local_batch_size rows: the one
+        cut of the training loader and the eval loader."""
+        size = self.local_batch_size
+        for start in range(0, len(rows), size):
+            yield Microbatch(rows[start : start + size], last=start + size >= len(rows))
+
     @classmethod
     def build(
         cls,
@@ -70,7 +80,31 @@ class RankLanes:
         opened (sizes and footers; no document is read)."""
         rows_per_lane = validate_batch_layout(data.num_lanes, global_batch_size, dp_world_size, local_batch_size)
         spec = build_engine(data, seq_len, tokenizer())
-        return cls(spec, rows_per_lane, rank_rows(data.num_lanes, global_batch_size, dp_world_size, dp_rank))
+        rows = rank_rows(data.num_lanes, global_batch_size, dp_world_size, dp_rank)
+        return cls(spec, rows_per_lane, rows, local_batch_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Microbatch:
+    """local_batch_size rows of one rank's step, in order; each tensor int64 [rows, seq_len], made when asked (an
+    adapter puts them in its trainer's shapes)."""
+
+    rows: Sequence[Row]
+    last: bool
+    """The step's last microbatch on this rank: handing it over is handing over the step."""
+
+    def inputs(self) -> torch.Tensor:
+        return long_tensor([row.inputs for row in self.rows])
+
+    def positions(self) -> torch.Tensor:
+        return long_tensor([row.positions for row in self.rows])
+
+    def labels(self) -> torch.Tensor:
+        return long_tensor([row.labels for row in self.rows])
+
+    def sources(self) -> torch.Tensor:
+        """The source index of each input position (-1: padding), for the loss of each source."""
+        return long_tensor([slot_sources(row) for row in self.rows])
 
 
 def long_tensor(arrays: Sequence[np.ndarray]) -> torch.Tensor:

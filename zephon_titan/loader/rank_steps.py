@@ -5,8 +5,9 @@ lane 1's, ...; engine/lanes.py): W may be any divisor of G, more than the lanes 
 rows fall on, whole, and records what its trainer consumed: per lane the engine state, tokens per source and
 padding. Its checkpoint state (loader/state.py) is one entry per lane it owns (the lane's first row of a step is
 its own), so every lane is saved exactly once, plus a header replicated on every rank; a rank that produces other
-lanes after a resize loads exactly those entries. An adapter (titan/dataloader.py for TorchTitan 0.3) only cuts
-each step's rows into its trainer's shapes.
+lanes after a resize loads exactly those entries. An adapter (titan/dataloader.py for TorchTitan 0.3) only puts
+each step's microbatches (step_microbatches: the cut the eval set's loader/eval_steps.py shares) in its trainer's
+shapes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from zephon_titan.engine.tokenize import DocumentTokenizer
 from zephon_titan.engine.workers import ProcessLaneGroup
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
 from zephon_titan.loader.prefetch import PrefetchedSteps, StepSource
-from zephon_titan.loader.rank_lanes import RankLanes, dp_rank_zero, every_rank
+from zephon_titan.loader.rank_lanes import Microbatch, RankLanes, dp_rank_zero, every_rank
 from zephon_titan.loader.state import Decoded, encode_header, encode_state
 
 log = logging.getLogger()  # TorchTitan's logger is the root logger: the same lines under any adapter
@@ -172,6 +173,11 @@ class RankSteps:
             self._announce_seq_len(self._steps_done + 1)
             record = StepRecord.of(self.lanes.of_owned(step), num_sources) if self.ledger else None
             yield RankStep(self.lanes.mine([row for rows in step for row, _ in rows]), step, record)
+
+    def step_microbatches(self, step: RankStep) -> Iterator[Microbatch]:
+        """This rank's rows of the step, in microbatches of local_batch_size rows; `consume(step)` goes with the last
+        (Microbatch.last)."""
+        return self.lanes.microbatches(step.rows)
 
     def consume(self, step: RankStep) -> None:
         """The step handed over whole (TorchTitan saves between steps): every lane this rank produces now stands

@@ -276,7 +276,7 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _validator_config(
+def validator_config(
     table: Any, train_table: dict, train_data: DataConfig, recipe: Any, path: str
 ) -> ZephonValidator.Config:
     """The [validator] table (TorchTitan's enable, freq, steps) and its [validator.dataloader] eval set."""
@@ -498,7 +498,7 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
         loader = loader_config(table)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-    validator = _validator_config(document.pop("validator", {}), table, loader.data, base.validator, path)
+    validator = validator_config(document.pop("validator", {}), table, loader.data, base.validator, path)
     _apply(base, document, "the top level", path)
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
     values["dataloader"] = loader

@@ -93,7 +93,8 @@ class ZephonCheckpointManager(CheckpointManager):
 
     With the zephon loader it also writes each step's ledger line (the trainer saves, or not, after every
     step: `save` is TorchTitan's per-step hook), so a stock trainer (titan/override.py) keeps one too, and it
-    refuses a trainer whose global batch size is not the loader's before step 1."""
+    refuses a trainer whose global batch size is not the loader's before step 1; with the zephon validator, its
+    validation.jsonl beside the ledger."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
@@ -120,7 +121,19 @@ class ZephonCheckpointManager(CheckpointManager):
     def save(self, curr_step: int, last_step: bool = False) -> None:
         if self._loader is not None and self._trainer is not None and curr_step > 0:
             self._record_step(self._loader, curr_step)
+        if self._trainer is not None and curr_step > 0:
+            self._record_validations(curr_step)
         super().save(curr_step, last_step)
+
+    def _record_validations(self, step: int) -> None:
+        """A ZephonValidator in a stock trainer (titan/override.py's `validator` entry) appends its validations to
+        validation.jsonl beside the ledger, from this run's first step on, as under ZephonTrainer (which sets that up
+        itself: nothing to do then). The trainer builds its validator after this manager: hence here, at the first
+        step's save, before its first validation."""
+        validator = getattr(self._trainer, "validator", None)
+        if isinstance(validator, ZephonValidator) and validator.ledger_path is None:
+            validator.ledger_path = os.path.join(os.path.dirname(self.ledger_path), "validation.jsonl")
+            validator.resume_step = step - 1  # the checkpoint's step (0: a fresh run), as ZephonTrainer's
 
     def _record_step(self, loader: ZephonDataLoader, step: int) -> None:
         """The step's ledger line (a collective over the batch mesh), after checking that the loader handed

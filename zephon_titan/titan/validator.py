@@ -33,18 +33,12 @@ from torchtitan.tools.logging import logger
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import batch_digest
-from zephon_titan.engine.eval_set import (
-    VALIDATION_RECORD,
-    EvalStep,
-    eval_set_digest,
-    eval_steps,
-    slot_sources,
-)
+from zephon_titan.engine.eval_set import VALIDATION_RECORD, EvalStep, eval_set_digest
 from zephon_titan.engine.jsonl_log import AppendOnlyLog
-from zephon_titan.engine.packing import packer_class
 from zephon_titan.errors import ConfigError
-from zephon_titan.loader.rank_lanes import RankLanes, any_rank, lane_table, long_tensor
-from zephon_titan.titan.dataloader import titan_layout_message
+from zephon_titan.loader.eval_steps import RankEvalSteps
+from zephon_titan.loader.rank_lanes import lane_table
+from zephon_titan.titan.dataloader import Batch, RankLoader, titan_batch, titan_layout_message
 from zephon_titan.titan.source_loss import (
     decode_labels,
     encode_labels,
@@ -52,16 +46,16 @@ from zephon_titan.titan.source_loss import (
     source_recorder,
     source_token_counts,
 )
-from zephon_titan.titan.tokenizer import loader_tokenizer
 
 # The eval set of one rank is kept in memory after the first validation when it is at most this
 # big (it is then not read and tokenized again); larger sets are produced again every time.
 CACHE_BYTES = 1 << 30
-Microbatch = tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]
+TitanMicrobatch = tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]
 
 
-class ZephonEvalLoader(BaseDataLoader):
-    """The eval set's rows of one DP rank, in microbatches of local_batch_size (no checkpoint state)."""
+class ZephonEvalLoader(RankEvalSteps, RankLoader):
+    """The eval set's rows of one DP rank (loader/eval_steps.py), in microbatches of local_batch_size in TorchTitan's
+    shapes (no checkpoint state)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
@@ -74,56 +68,28 @@ class ZephonEvalLoader(BaseDataLoader):
         infinite: Annotated[bool, tyro.conf.Suppress] = False
         """Set by TorchTitan's Validator; an eval set is always finite."""
 
-    def __init__(
-        self,
-        config: Config,
-        *,
-        dp_world_size: int,
-        dp_rank: int,
-        tokenizer: Any,
-        seq_len: int,
-        local_batch_size: int,
-    ):
-        self.config = config
-        data = config.data
-        check_eval_data(data)
-        try:
-            packer_class(data.packing)
-            self.lanes = RankLanes.build(
-                data,
-                global_batch_size=config.global_batch_size,
-                dp_world_size=dp_world_size,
-                dp_rank=dp_rank,
-                local_batch_size=local_batch_size,
-                seq_len=seq_len,
-                tokenizer=lambda: loader_tokenizer(data, lambda: tokenizer),
-            )
-        except ConfigError as e:
-            raise ConfigError(eval_message(e)) from None
-        self.spec = self.lanes.spec
-        self.local_batch_size = local_batch_size
-        next(iter(self.steps(1)), None)  # an empty eval set is a ConfigError now, not a silent loss of 0
+    refused = (ConfigError,)  # every error of the eval set's table names [validator.dataloader]
 
-    def steps(self, max_steps: int = -1) -> Iterator[EvalStep]:
-        """The eval set's steps (every lane this rank produces, whole); a collective per step under torchrun."""
-        return eval_steps(self.spec, self.lanes.lane_ids, self.lanes.rows_per_lane, max_steps, any_rank)
+    @staticmethod
+    def message(error: ConfigError) -> str:
+        return eval_message(error)
 
-    def microbatches(self, step: EvalStep) -> Iterator[Microbatch]:
+    def __init__(self, config: Config, **build: Any):
+        """`build`: TorchTitan's build() keywords (RankLoader._start)."""
+        check_eval_data(config.data)
+        self._start(RankEvalSteps, config, **build)
+        self.check_not_empty()
+
+    def microbatches(self, step: EvalStep) -> Iterator[TitanMicrobatch]:
         """(inputs and positions, labels, the source of each position (-1: padding)) per microbatch of this
         rank's rows of the step."""
-        rows = self.lanes.mine(step.rows)
-        for start in range(0, len(rows), self.local_batch_size):
-            chunk = rows[start : start + self.local_batch_size]
-            inputs = {
-                "input": long_tensor([r.inputs for r in chunk]),
-                "positions": long_tensor([r.positions for r in chunk]),
-            }
-            yield inputs, long_tensor([r.labels for r in chunk]), long_tensor([slot_sources(r) for r in chunk])
+        for microbatch in self.step_microbatches(step):
+            yield *titan_batch(microbatch), microbatch.sources()
 
-    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         for step in self.steps():
-            for inputs, labels, _ in self.microbatches(step):
-                yield inputs, labels
+            for microbatch in self.step_microbatches(step):
+                yield titan_batch(microbatch)
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # every validation starts the eval set over
@@ -153,7 +119,7 @@ def eval_message(error: ConfigError) -> str:
 class _EvalSet:
     """This rank's microbatches of the eval set, and the eval set's SHA-256 (the same on every rank)."""
 
-    microbatches: list[Microbatch]
+    microbatches: list[TitanMicrobatch]
     sha256: str
     steps: int
     rows: int
@@ -201,7 +167,7 @@ class ZephonValidator(Validator):
         if self._cached is not None:
             return self._cached
         config: ZephonValidator.Config = self.config  # type: ignore[assignment]
-        microbatches: list[Microbatch] = []
+        microbatches: list[TitanMicrobatch] = []
         digests: list[list[bytes]] = []
         for step in self.loader.steps(config.steps):
             digests.append(self.loader.lanes.of_owned(step.lane_digests()))
