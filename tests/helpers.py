@@ -56,15 +56,17 @@ SEQ_LEN_CHANGE = {
 }
 
 
-def engine_checkpoint(spec, steps: int, rows: int = 2, fp=None) -> dict:
-    """A checkpoint's loader entries after `steps` steps of `spec` (as a loader saves them)."""
+def engine_checkpoint(spec, steps: int, rows: int = 2, fp=None, group=None) -> dict:
+    """A checkpoint's loader entries after `steps` steps of `spec` (as a loader saves them); `group`: lanes of
+    `spec` stepped already to the end of step `steps` (a resumed run's)."""
     from zephon_titan.engine import LaneGroup, fingerprint
     from zephon_titan.engine.resume import HEADER_VERSION, Header, LaneEntry
     from zephon_titan.loader.state import encode_state
 
-    group = LaneGroup(spec, range(spec.num_lanes), rows, None, 0)
-    for _ in range(steps):
-        group.next_step()
+    if group is None:
+        group = LaneGroup(spec, range(spec.num_lanes), rows, None, 0)
+        for _ in range(steps):
+            group.next_step()
     lanes = {lane: LaneEntry(state, [0] * len(spec.sources), 0) for lane, state in group.state().items()}
     header = Header(HEADER_VERSION, rows * spec.num_lanes, steps, fp or fingerprint(spec))
     return encode_state(header, lanes, len(spec.sources))

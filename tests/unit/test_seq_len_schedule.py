@@ -5,6 +5,8 @@ tokens are trained once; the ledger records each step's seq_len; the schedule's 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import SEQ_LEN_CHANGE, make_spec
 from hypothesis import given, settings
@@ -55,7 +57,7 @@ def test_a_scheduled_change_is_a_resume_at_that_step(
     a, b = (48, 160) if longer else (160, 48)
     top = max(a, b)
     scheduled = make_spec(corpus_dir, tokenizer_dir, seq_len=top, **_table(corpus_dir, packing, labels, change, (a, b)))
-    assert [(e.start, e.seq_len) for e in scheduled.seq_len_schedule] == [(1, a), (change, b)]
+    assert [(e.start, e.seq_len) for e in scheduled.eras] == [(1, a), (change, b)]
     # The reference: the same phases without seq_len, run at a, resumed after step change - 1 at b.
     plain = _table(corpus_dir, packing, labels, change, (0, 0))
     spec_a = make_spec(corpus_dir, tokenizer_dir, seq_len=a, **plain)
@@ -90,7 +92,9 @@ def test_the_ledger_and_workers_know_the_schedule_and_its_past_is_fixed(corpus_d
     table = _table(corpus_dir, "wrap", "document", 3, (64, 128))
     spec = make_spec(corpus_dir, tokenizer_dir, seq_len=128, **table)
     assert [step_seq_len(spec, s) for s in (1, 2, 3, 9)] == [64, 64, 128, 128]
-    assert spec_from_portable(portable(spec)).seq_len_schedule == spec.seq_len_schedule  # worker processes
+    assert spec_from_portable(portable(spec)).eras == spec.eras  # worker processes
+    # The checkpoint records the schedule (a resume appends to it: test_a_resume_appends_to_the_schedule).
+    assert json.loads(fingerprint(spec)["seq_lens"]) == [[1, 64, 64], [3, 128, 128]]
     # A resume may move a seq_len change that has not happened yet; one already trained is refused in one line.
     later = make_spec(corpus_dir, tokenizer_dir, seq_len=128, **_table(corpus_dir, "wrap", "document", 5, (64, 128)))
     assert "from step 3 the weights are code 0.3, prose 0.7 at seq_len 64" in check_mixture(
@@ -102,7 +106,8 @@ def test_the_ledger_and_workers_know_the_schedule_and_its_past_is_fixed(corpus_d
         check_mixture(fingerprint(spec), fingerprint(later), 4)
     # Control: a job without a schedule keeps its fingerprint text (no seq_len written into its phases).
     plain = make_spec(corpus_dir, tokenizer_dir, seq_len=128, **_table(corpus_dir, "wrap", "document", 3, (0, 0)))
-    assert "seq_len" not in str(fingerprint(plain).get("schedule")) and not plain.seq_len_schedule
+    assert "seq_len" not in str(fingerprint(plain).get("schedule")) and not plain.eras
+    assert "seq_lens" not in fingerprint(plain)
     with pytest.raises(ConfigError, match=r"#2 \(start_step 3\) seq_len = 256 is above \[training\] seq_len = 128"):
         make_spec(corpus_dir, tokenizer_dir, seq_len=128, **_table(corpus_dir, "wrap", "document", 3, (64, 256)))
 
@@ -165,9 +170,74 @@ def test_a_scheduled_run_resumes_by_the_resume_sequence_and_refuses_a_new_traini
         assert [r.to_bytes() for lane in resumed.next_step() for r in lane] == [
             r.to_bytes() for lane in uninterrupted.next_step() for r in lane
         ]
-    # The same schedule with a longer training.seq_len at the resume: both changes at once are refused, naming it.
+    # The same schedule with a longer training.seq_len at the resume: every era is the phases' own, so nothing
+    # changes (the steps are the uninterrupted run's).
     longer = make_spec(
         corpus_dir, tokenizer_dir, seq_len=256, **_table(corpus_dir, "best_fit", "document", 3, (64, 128))
     )
-    with pytest.raises(ResumeError, match=r"the job schedules seq_len .* both at once are not supported yet"):
-        read_state(Decoded(saved), range(2), fingerprint(longer)).spec(longer)
+    restored = read_state(Decoded(saved), range(2), fingerprint(longer))
+    assert not restored.seq_len_change and restored.eras == spec.eras
+    states = {lane: entry.state for lane, entry in restored.lanes.items()}
+    again = LaneGroup(restored.spec(longer), range(2), 2, states, 2)
+    fresh = LaneGroup(spec, range(2), 2)
+    steps = [[r.to_bytes() for lane in fresh.next_step() for r in lane] for _ in range(5)][2:]
+    assert [[r.to_bytes() for lane in again.next_step() for r in lane] for _ in range(3)] == steps
+
+
+@pytest.mark.parametrize("packing", ["wrap", "best_fit"])
+def test_a_resume_appends_to_the_schedule(corpus_dir, tokenizer_dir, packing):
+    """A job whose first phase inherits [training] seq_len (128) and whose phase 5 sets 64, resumed after step 2 with
+    [training] seq_len 96: rows of 128, then 96 from step 3, then the phase's 64 from step 5 (one schedule: the
+    checkpoint's up to its step, this config's after it); every document once; a checkpoint of the resumed run
+    (after step 4, before the phase) records that schedule and resumes to the same rows across the phase's change."""
+    from helpers import engine_checkpoint
+
+    from zephon_titan.engine import LaneGroup
+    from zephon_titan.engine.resume import read_state
+    from zephon_titan.loader.state import Decoded
+
+    table = _table(corpus_dir, packing, "document", 5, (0, 64))
+    first = make_spec(corpus_dir, tokenizer_dir, seq_len=128, **table)
+    second = make_spec(corpus_dir, tokenizer_dir, seq_len=96, **table)
+    restored = read_state(Decoded(engine_checkpoint(first, 2, rows=1)), range(2), fingerprint(second))
+    assert restored.seq_len_change == "seq_len 128 -> 96 from step 3"
+    resumed = restored.spec(second)
+    assert [(e.start, e.seq_len) for e in resumed.eras] == [(1, 128), (3, 96), (5, 64)]
+    assert [step_seq_len(resumed, s) for s in range(1, 8)] == [128, 128, 96, 96, 64, 64, 64]
+    # Every document once: each lane's first 2 rows at 128, then the resumed lane to its end.
+    epoch = []
+    for lane in range(2):
+        head = LaneStream(first, lane, clock=StepClock(1))
+        rows = head.take(2)
+        tail = drain(LaneStream(resumed, lane, head.state(), StepClock(1, 2, 2)))
+        assert {len(r.inputs) for r in tail[:2]} == {96} and {len(r.inputs) for r in tail[2:]} == {64}
+        epoch += rows + tail
+    assert_each_document_once(first, epoch)
+    # The resumed run saved after step 4 records its schedule; resumed with the same config, the same rows follow.
+    group = LaneGroup(resumed, range(2), 1, restored_states(restored), 2)
+    for _ in range(2):
+        group.next_step()
+    saved = engine_checkpoint(resumed, 4, rows=1, group=group)
+    assert json.loads(fingerprint(resumed)["seq_lens"]) == [[1, 128, 128], [3, 96, 96], [5, 64, 64]]
+    later = read_state(Decoded(saved), range(2), fingerprint(second))
+    assert later.eras == resumed.eras and not later.seq_len_change
+    expected = [[r.to_bytes() for lane in group.next_step() for r in lane] for _ in range(3)]
+    again = LaneGroup(later.spec(second), range(2), 1, restored_states(later), 4)
+    assert [[r.to_bytes() for lane in again.next_step() for r in lane] for _ in range(3)] == expected
+    # A checkpoint of the schedule written before checkpoints recorded it: its own seq_len resumes as before
+    # (control), another is refused in one line (the lengths its phases inherited are not in it).
+    unrecorded = {k: v for k, v in fingerprint(first).items() if k != "seq_lens"}
+    legacy = Decoded(engine_checkpoint(first, 2, rows=1, fp=unrecorded))
+    assert read_state(legacy, range(2), fingerprint(first)).eras == first.eras
+    with pytest.raises(
+        ResumeError, match=r"written before checkpoints recorded the schedule.* \[training\] seq_len = 128"
+    ):
+        read_state(legacy, range(2), fingerprint(second))
+    # Negative control: the same lanes without the schedule's change at step 5 (rows of 96 on) differ.
+    flat = make_spec(corpus_dir, tokenizer_dir, seq_len=96, **_table(corpus_dir, packing, "document", 5, (0, 0)))
+    plain = LaneGroup(flat.continuing_at(first, 2), range(2), 1, restored_states(later), 4)
+    assert [[r.to_bytes() for lane in plain.next_step() for r in lane] for _ in range(3)] != expected
+
+
+def restored_states(restored):
+    return {lane: entry.state for lane, entry in restored.lanes.items()}

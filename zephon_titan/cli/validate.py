@@ -247,7 +247,7 @@ def schedule(job: Job) -> Schedule | None:
                 expected[name] += w * job.global_batch_size * job.spec.era_of(step).seq_len
         phases.append(Phase(start, steps[-1], dict(weights), phase.ramp_steps, expected))
     resting = [n for n in job.spec.source_names if all(p.weights.get(n, 0) <= 0 for p in job.data.phases)]
-    eras = [e for e in job.spec.seq_len_schedule if e.start <= last]
+    eras = [e for e in job.spec.job_eras if e.start <= last]
     ends = [e.start - 1 for e in eras[1:]] + [last]
     return Schedule(last, phases, resting, [Stage(e.start, end, e.seq_len) for e, end in zip(eras, ends)])
 

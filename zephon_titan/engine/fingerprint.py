@@ -169,7 +169,8 @@ def check_exclusion(saved: Fingerprint, current: Fingerprint, step: int) -> str:
     return f"documents are excluded {component_text(new)}"
 
 
-# The run's sequence lengths by step, present only once a resume changed seq_len (EngineSpec.eras): a reader
+# The run's row lengths by step (EngineSpec.eras), present only when they change: a job that schedules seq_len, or
+# a resume that changed it (checkpoints of a schedule written before this record have none: saved_eras). A reader
 # that knows it not refuses such a checkpoint by naming it.
 SEQ_LENS_KEY = "seq_lens"
 
@@ -178,22 +179,52 @@ def eras_text(eras: tuple[Era, ...]) -> str:
     return json.dumps([[e.start, e.seq_len, e.chunk] for e in eras], separators=(",", ":"))
 
 
-def saved_eras(fp: Fingerprint, step: int) -> tuple[Era, ...]:
-    """A checkpoint's sequence-length eras (one without a record: seq_len and mix_chunk_tokens from step 1),
-    saved after `step` steps. ResumeError if the record is damaged."""
-    record = fp.get(SEQ_LENS_KEY)
+def saved_eras(fp: Fingerprint, step: int, current: Fingerprint) -> tuple[Era, ...]:
+    """A checkpoint's row lengths by step (at least one era), saved after `step` steps: from its record, or without
+    one from its seq_len and mix_chunk_tokens; `current` (this run's fingerprint) tells a checkpoint whose job
+    scheduled seq_len before the record existed. ResumeError if the record is damaged or cannot be known."""
+    eras = recorded_eras(fp)
+    if SEQ_LENS_KEY in fp and not any(phase.seq_len for phase in _mixture_of(fp).phases):
+        # Without a schedule of its own the record holds only its resumes' changes, the last its seq_len.
+        last = eras[-1]
+        if last.start > step + 1 or (str(last.seq_len), str(last.chunk)) != (fp["seq_len"], fp["mix_chunk_tokens"]):
+            raise ResumeError(
+                f"the checkpoint's fingerprint field {SEQ_LENS_KEY!r} is damaged (without a seq_len schedule its "
+                f"eras end with its seq_len, by step {step + 1})"
+            )
+    if SEQ_LENS_KEY in fp or SEQ_LENS_KEY not in current:
+        return eras
+    # A job that schedules seq_len, saved before the record: its schedule up to the checkpoint is this job's
+    # (check_mixture refuses a change of the past), with the row length and piece size its phases inherit.
+    if (fp.get("seq_len"), fp.get("mix_chunk_tokens")) != (current.get("seq_len"), current.get("mix_chunk_tokens")):
+        raise ResumeError(
+            "the job schedules seq_len ([[dataloader.phases]] seq_len) and its checkpoint was written before "
+            "checkpoints recorded the schedule, so the row lengths it inherited from [training] seq_len "
+            f"({fp.get('seq_len')}) are not known; resume with [training] seq_len = {fp.get('seq_len')} and "
+            f"mix_chunk_tokens as then, and change them at a later resume (its checkpoint records them)"
+        )
+    return recorded_eras(current)
+
+
+def recorded_eras(fp: Fingerprint) -> tuple[Era, ...]:
+    """The row lengths by step a fingerprint records (at least one era). ResumeError if the record is damaged."""
     try:
-        seq_len, chunk = int(str(fp.get("seq_len"))), int(str(fp.get("mix_chunk_tokens")))
-        if record is None:
-            return (Era(1, seq_len, chunk),)
-        eras = tuple(Era(*(int(v) for v in e)) for e in json.loads(str(record)))
-        starts = [e.start for e in eras]
-        if not eras or starts[0] != 1 or starts != sorted(set(starts)) or starts[-1] > step + 1:
-            raise ValueError(f"eras must start at step 1 and at ascending steps up to {step + 1}")
-        if (eras[-1].seq_len, eras[-1].chunk) != (seq_len, chunk) or min(min(e.seq_len, e.chunk) for e in eras) < 1:
-            raise ValueError("the last era is not the fingerprint's seq_len and mix_chunk_tokens")
+        return _eras_of(fp)
     except (ValueError, TypeError) as e:
         raise ResumeError(f"the checkpoint's fingerprint field {SEQ_LENS_KEY!r} is damaged ({e})") from None
+
+
+def _eras_of(fp: Fingerprint) -> tuple[Era, ...]:
+    seq_len, chunk = int(str(fp.get("seq_len"))), int(str(fp.get("mix_chunk_tokens")))
+    record = fp.get(SEQ_LENS_KEY)
+    if record is None:
+        return (Era(1, seq_len, chunk),)
+    eras = tuple(Era(*(int(v) for v in e)) for e in json.loads(str(record)))
+    starts = [e.start for e in eras]
+    if len(eras) < 2 or starts[0] != 1 or starts != sorted(set(starts)):
+        raise ValueError("eras must be two or more, from step 1 at ascending steps")
+    if min(min(e.seq_len, e.chunk) for e in eras) < 1:
+        raise ValueError("every era's seq_len and mix_chunk_tokens must be >= 1")
     return eras
 
 

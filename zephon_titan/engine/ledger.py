@@ -116,7 +116,7 @@ def step_weights(spec: EngineSpec, step: int) -> dict[str, float] | None:
 def step_seq_len(spec: EngineSpec, step: int) -> int | None:
     """What the ledger records of the row length at `step`: in a run whose seq_len changed at a resume, the step's
     (its era's), else nothing (every step has the job's seq_len, and ledgers keep the form they had)."""
-    return spec.era_of(step).seq_len if spec.eras or spec.seq_len_schedule else None
+    return spec.era_of(step).seq_len if spec.eras else None
 
 
 def step_pipeline(spec: EngineSpec, step: int) -> str | None:

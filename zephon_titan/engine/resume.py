@@ -35,6 +35,7 @@ from zephon_titan.engine.fingerprint import (
     check_fingerprint,
     check_mixture,
     check_pipelines,
+    recorded_eras,
     saved_eras,
     saved_mixing,
     seq_len_checked_apart,
@@ -42,7 +43,7 @@ from zephon_titan.engine.fingerprint import (
 )
 from zephon_titan.engine.mixing import added_offsets
 from zephon_titan.engine.pipeline import PipelineEra
-from zephon_titan.engine.spec import EngineSpec, Era, eras_after
+from zephon_titan.engine.spec import EngineSpec, Era, era_at, eras_after
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 
@@ -280,8 +281,8 @@ class Restored:
     (EngineSpec.resumed), whatever its config asks of a new run."""
 
     eras: tuple[Era, ...] = ()
-    """The run's seq_len eras (EngineSpec.eras): the checkpoint's, and a new one from the next step if this run's
-    seq_len (or piece size) differs; empty: one."""
+    """The run's row lengths by step (EngineSpec.eras): the checkpoint's up to its step, then this config's from the
+    next step (spec.eras_after); empty: one."""
     seq_len_change: str = ""
     """The line a seq_len change at this resume logs ("" if none)."""
     pipeline_eras: tuple[PipelineEra, ...] = ()
@@ -293,12 +294,6 @@ class Restored:
     def spec(self, spec: EngineSpec) -> EngineSpec:
         """`spec` (this run's) as it continues the checkpoint's run."""
         offsets = tuple(self.phase_offsets[n] for n in spec.source_names)
-        if self.eras and spec.seq_len_schedule:
-            raise ResumeError(
-                "the job schedules seq_len ([[dataloader.phases]] seq_len) and its checkpoint's run changed "
-                f"[training] seq_len at a resume ({self.seq_len_change or 'recorded in its seq_lens'}); both at once "
-                "are not supported yet: keep [training] seq_len as the checkpoint's, or drop the phases' seq_len"
-            )
         resumed = spec.resumed(self.best_fit_mixing, offsets).with_eras(self.eras)
         return resumed.with_pipeline_eras(self.pipeline_eras, self.pipeline_slots) if self.pipeline_eras else resumed
 
@@ -332,14 +327,15 @@ def read_state(state: Mapping[str, Any], lane_ids: Any, current: Fingerprint, al
     )
     change = "; ".join(c for c in changes if c)
     added = [name for name in names if name not in header.sources]
-    before = saved_eras(header.fingerprint, step)
-    eras = eras_after(before, step, int(str(current["seq_len"])), int(str(current["mix_chunk_tokens"])))
+    before = saved_eras(header.fingerprint, step, current)
+    eras = eras_after(before, step, recorded_eras(current))
     seq_len_change = ""
-    if eras and eras[-1].start == step + 1:
-        seq_len_change = f"seq_len {eras[-2].seq_len} -> {eras[-1].seq_len} from step {step + 1}"
-        follows = all(e.chunk == e.seq_len for e in eras[-2:])  # mix_chunk_tokens unset: nothing more to say
-        if eras[-2].chunk != eras[-1].chunk and not follows:
-            seq_len_change += f" (mix_chunk_tokens {eras[-2].chunk} -> {eras[-1].chunk})"
+    was, now = era_at(before, step + 1), era_at(eras or before, step + 1)
+    if (was.seq_len, was.chunk) != (now.seq_len, now.chunk):  # this resume changes the row length from here
+        seq_len_change = f"seq_len {was.seq_len} -> {now.seq_len} from step {step + 1}"
+        follows = was.chunk == was.seq_len and now.chunk == now.seq_len  # mix_chunk_tokens unset: nothing more
+        if was.chunk != now.chunk and not follows:
+            seq_len_change += f" (mix_chunk_tokens {was.chunk} -> {now.chunk})"
     restored = Restored(header, step, lanes, added, change, offsets, best_fit_mixing, eras, seq_len_change)
     return dataclasses.replace(restored, pipeline_eras=pipeline_eras, pipeline_slots=pipeline_slots)
 

@@ -57,18 +57,16 @@ class EngineSpec:
     """Each source's mixing offset u_s as a checkpoint kept it (mixing.py: sources added at a resume move no
     other source's phase); None: s / S, a run's own sources."""
     eras: tuple[Era, ...] = ()
-    """The run's sequence lengths by step when a resume changed it (empty: seq_len from step 1): each era's first
-    step, seq_len and mixer piece size; the last is this spec's. Only a lane's open unit, drawn before the
-    change, is replayed with an earlier one (stream.py); every new row has seq_len."""
+    """The run's row lengths by step, one schedule (empty: seq_len from step 1): each era's first step, seq_len
+    and mixer piece size. A new run's are its job's (`[[dataloader.phases]] seq_len`); a resume keeps its
+    checkpoint's up to the checkpoint's step and appends this config's from the next step (eras_after), so a
+    resume may change [training] seq_len in a job that schedules it too. A lane entering an era goes on as a
+    resume at that step with that seq_len would (its open unit replayed with the era it was drawn in: stream.py)."""
     exclusion: Exclusion | None = None
     """The documents skipped from a step on (`[dataloader] exclude`: exclusion.py); None: none."""
     pipeline_eras: tuple[PipelineEra, ...] = ()
     """The sources' keep and repeat by step (engine/pipeline.py): the config's from pipeline_from_step, and before
     it a checkpoint's (or none); each source's `era_pipelines` follow them."""
-    seq_len_schedule: tuple[Era, ...] = ()
-    """The job's sequence lengths by step (`[[dataloader.phases]] seq_len`; empty: seq_len from step 1): each era's
-    first step, seq_len and mixer piece size; seq_len is their longest. A lane enters an era as a resume at that
-    step with that seq_len would (stream.py)."""
 
     @property
     def num_lanes(self) -> int:
@@ -85,14 +83,24 @@ class EngineSpec:
 
     def era_of(self, step: int) -> Era:
         """The era of `step` (a unit drawn for a row of that step was cut with its seq_len and piece size)."""
-        eras = self.eras or self.seq_len_schedule or (Era(1, self.seq_len, self.mix_chunk_tokens),)
-        return [e for e in eras if e.start <= step][-1] if step >= eras[0].start else eras[0]
+        return era_at(self.planned_eras, step)
 
     def eras_from(self, step: int, until: int | None = None) -> list[Era]:
         """The era of `step` and every later one (that begins by step `until`, if given), in order."""
         first = self.era_of(step)
-        later = (e for e in self.eras or self.seq_len_schedule if e.start > first.start)
+        later = (e for e in self.eras if e.start > first.start)
         return [first, *(e for e in later if until is None or e.start <= until)]
+
+    @property
+    def planned_eras(self) -> tuple[Era, ...]:
+        """The eras, at least one (seq_len from step 1)."""
+        return self.eras or (Era(1, self.seq_len, self.mix_chunk_tokens),)
+
+    @cached_property
+    def job_eras(self) -> tuple[Era, ...]:
+        """The job's own row lengths by step (its phases' seq_len; empty: none), whatever its resumes changed:
+        what the job's checks and reports speak of."""
+        return seq_len_eras(self.config, self.seq_len)
 
     @cached_property
     def pipelines_change(self) -> bool:
@@ -151,13 +159,12 @@ class EngineSpec:
         return dataclasses.replace(self, pipeline_eras=eras)
 
     def with_eras(self, eras: tuple[Era, ...]) -> EngineSpec:
-        """This spec (of the last era's seq_len) continuing a run whose seq_len changed at a resume: the mixer
-        starts a new segment at each change (schedule.py's cuts)."""
+        """This spec continuing a run whose row lengths by step are `eras` (its checkpoint's, then this config's:
+        eras_after): the mixer starts a new segment at each change (schedule.py's cuts)."""
         if len(eras) <= 1:
             eras = ()
         if eras == self.eras:
             return self
-        assert not eras or (eras[-1].seq_len, eras[-1].chunk) == (self.seq_len, self.mix_chunk_tokens)
         schedule = self.schedule.with_cuts(tuple(e.start for e in eras[1:]))
         return dataclasses.replace(self, eras=eras, schedule=schedule)
 
@@ -176,8 +183,7 @@ class EngineSpec:
     def continuing_at(self, previous: EngineSpec, step: int) -> EngineSpec:
         """continuing(previous) for a resume from `previous`'s checkpoint after `step` steps, which may also change
         seq_len (and the mixer's piece size with it): the eras of `previous` up to `step`, then this spec's."""
-        saved = previous.eras or (Era(1, previous.seq_len, previous.mix_chunk_tokens),)
-        return self.continuing(previous).with_eras(eras_after(saved, step, self.seq_len, self.mix_chunk_tokens))
+        return self.continuing(previous).with_eras(eras_after(previous.planned_eras, step, self.planned_eras))
 
     def resumed(self, best_fit_mixing: str, phase_offsets: tuple[Fraction, ...] | None) -> EngineSpec:
         """This spec as a resume continues it: with its checkpoint's best_fit_mixing and mixing offsets (a run in
@@ -211,13 +217,21 @@ class EngineSpec:
         return self.schedule.segment(1).weights
 
 
-def eras_after(saved: tuple[Era, ...], step: int, seq_len: int, chunk: int) -> tuple[Era, ...]:
-    """A run's eras (`saved`: its checkpoint's, one at least) resumed after `step` steps with rows of `seq_len` and
-    pieces of `chunk`: the eras that began by step `step` (one that would begin at step + 1 was never trained),
-    then a new one from step + 1 if they differ. Empty: one era."""
+def era_at(eras: tuple[Era, ...], step: int) -> Era:
+    """The era in force at `step` (before the first one's start: the first)."""
+    return [e for e in eras if e.start <= step][-1] if step >= eras[0].start else eras[0]
+
+
+def eras_after(saved: tuple[Era, ...], step: int, planned: tuple[Era, ...]) -> tuple[Era, ...]:
+    """A run's eras (`saved`: its checkpoint's, one at least) resumed after `step` steps by a config whose own eras
+    are `planned` (one at least): the eras that began by step `step` (one that would begin at step + 1 was never
+    trained), then the planned era in force at step + 1 from there if it differs, then the later planned ones.
+    Empty: one era."""
     kept = [e for e in saved if e.start <= step] or [saved[0]]
-    if (kept[-1].seq_len, kept[-1].chunk) != (seq_len, chunk):
-        kept.append(Era(step + 1, seq_len, chunk))
+    now = era_at(planned, step + 1)
+    if (kept[-1].seq_len, kept[-1].chunk) != (now.seq_len, now.chunk):
+        kept.append(Era(step + 1, now.seq_len, now.chunk))
+    kept += [e for e in planned if e.start > step + 1]
     return tuple(kept) if len(kept) > 1 else ()
 
 
@@ -274,7 +288,7 @@ def build_engine(
         tokenizer=tokenizer,
         seq_len=seq_len,
         exclusion=exclusion,
-        seq_len_schedule=eras,
+        eras=eras,
         pipeline_eras=pipelines,
     )
 

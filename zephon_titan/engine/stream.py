@@ -104,8 +104,8 @@ class LaneStream:
         """The next row; raises LaneExhausted at the end of a finite lane."""
         if self.clock is not None:
             step = self.clock.step(self.rows)
-            if self.spec.seq_len_schedule and self.spec.era_of(step) != self.era:
-                # The job's seq_len changes at this step: the lane goes on exactly as a resume here with the new
+            if self.spec.eras and self.spec.era_of(step) != self.era:
+                # The run's seq_len changes at this step: the lane goes on exactly as a resume here with the new
                 # seq_len would (its open unit replayed, a best_fit window packed again at the new length).
                 self.__init__(self.spec, self.lane_id, self.state(), self.clock, self.batcher)  # type: ignore[misc]
             self.feed.at_step(step)

@@ -187,9 +187,8 @@ class RankSteps:
 
     def _announce_seq_len(self, step: int) -> None:
         """One line where the job's seq_len schedule changes the row length (at `step`, the step now handed out)."""
-        eras = self.spec.seq_len_schedule
         era = self.spec.era_of(step)
-        if eras and era.start == step and step > 1:
+        if era in self.spec.job_eras and era.start == step and step > 1:
             before = self.spec.era_of(step - 1).seq_len
             log.info(f"zephon_titan: seq_len {before} -> {era.seq_len} from step {step} (the job's schedule)")
 

@@ -149,7 +149,7 @@ class Job:
         """`[[dataloader.phases]] seq_len` (engine/spec.py checks each against training.seq_len): TorchTitan's CUDA
         graphs (on by default on NVIDIA GPUs) refuse an input of another shape, and context or sequence parallelism
         needs every length divisible as it checks training.seq_len."""
-        eras = self.spec.seq_len_schedule
+        eras = self.spec.job_eras
         if not eras:
             return
         lengths = ", ".join(f"{e.seq_len} from step {e.start}" for e in eras)
