@@ -119,8 +119,7 @@ class StopFlag:
 class Child:
     """A child's side of the pool, given to its target."""
 
-    def __init__(self, index: int, inbox: Connection[Any, Any], fd: int, stop: StopFlag):
-        self.index = index
+    def __init__(self, inbox: Connection[Any, Any], fd: int, stop: StopFlag):
         self.where: Any = None  # what it is working on (a lane): sent with its error
         self._inbox, self._fd, self._stop = inbox, fd, stop
 
@@ -142,16 +141,9 @@ class Child:
     def stopped(self) -> bool:
         return self._stop.is_set()
 
-    def report(self, message: Message) -> None:
-        try:
-            self.send(message)
-        except OSError:  # the parent is gone: nobody to tell
-            pass
-
 
 def _child_main(
     target: Callable[..., None],
-    index: int,
     inbox: Connection[Any, Any],
     writer: Connection[Any, Any],
     stop: StopFlag,
@@ -162,19 +154,23 @@ def _child_main(
 ) -> None:
     _exit_with_parent(parent_pid, arm_pdeathsig)
     limit_threads(threads)
-    child = Child(index, inbox, writer.fileno(), stop)
+    child = Child(inbox, writer.fileno(), stop)
+    failure: Message
     try:
         try:
             job = pickle.loads(inbox.recv_bytes())  # sent once every child has started
         except EOFError:  # the pool was closed before we were needed
             return
         target(child, job, *args)
+        return
     except (BrokenPipeError, KeyboardInterrupt):  # the parent stopped listening, or Ctrl-C: it says why
         return
     except ZephonError as e:  # a bad file or setting: its one line is the whole story
-        child.report(("error", child.where, (type(e).__name__, str(e))))
+        failure = ("error", child.where, (type(e).__name__, str(e)))
     except BaseException:  # a bug: keep the traceback
-        child.report(("bug", child.where, traceback.format_exc()))
+        failure = ("bug", child.where, traceback.format_exc())
+    with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
+        child.send(failure)
 
 
 class Closing(Exception):
@@ -227,7 +223,7 @@ class ProcessPool:
             start_reader, start_writer = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=_child_main,
-                args=(target, i, start_reader, writer, self.stop_flag, os.getpid(), arm_pdeathsig, threads, extra),
+                args=(target, start_reader, writer, self.stop_flag, os.getpid(), arm_pdeathsig, threads, extra),
                 name=f"{process_name}-{i}",
                 daemon=True,
             )
