@@ -153,7 +153,7 @@ def test_a_worker_killed_while_reading_the_stop_flag_blocks_no_one():
     # workers then hung in is_set() (seen once in CI). The stop flag is one lock-free shared byte.
     import threading
 
-    from zephon_titan.engine.workers import StopFlag
+    from zephon_titan.engine.process_pool import StopFlag
 
     ctx = mp.get_context("spawn")
     for _ in range(3):
