@@ -247,10 +247,6 @@ class LaneState:
     """At the start of the open unit (packer), or where the feed stands when none is open."""
     packer: PackerState
 
-    @property
-    def cursors(self) -> tuple[SourceCursor, ...]:
-        return self.feed.cursors
-
     def with_sources(self, saved: list[str], names: list[str]) -> LaneState:
         """This state (saved with the sources `saved`) for a run with the sources `names`, matched by name:
         an added source starts at its beginning. A removed one is refused: its open document (a piece of
