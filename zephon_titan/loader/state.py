@@ -229,7 +229,10 @@ def restore(
     loader.restored = None
     loading = {key: _Loading(loader, sizes) if value is loader else value for key, value in states.items()}
     with _quiet():
-        safe_load(loading, checkpoint_id, metadata=metadata)
+        try:
+            safe_load(loading, checkpoint_id, metadata=metadata)
+        except ResumeError as e:  # the resume's checks (engine/resume.py) speak of the state: say which checkpoint
+            raise e if str(checkpoint_id) in str(e) else ResumeError(f"{checkpoint_id}: {e}") from None
     # DCP loads tensors in place and replaces other values in the dict it is given: those go back to `states`.
     states.update({key: value for key, value in loading.items() if not isinstance(value, _Loading)})
     assert loader.restored is not None, "DCP restores the loader state it loaded"
