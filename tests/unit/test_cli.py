@@ -28,6 +28,26 @@ def test_plan_then_verify_identical(tmp_path, corpus_dir, tokenizer_dir, capsys)
     assert "identical: all 4 steps (1-4)" in capsys.readouterr().out
 
 
+def test_verify_says_when_only_the_record_differs(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    # A scheduled job's ledger records each step's seq_len; the same batches without it differ only in the record.
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["plan", job, "--steps", "3", "-o", str(tmp_path / "a.jsonl")]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({**e, "seq_len": 64}) + "\n" for e in lines))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "b.jsonl"), str(tmp_path / "a.jsonl")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0]
+        == "first difference at step 1 (seq_len) (the batches are byte-identical: the same SHA-256; only what is recorded differs):"
+    )
+    assert out[1].endswith("  seq_len 64") and out[2].endswith("  seq_len (not recorded)")
+    # Control: a batch that differs is not called identical.
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({**e, "sha256": "0" * 64}) + "\n" for e in lines))
+    assert main(["verify", str(tmp_path / "c.jsonl"), str(tmp_path / "a.jsonl")]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == "first difference at step 1 (sha256):"
+
+
 def _first_step_with(job_path, file, row, steps=12):
     job = load_job(job_path)
     r = job.check_layout(1)

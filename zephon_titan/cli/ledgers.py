@@ -138,6 +138,11 @@ def _comparable(a: LedgerEntry, b: LedgerEntry) -> tuple[LedgerEntry, LedgerEntr
     return a, b
 
 
+def _value(value: object) -> str:
+    """A ledger field as verify prints it: absent fields say so (a ledger of another job or release)."""
+    return "(not recorded)" if value is None else str(value)
+
+
 def cmd_verify(args) -> int:
     """Every step of either ledger must be in both, with every field equal (--prefix: B may stop early)."""
     a, b = _read(args.a), _read(args.b)
@@ -159,10 +164,13 @@ def cmd_verify(args) -> int:
         x, y = _comparable(a[step], b[step])
         if x != y:
             fields = [f for f in _COMPARED if getattr(x, f) != getattr(y, f)]
-            print(f"first difference at step {step} ({', '.join(fields)}):")
-            for path, entry in ((args.a, a[step]), (args.b, b[step])):
+            same = " (the batches are byte-identical: the same SHA-256; only what is recorded differs)"
+            print(f"first difference at step {step} ({', '.join(fields)}){same if x.sha256 == y.sha256 else ''}:")
+            for path, entry in ((args.a, x), (args.b, y)):
+                shown = [f"{f} {_value(getattr(entry, f))}" for f in fields if f not in ("sha256", "rows", "tokens")]
                 print(
-                    f"  {path}: sha256 {entry.sha256}  rows {entry.rows}  tokens {entry.tokens}  padding {entry.padding}"
+                    f"  {path}: sha256 {entry.sha256}  rows {entry.rows}  tokens {entry.tokens}"
+                    + "".join(f"  {text}" for text in shown)
                 )
             return 1
     steps = sorted(b) if args.prefix else sorted(a)
