@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from zephon_titan.engine.sources.init_sample import SAMPLE_FILES
 from zephon_titan.init_job.choices import VOCAB_MULTIPLE, JobChoices, round_vocab
 from zephon_titan.init_job.listing import SourcePlan
 
@@ -42,9 +43,20 @@ def columns_text(columns: dict[str, str], most: int = 12) -> str:
 def describe(plan: SourcePlan) -> str:
     unit = "dataset" if plan.datasets else "file"
     files = f"{len(plan.files)} {unit}{'s' if len(plan.files) > 1 else ''}"
-    return (
-        f"{plan.format}, {files}, {size(plan.bytes)}, ~{count(plan.documents)} documents, ~{count(plan.tokens)} tokens"
-    )
+    if plan.exact:
+        counts = f"{count(plan.documents)} documents, {count(plan.tokens)} tokens (every document counted)"
+    else:
+        counts = f"~{count(plan.documents)} documents, ~{count(plan.tokens)} tokens" + estimated_from(plan)
+    return f"{plan.format}, {files}, {size(plan.bytes)}, {counts}"
+
+
+def estimated_from(plan: SourcePlan) -> str:
+    """How many documents a text source's estimate tokenized, and from how many files."""
+    if not plan.tokenized:
+        return ""
+    sampled = min(len(plan.files), SAMPLE_FILES)
+    where = f"{sampled} of its {len(plan.files)} files" if sampled < len(plan.files) else "its files"
+    return f" (estimated from {plan.tokenized:,} of them, spread over {where})"
 
 
 def _chat_lines(plan: SourcePlan) -> list[str]:
