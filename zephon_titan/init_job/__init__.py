@@ -27,17 +27,20 @@ import os
 from zephon_titan.engine.sources.init_sample import SAMPLE_FILES
 from zephon_titan.errors import ConfigError
 from zephon_titan.init_job.choices import (
+    KEEP_CHECKPOINTS,
     VOCAB_MULTIPLE,
     JobChoices,
     Layout,
+    checkpoint_interval,
     distinct_dump_folder,
+    model_parameters,
     propose_layout,
     round_vocab,
     weights_of,
 )
 from zephon_titan.init_job.estimate import file_budget
 from zephon_titan.init_job.sampling import inspect_sources
-from zephon_titan.init_job.writer import columns_text, count, describe, render, size
+from zephon_titan.init_job.writer import checkpoint_size, columns_text, count, describe, render, size
 
 
 def check_tokenizer_dir(path: str) -> None:
@@ -103,6 +106,7 @@ def run(args, command: str) -> int:
         weights=weights_of(plans, given),
         weights_given=bool(given),
         sources=plans,
+        parameters=model_parameters(module, config, args.flavor or "", round_vocab(tokenizer.vocab_size)),
     )
     with open(args.output, "w", encoding="utf-8") as f:
         f.write(render(choices, command))
@@ -147,6 +151,7 @@ def report(c: JobChoices) -> None:
         f"steps {c.steps} (one pass over ~{count(sum(p.tokens for p in c.sources))} tokens is ~{c.one_pass:,}); "
         f"dump_folder {c.dump_folder}"
     )
+    print(f"checkpoint interval {checkpoint_interval(c.steps)}, keep_latest_k {KEEP_CHECKPOINTS}: {checkpoint_size(c)}")
     gpus = ",".join(map(str, c.layout.gpus))
     print(
         f"wrote {c.path} (it resolves as the trainer reads it); next: zephon-titan validate {c.path} --world-sizes {gpus}"
