@@ -74,8 +74,8 @@ def test_the_estimates_on_the_demo_corpus_are_its_counts(workdir, tmp_path, monk
     assert [name for name, _, _ in counted] == ["code", "prose"]
     for name, documents, tokens in counted:
         line = next(line for line in said.splitlines() if line.startswith(f"  {name}:"))
-        assert f"~{int(documents.replace(',', ''))} documents" in line
-        assert f"~{int(tokens.replace(',', '')) / 1000:.1f}K tokens" in line
+        assert f" {int(documents.replace(',', ''))} documents" in line and "(every document counted)" in line
+        assert f" {int(tokens.replace(',', '')) / 1000:.1f}K tokens" in line
     job = load_toml("demo_job.toml")
     weights = [s["weight"] for s in job["dataloader"]["sources"].values()]
     assert abs(sum(weights) - 1) < 1e-3 and job["training"]["global_batch_size"] == 32  # 8 rows x lcm(1, 2, 4)
@@ -149,6 +149,37 @@ def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, caps
     capsys.readouterr()
     assert main(["verify", "outputs/my_job/planned.jsonl", "outputs/my_job/checkpoint/ledger.jsonl"]) == 0
     assert "identical: all 4 steps" in capsys.readouterr().out
+    # Resumed from the checkpoint of step 4 (keep_latest_k and the interval init wrote): steps 5 and 6 as planned.
+    done = subprocess.run([sys.executable, "-m", "zephon_titan.cli", "run", "--cpu", "--nproc", "2", "my_job.toml",
+                           "--training.steps", "6"], cwd=user_folder, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert sorted(os.listdir("outputs/my_job/checkpoint")) == ["ledger.jsonl", "step-4", "step-6"]
+    assert main(["plan", "my_job.toml", "--steps", "6", "-o", "outputs/my_job/planned6.jsonl"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "outputs/my_job/planned6.jsonl", "outputs/my_job/checkpoint/ledger.jsonl"]) == 0
+    assert "identical: all 6 steps" in capsys.readouterr().out
+
+
+def test_the_job_keeps_a_few_checkpoints_and_says_their_size(user_folder, capsys):
+    """A CPU trial of 8 steps saves its last step only, keeps 3 checkpoints, says what one weighs (from the
+    model's parameters); the job loads as the trainer reads it and resumes from its latest checkpoint."""
+    from zephon_titan.titan.job import load_job
+
+    argv = ["init", "web=data/web", "--tokenizer", "assets/my_tokenizer", "--gpus", "1,2", "--seq-len", "128",
+            "--steps", "8", "-o", "my_job.toml"]  # fmt: skip
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "checkpoint interval 8, keep_latest_k 3: a checkpoint is ~" in said
+    text = open("my_job.toml", encoding="utf-8").read()
+    parameters = re.search(r"# a checkpoint is ~([\d.]+) MB \(([\d.]+)M parameters x 12 bytes", text)
+    assert parameters and float(parameters[1]) == pytest.approx(float(parameters[2]) * 12, rel=0.01), text
+    job = load_job("my_job.toml")
+    assert (job.config.checkpoint.interval, job.config.checkpoint.keep_latest_k) == (8, 3)
+    assert not job.config.checkpoint.last_save_model_only  # the last checkpoint keeps the loader: it resumes
+    for step in (8, 16):
+        os.makedirs(f"outputs/my_job/checkpoint/step-{step}")
+        open(f"outputs/my_job/checkpoint/step-{step}/.metadata", "w").close()
+    assert job.checkpoint_to_resume() == os.path.join("outputs", "my_job", "checkpoint", "step-16")
 
 
 def test_the_readme_maps_every_setting_of_torchtitans_hf_loader(tmp_path):

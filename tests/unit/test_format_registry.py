@@ -86,7 +86,7 @@ def test_init_samples_a_registered_formats_files_through_its_hook(
         assert main(["init", "notes.md", "--tokenizer", tokenizer_dir, "-o", "other.toml"]) == 2
         assert "or Lines (.txt) file" in capsys.readouterr().err  # init's messages list the registry's formats
     assert sampled == ["part-0.txt", "part-1.txt", "part-2.txt"]
-    assert "lines: lines, 3 files, " in said and f"~{documents} documents" in said and "text_field 'text'" in said
+    assert "lines: lines, 3 files, " in said and f" {documents} documents" in said and "text_field 'text'" in said
     job = (tmp_path / "job.toml").read_text()
     assert 'paths = ["lines/**/*.txt"]' in job and 'text_field = "text"' in job and "weight = 1.0" in job
     # Negative control: the same format without the hook is refused by init (the open path alone is not enough).

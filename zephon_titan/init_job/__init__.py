@@ -5,14 +5,16 @@
 Each data argument is a source: a directory (every data file under it, one source per format), a file, a
 dataset directory, or a quoted glob; `NAME=PATH` names it (else the directory's name). Files the shell expanded
 from one directory (`data/code/*.parquet` unquoted) are one source again. Each source's format says how init
-reads it (its `Format.init` hook, engine/sources/init_sample.py): a text format's files are sampled, a few
-documents from a few files (spread over its list), to pick the text column and to estimate documents and tokens
-with the job's own tokenizer; a token format counts its ids from the files (its ids are the documents). Then
+reads it (its `Format.init` hook, engine/sources/init_sample.py): a text format's files (up to 8, spread over
+its list) show their first documents, to pick the text column; then documents spread over each of those files
+(estimate.py; a small file read whole) are tokenized with the job's own tokenizer to estimate its documents and
+tokens; a token format counts its ids from the files (its ids are the documents). Then
 init chooses the batch layout for the GPU counts named, writes a commented job TOML and resolves it as the
 trainer does (so `zephon-titan validate` accepts it).
 
     listing.py   which sources the arguments name, their files listed
     sampling.py  what the files hold, asked of each format's hook
+    estimate.py  documents and tokens from documents spread over each file (a small file counted whole)
     choices.py   the batch layout, weights, vocabulary size, run folder
     writer.py    the job TOML with a comment for each choice
 """
@@ -22,19 +24,23 @@ from __future__ import annotations
 import math
 import os
 
-from zephon_titan.engine.sources.init_sample import SAMPLE_FILES, SAMPLE_ROWS
+from zephon_titan.engine.sources.init_sample import SAMPLE_FILES
 from zephon_titan.errors import ConfigError
 from zephon_titan.init_job.choices import (
+    KEEP_CHECKPOINTS,
     VOCAB_MULTIPLE,
     JobChoices,
     Layout,
+    checkpoint_interval,
     distinct_dump_folder,
+    model_parameters,
     propose_layout,
     round_vocab,
     weights_of,
 )
+from zephon_titan.init_job.estimate import file_budget
 from zephon_titan.init_job.sampling import inspect_sources
-from zephon_titan.init_job.writer import columns_text, count, describe, render
+from zephon_titan.init_job.writer import checkpoint_size, columns_text, count, describe, render, size
 
 
 def check_tokenizer_dir(path: str) -> None:
@@ -100,6 +106,7 @@ def run(args, command: str) -> int:
         weights=weights_of(plans, given),
         weights_given=bool(given),
         sources=plans,
+        parameters=model_parameters(module, config, args.flavor or "", round_vocab(tokenizer.vocab_size)),
     )
     with open(args.output, "w", encoding="utf-8") as f:
         f.write(render(choices, command))
@@ -123,7 +130,10 @@ def check_written(path: str, layout: Layout) -> None:
 
 
 def report(c: JobChoices) -> None:
-    print(f"sources (sampled up to {SAMPLE_FILES} files x {SAMPLE_ROWS} documents each, tokenized with {c.tokenizer}):")
+    print(
+        f"sources (documents spread over up to {SAMPLE_FILES} files of each, up to {size(file_budget(1))} a "
+        f"source, a smaller file counted whole; tokenized with {c.tokenizer}):"
+    )
     for plan in c.sources:
         if plan.token_ids or plan.chat:
             field = plan.why_field
@@ -141,6 +151,7 @@ def report(c: JobChoices) -> None:
         f"steps {c.steps} (one pass over ~{count(sum(p.tokens for p in c.sources))} tokens is ~{c.one_pass:,}); "
         f"dump_folder {c.dump_folder}"
     )
+    print(f"checkpoint interval {checkpoint_interval(c.steps)}, keep_latest_k {KEEP_CHECKPOINTS}: {checkpoint_size(c)}")
     gpus = ",".join(map(str, c.layout.gpus))
     print(
         f"wrote {c.path} (it resolves as the trainer reads it); next: zephon-titan validate {c.path} --world-sizes {gpus}"

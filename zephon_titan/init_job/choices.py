@@ -15,6 +15,10 @@ VOCAB_MULTIPLE = 64  # the model's vocabulary is rounded up to this (as `validat
 MAX_LANES = 64  # num_lanes proposed at most, unless the GPU counts need more
 MAX_LOCAL_TOKENS = 16384  # the proposed local batch holds at most this many tokens (8 rows of 2048)
 MAX_LOCAL_ROWS = 8
+KEEP_CHECKPOINTS = 3  # [checkpoint] keep_latest_k: older ones deleted (TorchTitan refuses 1: a save may be unfinished)
+CHECKPOINTS_PER_RUN = 10  # about this many saves a run, ...
+MIN_INTERVAL, MAX_INTERVAL = 10, 500  # ... at least 10 and at most 500 steps apart (the last step is always saved)
+BYTES_PER_PARAMETER = 12  # a checkpoint's share per parameter: fp32 weights and AdamW's two moments
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,31 @@ def distinct_dump_folder(job_path: str) -> str:
     return folder
 
 
+def checkpoint_interval(steps: int) -> int:
+    """Steps between checkpoints: about CHECKPOINTS_PER_RUN a run, within [MIN_INTERVAL, MAX_INTERVAL] (a short
+    trial saves only its last step: TorchTitan always saves that one)."""
+    return max(1, min(steps, MAX_INTERVAL, max(MIN_INTERVAL, steps // CHECKPOINTS_PER_RUN)))
+
+
+def model_parameters(module: str, config: str, flavor: str, vocab: int) -> int | None:
+    """The parameters of the recipe's model (with this vocabulary), built on the meta device (no memory is
+    allocated); None where it cannot be built so (the job is checked as the trainer reads it anyway)."""
+    import torch
+
+    from zephon_titan.titan.job import base_config
+
+    model: dict[str, object] = {"module": module, "config": config, "vocab_size": vocab}
+    if flavor:
+        model["flavor"] = flavor
+    try:
+        spec = base_config(model, "--recipe").model_spec
+        with torch.device("meta"):
+            built = spec.model.build()
+        return int(sum(p.numel() for p in built.parameters()))
+    except Exception:  # a recipe of the user's own: the size is a hint, the comment says how to compute it
+        return None
+
+
 @dataclass
 class JobChoices:
     path: str
@@ -104,3 +133,4 @@ class JobChoices:
     weights: dict[str, float]
     weights_given: bool
     sources: list[SourcePlan]
+    parameters: int | None = None  # the model's, for the size of a checkpoint

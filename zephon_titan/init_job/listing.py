@@ -27,6 +27,11 @@ class SourcePlan:
     why_field: str = ""
     documents: float = 0.0
     tokens: float = 0.0
+    tokenized: int = 0
+    """Documents the estimate tokenized (all of them where `exact`)."""
+    exact: bool = False
+    """Every file counted whole: documents and tokens as `validate` counts them."""
+    mean_characters: float = 0.0
     token_settings: dict[str, tuple[Any, str]] = field(default_factory=dict)
     """Token formats: the source's keys that say how to read the ids (value, why)."""
     chat: dict[str, Any] = field(default_factory=dict)

@@ -10,6 +10,7 @@ from zephon_titan.engine.sources.base import Source
 from zephon_titan.engine.sources.init_sample import SAMPLE_FILES
 from zephon_titan.engine.sources.storage import FileStat
 from zephon_titan.errors import ConfigError
+from zephon_titan.init_job.estimate import Count, count_file, file_budget
 from zephon_titan.init_job.listing import SourcePlan, plan_sources
 
 
@@ -47,6 +48,10 @@ def choose_chat_fields(plan: SourcePlan) -> bool:
     return False
 
 
+NO_TEXT = 'no "text" column; '
+MEAN_PLACEHOLDER = "{mean}"
+
+
 def choose_text_field(plan: SourcePlan) -> None:
     """`text` if every sampled file has it as a string, else the string field with the longest average values."""
     samples = [s for s in plan.samples if s.documents]  # an empty file has no say
@@ -67,25 +72,44 @@ def choose_text_field(plan: SourcePlan) -> None:
         return
     plan.text_field = ranked[0]
     others = ", ".join(f"{k} {mean[k]:,.0f}" for k in ranked[1:4])
-    plan.why_field = (
-        f'no "text" column; {ranked[0]!r} has the longest texts (mean {mean[ranked[0]]:,.0f} characters'
-        + (f"; others: {others})" if others else ")")
+    plan.why_field = (  # its mean over the whole file once estimate() has read it (MEAN_PLACEHOLDER)
+        f"{NO_TEXT}{ranked[0]!r} has the longest texts in the first documents (file mean {MEAN_PLACEHOLDER} "
+        + (f"characters; others there: {others})" if others else "characters)")
     )
 
 
 def estimate(plan: SourcePlan, tokenizer) -> None:
-    """Documents from the sampled files' counts scaled by bytes; tokens from the sample tokenized."""
+    """A text source's documents and tokens from documents spread over each sampled file (estimate.py; a small
+    file counted whole), scaled from the sampled files' bytes to the source's. A chat source: from its samples."""
+    if plan.chat:
+        estimate_chat(plan, tokenizer)
+        return
+    sampled = spread(plan.files)
+    budget = file_budget(len(sampled))
+    found = Count()
+    for f in sampled:
+        found.add(count_file(f, plan.name, plan.format, plan.text_field, tokenizer, budget))
+    scale = plan.bytes / max(1, sum(f.size for f in sampled))
+    plan.documents, plan.tokens = found.documents * scale, found.tokens * scale
+    plan.tokenized = found.tokenized
+    plan.exact = found.exact and len(sampled) == len(plan.files)
+    plan.mean_characters = found.characters / max(1.0, found.documents)
+    if plan.why_field.startswith(NO_TEXT):
+        plan.why_field = plan.why_field.replace(MEAN_PLACEHOLDER, f"{plan.mean_characters:,.0f}")
+
+
+def estimate_chat(plan: SourcePlan, tokenizer) -> None:
+    """Documents from the sampled files' counts scaled by bytes; tokens from the sampled conversations."""
     read = sum(s.file_documents for s in plan.samples)
     plan.documents = read * plan.bytes / max(1, sum(f.size for f in spread(plan.files)))
-    fields = (
-        [plan.chat["prompt_field"], plan.chat["response_field"]] if "prompt_field" in plan.chat else [plan.text_field]
-    )
+    fields = [plan.chat["prompt_field"], plan.chat["response_field"]] if "prompt_field" in plan.chat else []
     texts = ["\n".join(x) for s in plan.samples for x in zip(*(s.texts.get(f, []) for f in fields))]
-    if plan.chat and not texts:  # message lists are not sampled as text: about 4 bytes a token
+    plan.tokenized = len(texts)
+    if not texts:  # message lists are not sampled as text: about 4 bytes a token
         plan.tokens = plan.bytes / 4
         return
-    ids = tokenizer.encode(texts) if texts else []
-    plan.tokens = plan.documents * (sum(len(i) for i in ids) / max(1, len(ids)))
+    ids = tokenizer.encode(texts)
+    plan.tokens = plan.documents * (sum(len(i) for i in ids) / len(ids))
 
 
 def count_token_files(plan: SourcePlan, tokenizer) -> None:

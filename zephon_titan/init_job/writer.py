@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import math
 
-from zephon_titan.init_job.choices import VOCAB_MULTIPLE, JobChoices, round_vocab
+from zephon_titan.engine.sources.init_sample import SAMPLE_FILES
+from zephon_titan.init_job.choices import (
+    BYTES_PER_PARAMETER,
+    KEEP_CHECKPOINTS,
+    VOCAB_MULTIPLE,
+    JobChoices,
+    checkpoint_interval,
+    round_vocab,
+)
 from zephon_titan.init_job.listing import SourcePlan
 
 
@@ -42,8 +50,33 @@ def columns_text(columns: dict[str, str], most: int = 12) -> str:
 def describe(plan: SourcePlan) -> str:
     unit = "dataset" if plan.datasets else "file"
     files = f"{len(plan.files)} {unit}{'s' if len(plan.files) > 1 else ''}"
+    if plan.exact:
+        counts = f"{count(plan.documents)} documents, {count(plan.tokens)} tokens (every document counted)"
+    else:
+        counts = f"~{count(plan.documents)} documents, ~{count(plan.tokens)} tokens" + estimated_from(plan)
+    return f"{plan.format}, {files}, {size(plan.bytes)}, {counts}"
+
+
+def estimated_from(plan: SourcePlan) -> str:
+    """How many documents a text source's estimate tokenized, and from how many files."""
+    if not plan.tokenized:
+        return ""
+    sampled = min(len(plan.files), SAMPLE_FILES)
+    where = f"{sampled} of its {len(plan.files)} files" if sampled < len(plan.files) else "its files"
+    return f" (estimated from {plan.tokenized:,} of them, spread over {where})"
+
+
+def checkpoint_size(c: JobChoices) -> str:
+    """What a checkpoint weighs, and so what keep_latest_k keeps on disk."""
+    if c.parameters is None:
+        return (
+            f"a checkpoint is ~{BYTES_PER_PARAMETER} bytes per model parameter (fp32 weights, AdamW's two moments); "
+            f"{KEEP_CHECKPOINTS} are kept"
+        )
+    one = c.parameters * BYTES_PER_PARAMETER
     return (
-        f"{plan.format}, {files}, {size(plan.bytes)}, ~{count(plan.documents)} documents, ~{count(plan.tokens)} tokens"
+        f"a checkpoint is ~{size(one)} ({count(c.parameters)} parameters x {BYTES_PER_PARAMETER} bytes: fp32 weights "
+        f"and AdamW's two moments); {KEEP_CHECKPOINTS} kept: ~{size(KEEP_CHECKPOINTS * one)} on disk"
     )
 
 
@@ -90,7 +123,9 @@ def render(c: JobChoices, command: str) -> str:
         "",
         "[checkpoint]",
         _line("enable", True),
-        _line("interval", max(1, min(500, c.steps // 10)), "steps between checkpoints (a resume may use any count)"),
+        f"# {checkpoint_size(c)}",
+        _line("interval", checkpoint_interval(c.steps), "steps between saves; the last step is always saved"),
+        _line("keep_latest_k", KEEP_CHECKPOINTS, "older checkpoints are deleted (resuming reads the latest)"),
         _line("last_save_model_only", False, "keep the loader state in the last checkpoint (to resume)"),
         "",
         "[dataloader]",
