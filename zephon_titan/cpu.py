@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import types
 import warnings
@@ -46,13 +47,34 @@ def install_cpu_device() -> None:
 
 
 # Lines a CPU run prints on every start about GPUs it does not have: DTensor's CPU-mesh notes, TorchTitan's
-# lspci probe and A100 peak-flops fallback, its NCCL setting. Nothing a CPU user can act on; our lines drown.
-_GPU_NOTES = ("Error running lspci", "Peak flops undefined for: cpu", "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING]")
+# lspci probe and A100 peak-flops fallback (and the MFU it computes from it), its NCCL setting, the GPU memory of
+# the model (-0.00GiB on a CPU), CUDA graphs. Nothing a CPU user can act on; our lines drown.
+_GPU_NOTES = (
+    "Error running lspci",
+    "Peak flops undefined for: cpu",
+    "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING]",
+    "Peak FLOPS used for computing MFU",
+    "CPU memory usage for model",
+    "CUDA graph capture is only supported on NVIDIA CUDA",
+)
+# The step line's GPU figures (TorchTitan's metrics.py: memory, tflops, mfu, each after its color code): on a CPU
+# they are the A100 fallback's and a GPU memory of -0.00GiB. The metrics it records keep them.
+_GPU_FIGURES = re.compile(r"(?:\x1b\[[0-9;]*m)?(?:memory|tflops|mfu): [^\s\x1b]*\s*")
+
+
+def _cpu_console(record: logging.LogRecord) -> bool:
+    """Drop the GPU notes; the step line without its GPU figures."""
+    message = record.getMessage()
+    if message.startswith(_GPU_NOTES):
+        return False
+    if "step:" in message and "mfu:" in message:
+        record.msg, record.args = _GPU_FIGURES.sub("", message).rstrip(), ()
+    return True
 
 
 def quiet_gpu_notes() -> None:
     warnings.filterwarnings("ignore", message=r"DTensor .* may not have complete support on cpu device mesh")
-    logging.getLogger().addFilter(lambda record: not record.getMessage().startswith(_GPU_NOTES))
+    logging.getLogger().addFilter(_cpu_console)
 
 
 def use_sdpa_attention(config):

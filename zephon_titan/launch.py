@@ -6,7 +6,8 @@ and a failing job ending in one line.
 
 1. The job is resolved and checked here, before any rank starts: the batch layout for nproc x nnodes ranks,
    the tokenizer, the model's vocabulary, and the checkpoint a resume will load (seed, data, split). A
-   mistake is one line and nothing is launched.
+   mistake is one line and nothing is launched. It says so as it goes: "checking ...", then "starting N ranks
+   from a fresh start" or "from <checkpoint> (step k, saved on W ranks)".
 2. torchrun's API (torch.distributed.run, the code behind the `torchrun` command) starts the ranks. The
    console shows rank 0 (TorchTitan's own launcher filters ranks the same way); every rank's output is kept
    in files under <dump_folder>/logs.
@@ -22,6 +23,7 @@ import argparse
 import glob
 import os
 import sys
+import time
 from typing import Any
 
 from zephon_titan import log_ranks
@@ -60,12 +62,27 @@ def run(args: argparse.Namespace) -> int:
         raise ZephonError("--nnodes > 1 needs --rdzv HOST:PORT (the same on every node)")
     module = "zephon_titan.train_cpu" if args.cpu else "zephon_titan.train"
     job_args = ["--job.config_file", args.config, *args.overrides]
-    log_dir = check_job(args, job_args)
+    world_size = args.nproc * args.nnodes
+    ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+    say(f"checking {args.config} for {ranks} (the batch layout, the tokenizer, the model, a checkpoint to resume)")
+    started = time.monotonic()
+    log_dir, start = check_job(args, job_args)
+    device = "CPU (gloo)" if args.cpu else "GPU"
+    say(
+        f"checked in {time.monotonic() - started:.0f} s; starting {ranks} on {device} from {start}; "
+        f"rank 0's log below, every rank's in {log_dir}"
+    )
     return launch(args, module, job_args, log_dir)
 
 
-def check_job(args: argparse.Namespace, job_args: list[str]) -> str:
-    """The checks every rank would make first, made once here (raises the job's ZephonError); the logs folder."""
+def say(line: str) -> None:
+    """What `run` does, as it does it (the ranks' own lines follow)."""
+    print(f"zephon-titan run: {line}", flush=True)
+
+
+def check_job(args: argparse.Namespace, job_args: list[str]) -> tuple[str, str]:
+    """The checks every rank would make first, made once here (raises the job's ZephonError); the logs folder and
+    what the run starts from (train.check_resume)."""
     from zephon_titan import train
 
     world_size = args.nproc * args.nnodes
@@ -77,8 +94,8 @@ def check_job(args: argparse.Namespace, job_args: list[str]) -> str:
         prepare = prepare_cpu_config
     job = train.parse_args(job_args, prepare)
     job.preflight(world_size)
-    train.check_resume(job)
-    return os.path.join(job.config.dump_folder, "logs")
+    start = train.check_resume(job)
+    return os.path.join(job.config.dump_folder, "logs"), start
 
 
 def launch(args: argparse.Namespace, module: str, job_args: list[str], log_dir: str) -> int:

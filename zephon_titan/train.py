@@ -40,13 +40,14 @@ def parse_args(args: list[str], prepare: Callable | None = None) -> Job:
     return load_job(path, rest, prepare)
 
 
-def check_resume(job: Job) -> None:
+def check_resume(job: Job) -> str:
     """The checkpoint a resume will load, checked against the job before the model is built (a changed seed,
     other data, a split change: one line in seconds, not after the model and optimizer are built). The
-    loader checks it again when TorchTitan loads it; both use the one resume sequence (loader/state.restore)."""
+    loader checks it again when TorchTitan loads it; both use the one resume sequence (loader/state.restore).
+    Returns what the run starts from, in words: "a fresh start", or the checkpoint, its step and its ranks."""
     checkpoint = job.checkpoint_to_resume()
     if checkpoint is None:
-        return
+        return "a fresh start"
     if not os.path.isdir(checkpoint):
         raise ConfigError(
             f"{job.path}: checkpoint {checkpoint} does not exist ([checkpoint] load_step or initial_load_path); "
@@ -54,7 +55,11 @@ def check_resume(job: Job) -> None:
         )
     from zephon_titan.plan import read_checkpoint
 
-    read_checkpoint(checkpoint, job)
+    step = read_checkpoint(checkpoint, job)[0]
+    # DCP writes one data file per rank that saved (__<rank>_<n>.distcp).
+    ranks = len({name.split("_")[2] for name in os.listdir(checkpoint) if name.endswith(".distcp")})
+    saved = f", saved on {ranks} rank{'s' if ranks != 1 else ''}" if ranks else ""
+    return f"{checkpoint} (step {step}{saved})"
 
 
 def run(job: Job) -> None:

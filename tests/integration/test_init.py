@@ -145,6 +145,15 @@ def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, caps
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     console = re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
     assert re.search(r"step:\s+4\s", console) and os.listdir("outputs/my_job/logs")  # rank 0 shown; all in logs
+    # The console as a user reads it: what run does first, then rank 0; no GPU figures on a CPU (TorchTitan
+    # prints them: memory -0.00GiB, an A100's peak FLOPS, MFU, CUDA graphs); our losses at TorchTitan's precision.
+    assert console.startswith("zephon-titan run: checking my_job.toml for 2 ranks"), console[:300]
+    assert "starting 2 ranks on CPU (gloo) from a fresh start" in console
+    assert re.search(r"step:\s+1\s+loss:\s+\d+\.\d{5}\s+grad_norm:\s+\S+\s+tps:", console), console[-3000:]
+    for gpu_only in ("mfu:", "tflops:", "memory: -0.00GiB", "Peak FLOPS used", "CUDA graph capture"):
+        assert gpu_only not in console, gpu_only
+    for losses in re.findall(r"zephon loss per source: (.*?) \(targets", console):
+        assert all(re.fullmatch(r"\d+\.\d{5}", part.split()[-1]) for part in losses.split(", ")), losses
     assert main(["plan", "my_job.toml", "--steps", "4", "-o", "outputs/my_job/planned.jsonl"]) == 0
     capsys.readouterr()
     assert main(["verify", "outputs/my_job/planned.jsonl", "outputs/my_job/checkpoint/ledger.jsonl"]) == 0
@@ -153,6 +162,7 @@ def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, caps
     done = subprocess.run([sys.executable, "-m", "zephon_titan.cli", "run", "--cpu", "--nproc", "2", "my_job.toml",
                            "--training.steps", "6"], cwd=user_folder, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "from outputs/my_job/checkpoint/step-4 (step 4, saved on 2 ranks)" in done.stdout, done.stdout[:600]
     assert sorted(os.listdir("outputs/my_job/checkpoint")) == ["ledger.jsonl", "step-4", "step-6"]
     assert main(["plan", "my_job.toml", "--steps", "6", "-o", "outputs/my_job/planned6.jsonl"]) == 0
     capsys.readouterr()

@@ -330,7 +330,7 @@ class ZephonTrainer(Trainer):
             logger.info(
                 "zephon loss per source: "
                 + ", ".join(
-                    f"{name} {metrics[f'zephon/loss/{name}']!r}" for name in names if f"zephon/loss/{name}" in metrics
+                    f"{name} {metrics[f'zephon/loss/{name}']:.5f}" for name in names if f"zephon/loss/{name}" in metrics
                 )
                 + " (targets: "
                 + ", ".join(f"{name} {metrics[f'zephon/loss_targets/{name}']}" for name in names)
