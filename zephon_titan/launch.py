@@ -6,8 +6,8 @@ and a failing job ending in one line.
 
 1. The job is resolved and checked here, before any rank starts: the batch layout for nproc x nnodes ranks,
    the tokenizer, the model's vocabulary, and the checkpoint a resume will load (seed, data, split). A
-   mistake is one line and nothing is launched. It says so as it goes: "checking ...", then "starting N ranks
-   from a fresh start" or "from <checkpoint> (step k, saved on W ranks)".
+   mistake is one line and nothing is launched. Then one line says what starts: N ranks from a fresh start, or
+   from <checkpoint> (step k, saved on W ranks); on a terminal a line says what is checked meanwhile.
 2. torchrun's API (torch.distributed.run, the code behind the `torchrun` command) starts the ranks. The
    console shows rank 0 (TorchTitan's own launcher filters ranks the same way); every rank's output is kept
    in files under <dump_folder>/logs.
@@ -64,20 +64,31 @@ def run(args: argparse.Namespace) -> int:
     job_args = ["--job.config_file", args.config, *args.overrides]
     world_size = args.nproc * args.nnodes
     ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
-    say(f"checking {args.config} for {ranks} (the batch layout, the tokenizer, the model, a checkpoint to resume)")
+    # On a terminal, a line says what is being checked while it is; it gives way to the result (a mistake stays
+    # one line). To a pipe, only the result.
+    terminal = sys.stdout.isatty()
+    if terminal:
+        say(f"checking {args.config} for {ranks} (the batch layout, tokenizer, model, a checkpoint to resume)", "")
     started = time.monotonic()
-    log_dir, start = check_job(args, job_args)
+    try:
+        log_dir, start = check_job(args, job_args)
+    finally:
+        if terminal:
+            print(CLEAR_LINE, end="", flush=True)
     device = "CPU (gloo)" if args.cpu else "GPU"
     say(
-        f"checked in {time.monotonic() - started:.0f} s; starting {ranks} on {device} from {start}; "
-        f"rank 0's log below, every rank's in {log_dir}"
+        f"checked {args.config} for {ranks} in {time.monotonic() - started:.0f} s; starting them on {device} from "
+        f"{start}; rank 0's log below, every rank's in {log_dir}"
     )
     return launch(args, module, job_args, log_dir)
 
 
-def say(line: str) -> None:
+CLEAR_LINE = "\r\x1b[2K"
+
+
+def say(line: str, end: str = "\n") -> None:
     """What `run` does, as it does it (the ranks' own lines follow)."""
-    print(f"zephon-titan run: {line}", flush=True)
+    print(f"zephon-titan run: {line}", end=end, flush=True)
 
 
 def check_job(args: argparse.Namespace, job_args: list[str]) -> tuple[str, str]:

@@ -147,8 +147,8 @@ def test_the_job_init_wrote_trains_on_two_cpu_ranks_as_planned(user_folder, caps
     assert re.search(r"step:\s+4\s", console) and os.listdir("outputs/my_job/logs")  # rank 0 shown; all in logs
     # The console as a user reads it: what run does first, then rank 0; no GPU figures on a CPU (TorchTitan
     # prints them: memory -0.00GiB, an A100's peak FLOPS, MFU, CUDA graphs); our losses at TorchTitan's precision.
-    assert console.startswith("zephon-titan run: checking my_job.toml for 2 ranks"), console[:300]
-    assert "starting 2 ranks on CPU (gloo) from a fresh start" in console
+    assert console.startswith("zephon-titan run: checked my_job.toml for 2 ranks in "), console[:300]
+    assert "starting them on CPU (gloo) from a fresh start" in console
     assert re.search(r"step:\s+1\s+loss:\s+\d+\.\d{5}\s+grad_norm:\s+\S+\s+tps:", console), console[-3000:]
     for gpu_only in ("mfu:", "tflops:", "memory: -0.00GiB", "Peak FLOPS used", "CUDA graph capture"):
         assert gpu_only not in console, gpu_only
