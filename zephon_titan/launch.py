@@ -65,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_job(args: argparse.Namespace, job_args: list[str]) -> str:
-    """The checks every rank would make first, made once here (raises the job's ZephonError); the logs folder."""
+    """The checks every rank would make first, made once here (raises the job's ZephonError); the logs folder.
+    The job file's first pass (job_file.py) comes before torch and TorchTitan are imported."""
+    from zephon_titan.job_file import read_job_file
+
+    read_job_file(args.config)
     from zephon_titan import train
 
     world_size = args.nproc * args.nnodes
