@@ -144,9 +144,10 @@ def special_token_strings(tokenizer_dir: str) -> list[str]:
 
 
 def write_job(path, corpus_dir: str, tokenizer_dir: str, *, seq_len: int = 64, batch: int = 16, local: int = 2,
-              dataloader: str = "", source: str = "", validator: str = "") -> str:  # fmt: skip
+              dataloader: str = "", source: str = "", validator: str = "", training: str = "") -> str:  # fmt: skip
     """A job TOML over the fixture corpus (code: Parquet, prose: JSONL) at `path`; the strings are extra
-    TOML lines for [dataloader], for each source's table, and after them (e.g. a [validator] table)."""
+    TOML lines for [dataloader], for each source's table, after them (e.g. a [validator] table) and for
+    [training]."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(f"""
 hf_assets_path = "{tokenizer_dir}"
@@ -157,6 +158,7 @@ config = "llama3_debugmodel"
 seq_len = {seq_len}
 global_batch_size = {batch}
 local_batch_size = {local}
+{training}
 [dataloader]
 num_lanes = 8
 seed = 7

@@ -93,7 +93,11 @@ def say(line: str, end: str = "\n") -> None:
 
 def check_job(args: argparse.Namespace, job_args: list[str]) -> tuple[str, str]:
     """The checks every rank would make first, made once here (raises the job's ZephonError); the logs folder and
-    what the run starts from (train.check_resume)."""
+    what the run starts from (train.check_resume). The job file's first pass (job_file.py) comes before torch and
+    TorchTitan are imported."""
+    from zephon_titan.job_file import read_job_file
+
+    read_job_file(args.config)
     from zephon_titan import train
 
     world_size = args.nproc * args.nnodes

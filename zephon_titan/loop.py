@@ -22,6 +22,7 @@ import numpy as np
 
 from zephon_titan.config import DataConfig, config_from_dict
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, Row
+from zephon_titan.job_view import LoaderJob
 from zephon_titan.loader.rank_lanes import Microbatch
 from zephon_titan.loader.rank_steps import RankSteps
 
@@ -85,9 +86,15 @@ class Loader:
         """The loader of a job file (its [dataloader], [training] seq_len and batch sizes, its tokenizer), as the
         trainer resolves it; `overrides` as on the command line (`--training.seq_len 256`). The microbatches have
         the job's local_batch_size where it divides this rank's rows, else all of them."""
-        from zephon_titan.titan.job import load_job
+        from zephon_titan.plan import open_job
 
-        job = load_job(path, overrides)
+        job: LoaderJob
+        if overrides:
+            from zephon_titan.titan.job import load_job
+
+            job = load_job(path, overrides)
+        else:
+            job = open_job(path)  # TorchTitan only for what the file leaves to its recipe
         rows = job.global_batch_size // max(world_size, 1)
         local = job.local_batch_size if rows and rows % job.local_batch_size == 0 else rows
         return cls(

@@ -1,7 +1,7 @@
 """Predict a job's batch ledger offline: every lane simulated in one process, no GPU, no torchrun.
 
-Reads the job exactly as the trainer does (titan/job.py: the same TorchTitan config,
-tokenizer and batch layout). Lane streams do not depend on the number of ranks, so one process
+Reads the job's loader values as the trainer does: from the file when it states them all (job_view.py, no
+TorchTitan), else through TorchTitan's config (titan/job.py); the same values, tokenizer and batch layout. Lane streams do not depend on the number of ranks, so one process
 computes exactly what a run on any number of GPUs will write. From a checkpoint,
 the lanes start from the states saved in its DCP `dataloader` entries.
 """
@@ -31,12 +31,23 @@ from zephon_titan.engine.ledger import (
 )
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.job import Job, load_job
+from zephon_titan.job_file import check_eval_data, eval_message, read_job_file
+from zephon_titan.job_view import FileJob, LoaderJob
 from zephon_titan.titan.tokenizer import loader_tokenizer
-from zephon_titan.titan.validator import check_eval_data, eval_message
 
 
-def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState], EngineSpec]:
+def open_job(path: str, needs_steps: bool = False) -> LoaderJob:
+    """The job's loader values: the first pass (job_file.py) always, then the file's own values when it states
+    them all (`needs_steps`: [training] steps too), else TorchTitan's resolved config (imported only then)."""
+    job = FileJob.of(read_job_file(path), needs_steps)
+    if job is not None:
+        return job
+    from zephon_titan.titan.job import load_job  # the recipe's defaults: torch and TorchTitan
+
+    return load_job(path)
+
+
+def read_checkpoint(checkpoint: str, job: LoaderJob) -> tuple[int, dict[int, LaneState], EngineSpec]:
     """(step, lane states, the job's spec as the run continues: mixing as its checkpoint did) from a TorchTitan
     DCP checkpoint folder (e.g. outputs/checkpoint/step-500), by the resume sequence every entry point uses
     (loader/state.restore): no checkpoint byte runs, the state is checked against the job, and its step
@@ -53,12 +64,14 @@ def read_checkpoint(checkpoint: str, job: Job) -> tuple[int, dict[int, LaneState
     return restored.step, {lane: entry.state for lane, entry in restored.lanes.items()}, restored.spec(job.spec)
 
 
-def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs: int = 1) -> Iterator[LedgerEntry]:
+def plan_ledger(
+    job_path: str | LoaderJob, steps: int, checkpoint: str | None = None, procs: int = 1
+) -> Iterator[LedgerEntry]:
     """Ledger entries up to step `steps` (from the checkpoint's step + 1 if given). `procs` > 1: the lanes
     are split into that many contiguous ranges, each simulated by its own process (the same entries)."""
     if procs < 1:
         raise ConfigError(f"plan --procs must be at least 1, got {procs}")
-    job = load_job(job_path)
+    job = open_job(job_path) if isinstance(job_path, str) else job_path
     rows_per_lane = job.check_layout(1)
     job.check_model_vocab()
     spec = job.spec
@@ -95,22 +108,21 @@ def plan_ledger(job_path: str, steps: int, checkpoint: str | None = None, procs:
             )
 
 
-def plan_eval_set(job_path: str) -> dict:
+def plan_eval_set(job_path: str | LoaderJob) -> dict:
     """The eval set's proof as every validation of a run of the job logs it (titan/validator.py):
     its SHA-256, steps, rows, seq_len and targets per source, computed offline over all lanes (the eval set is
     defined per seq_len: another length is other rows, another SHA-256)."""
-    job = load_job(job_path)
-    validator = job.config.validator
-    data = validator.dataloader.data
+    job = open_job(job_path) if isinstance(job_path, str) else job_path
+    data = job.eval_data
     check_eval_data(data)
     spec = build_engine(data, job.seq_len, loader_tokenizer(data, job.trainer_tokenizer))
-    batch = validator.dataloader.global_batch_size
+    batch = job.eval_global_batch_size
     try:
         per_lane = rows_per_lane(batch, data.num_lanes)
     except ConfigError as e:
         raise ConfigError(f"{job.path}: {eval_message(e)}") from None
     digests, counts = [], [0] * len(spec.sources)
-    for step in eval_steps(spec, range(data.num_lanes), per_lane, validator.steps):
+    for step in eval_steps(spec, range(data.num_lanes), per_lane, job.eval_steps):
         digests.append(batch_digest(step.lane_digests()))
         counts = [a + b for a, b in zip(counts, label_counts(step.rows, len(spec.sources)))]
     return {

@@ -1,7 +1,7 @@
 """Where did a document go: every step, row and token range where its pieces are trained.
 
 `zephon-titan where JOB --source S (--file F --row N | --match TEXT)` runs the simulation `plan` runs (the
-job resolved by titan/job.load_job, every lane stepped in one process, from a checkpoint's lane states if
+job read as plan reads it, plan.open_job; every lane stepped in one process, from a checkpoint's lane states if
 given) and looks only at the rows' provenance: each packed row carries its pieces' (source, file, row,
 offset, length), so finding a document costs a plan of the same steps and nothing more. Rows are named
 as `inspect` names them: the row of the step's global batch (rank-independent), its lane and row in the
@@ -20,8 +20,8 @@ from zephon_titan.engine.pipeline import DROPPED
 from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ZephonError
+from zephon_titan.job_view import LoaderJob
 from zephon_titan.progress import tqdm
-from zephon_titan.titan.job import Job, load_job
 
 # Without --steps, `where` simulates the job's [training] steps; above this many tokens (about 20 minutes at
 # a million tokens a second) it asks for --steps instead.
@@ -144,7 +144,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def source_index(job: Job, name: str) -> int:
+def source_index(job: LoaderJob, name: str) -> int:
     names = job.spec.source_names
     if name not in names:
         raise ZephonError(f"--source {name!r} is not a source of {job.path}; its sources: {', '.join(names)}")
@@ -186,7 +186,7 @@ def matching_documents(source: Source, text: str) -> list[Document]:
     return found
 
 
-def held_out_documents(job: Job, source: int, documents: list[Document]) -> set[Document]:
+def held_out_documents(job: LoaderJob, source: int, documents: list[Document]) -> set[Document]:
     """Those of `documents` that the source's eval_fraction holds out for validation (never trained)."""
     from zephon_titan.engine.split import held_out
 
@@ -254,7 +254,7 @@ def find_documents(source: Source, file: str | None, row: int | None, match: str
     return documents
 
 
-def step_range(job: Job, steps: tuple[int, int] | None, start: int) -> tuple[int, int]:
+def step_range(job: LoaderJob, steps: tuple[int, int] | None, start: int) -> tuple[int, int]:
     """The steps to search: --steps, or the steps after `start` (a checkpoint's) up to [training] steps."""
     if steps is not None:
         first, last = steps
@@ -263,7 +263,7 @@ def step_range(job: Job, steps: tuple[int, int] | None, start: int) -> tuple[int
         if first <= start:
             raise ZephonError(f"--steps {first}-{last} starts at or before the checkpoint's step {start}")
         return first, last
-    last = job.config.training.steps
+    last = job.training_steps
     tokens = (last - start) * job.global_batch_size * job.seq_len
     if last <= start:
         raise ZephonError(f"[training] steps = {last} leaves no step after {start}; give --steps FIRST-LAST")
@@ -306,9 +306,9 @@ def where(
     checkpoint: str | None = None,
 ) -> WhereReport:
     """Find a document (file and row) or every document containing `match`, in the planned steps."""
-    from zephon_titan.plan import read_checkpoint
+    from zephon_titan.plan import open_job, read_checkpoint
 
-    job = load_job(job_path)
+    job = open_job(job_path, needs_steps=steps is None)
     rows_per_lane = job.check_layout(1)
     job.check_model_vocab()
     s = source_index(job, source_name)

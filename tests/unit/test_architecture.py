@@ -161,7 +161,8 @@ def test_init_names_no_format():
 
 
 def test_the_command_line_imports_torch_only_for_the_commands_that_resolve_a_job(tmp_path):
-    """`zephon-titan --help` and `verify` (two JSON files) import neither torch nor TorchTitan."""
+    """`zephon-titan --help`, `verify` (two JSON files) and a job refused by the first pass import neither torch nor
+    TorchTitan."""
     line = json.dumps({"step": 1, "sha256": "0" * 64, "rows": 8, "tokens": {"web": 5}, "padding": 0})
     (tmp_path / "a.jsonl").write_text(line + "\n")
     probe = (
@@ -178,8 +179,13 @@ def test_the_command_line_imports_torch_only_for_the_commands_that_resolve_a_job
     assert not loaded("--help") & heavy
     assert not loaded("init", "--help") & heavy
     assert not loaded("verify", str(tmp_path / "a.jsonl"), str(tmp_path / "a.jsonl")) & heavy
-    # Control: a command that resolves a job does import them (the probe can see an import).
-    assert {"torch", "torchtitan"} <= loaded("validate", str(tmp_path / "missing.toml"))
+    # A job that fails the first pass (job_file.py) is refused before torch (tests/unit/test_job_file.py has each
+    # command and mistake); control: one that passes it and needs the recipe does import them (the probe can see
+    # an import).
+    assert not loaded("validate", str(tmp_path / "missing.toml")) & heavy
+    job = '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"\n[dataloader.sources.a]\npaths = ["a.jsonl"]\n'
+    (tmp_path / "job.toml").write_text(job)
+    assert {"torch", "torchtitan"} <= loaded("validate", str(tmp_path / "job.toml"))
 
 
 def test_a_data_only_rank_imports_no_trainer_and_no_model_code():

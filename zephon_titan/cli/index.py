@@ -12,9 +12,9 @@ def cmd_index(args) -> int:
     from zephon_titan.engine.sources import open_source
     from zephon_titan.engine.sources.index import read_index, write_index
     from zephon_titan.engine.sources.storage import StorageOptions
-    from zephon_titan.titan.job import load_job
+    from zephon_titan.job_file import read_job_file
 
-    config = load_job(args.config).data
+    config = read_job_file(args.config).data  # the [dataloader] table: no torch, no TorchTitan
     sources = [s for s in config.sources if s.index]
     if not sources:
         raise ZephonError(

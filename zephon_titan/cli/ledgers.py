@@ -2,7 +2,8 @@
 compares two ledgers step by step.
 
 `verify` reads two JSON files and nothing else: it imports neither torch nor TorchTitan (the architecture
-test holds it to that), so what `plan` needs is imported when it runs.
+test holds it to that), so what `plan` needs is imported when it runs: the job file first (job_file.py, no
+torch), TorchTitan only when the file leaves a loader value to the recipe (plan.open_job).
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ from zephon_titan.errors import ZephonError
 
 if TYPE_CHECKING:
     from zephon_titan.engine.ledger import LedgerEntry
-    from zephon_titan.titan.job import Job
+    from zephon_titan.job_view import LoaderJob
 
 
 def cmd_plan(args) -> int:
-    from zephon_titan.plan import plan_eval_set, plan_ledger
+    from zephon_titan.plan import open_job, plan_eval_set, plan_ledger
 
+    job = open_job(args.config)
     if args.validation:
-        print(json.dumps(plan_eval_set(args.config), sort_keys=True))
+        print(json.dumps(plan_eval_set(job), sort_keys=True))
         if args.steps is None:
             return 0
     if args.steps is None:
         raise ZephonError("plan needs --steps N (the last step to plan), or --validation")
-    entries: Iterable[LedgerEntry] = plan_ledger(args.config, args.steps, args.from_checkpoint, args.procs)
+    entries: Iterable[LedgerEntry] = plan_ledger(job, args.steps, args.from_checkpoint, args.procs)
     if args.mixture:
-        entries = _with_mixture_report(args.config, list(entries), not args.output, args.from_checkpoint)
+        entries = _with_mixture_report(job, list(entries), not args.output, args.from_checkpoint)
     if not args.output:
         for entry in entries:
             print(entry.to_json())
@@ -59,13 +61,11 @@ def _write_ledger(entries: Iterable[LedgerEntry], output: str, steps: int) -> No
 
 
 def _with_mixture_report(
-    config: str, entries: list[LedgerEntry], to_stderr: bool, checkpoint: str | None = None
+    job: LoaderJob, entries: list[LedgerEntry], to_stderr: bool, checkpoint: str | None = None
 ) -> list[LedgerEntry]:
     """Print each source's planned share per step against its weight (normalized, and said so)."""
     from zephon_titan.plan import mixture_report, packing_note, read_checkpoint
-    from zephon_titan.titan.job import load_job
 
-    job = load_job(config)
     data = job.data
     out = sys.stderr if to_stderr else sys.stdout  # the ledger keeps standard output when it goes there
     if note := packing_note(read_checkpoint(checkpoint, job)[2] if checkpoint else job.spec):  # as the run mixes
@@ -83,12 +83,12 @@ def _with_mixture_report(
     return entries
 
 
-def _by_targets(job: Job) -> list[str]:
+def _by_targets(job: LoaderJob) -> list[str]:
     """The sources whose share is of trained targets (mix_by = "targets": the chat sources)."""
     return [s.name for s in job.data.sources if s.chat] if job.data.mix_by == "targets" else []
 
 
-def _phase_reports(job: Job, entries: list[LedgerEntry], out) -> None:
+def _phase_reports(job: LoaderJob, entries: list[LedgerEntry], out) -> None:
     """Under a schedule: one report per phase, over its steps after its ramp, against its weights."""
     from zephon_titan.plan import mixture_report
 

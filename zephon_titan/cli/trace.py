@@ -1,7 +1,8 @@
 """`inspect` traces a step's rows back to the files and documents they hold; `where` traces a document
 forward to every step and row that trains it.
 
-Both resolve the job (torch and TorchTitan), so what they need is imported when they run.
+Both read the job as plan does (plan.open_job: the file, TorchTitan only for what the file leaves to the
+recipe), so what they need is imported when they run.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from zephon_titan.errors import ZephonError
 
 if TYPE_CHECKING:
     from zephon_titan.engine import LaneState
-    from zephon_titan.titan.job import Job
+    from zephon_titan.job_view import LoaderJob
 
 _PIECE_KEYS = ("source", "file", "doc_tokens", "row_tokens", "text", "trained_targets")
 
 
-def _pieces(job: Job, row) -> list[dict]:
+def _pieces(job: LoaderJob, row) -> list[dict]:
     from zephon_titan.engine.packing import IGNORE_INDEX, RowShape
 
     out, at = [], 0
@@ -47,7 +48,7 @@ def _pieces(job: Job, row) -> list[dict]:
     return out
 
 
-def _marked(job: Job, ids: list[int], labels: list[int]) -> str:
+def _marked(job: LoaderJob, ids: list[int], labels: list[int]) -> str:
     """A piece's text with its trained targets between ⟦ and ⟧ (each label is the next token: the piece's first
     token is no target, and its last label is the token after it)."""
     from zephon_titan.engine.packing import IGNORE_INDEX
@@ -70,9 +71,9 @@ def _marked(job: Job, ids: list[int], labels: list[int]) -> str:
 
 
 def cmd_inspect(args) -> int:
-    from zephon_titan.titan.job import load_job
+    from zephon_titan.plan import open_job
 
-    job = load_job(args.config)
+    job = open_job(args.config)
     lanes = [args.lane] if args.lane is not None else list(range(job.spec.num_lanes))
     for lane in lanes:
         if not 0 <= lane < job.spec.num_lanes:
@@ -99,7 +100,7 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _step_rows(job: Job, lanes: list[int], target: int, checkpoint: str | None, quiet: bool):
+def _step_rows(job: LoaderJob, lanes: list[int], target: int, checkpoint: str | None, quiet: bool):
     """Simulate `lanes` up to step `target` and describe its rows (with the spec the step was made under)."""
     from zephon_titan.engine import open_lane_group
     from zephon_titan.engine.lanes import group_steps

@@ -49,6 +49,9 @@ def cmd_validate(args) -> int:
     from zephon_titan.engine import fingerprint
     from zephon_titan.engine.fingerprint import component_text
     from zephon_titan.engine.spec import weight_notes
+    from zephon_titan.job_file import read_job_file
+
+    read_job_file(args.config)  # the first pass: the file, [model]'s keys, [dataloader], the eval set (no torch)
     from zephon_titan.titan.job import load_job
 
     # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
@@ -282,8 +285,8 @@ def validation(job: Job, count: bool) -> Validation:
     job.check_eval_layout(1)
     eval_loader = validator.dataloader
     data = eval_loader.data
+    from zephon_titan.job_file import eval_message
     from zephon_titan.titan.tokenizer import loader_tokenizer
-    from zephon_titan.titan.validator import eval_message
 
     try:  # what the trainer's ZephonEvalLoader checks when it is built, named as [validator.dataloader]
         packer_class(data.packing)

@@ -17,33 +17,13 @@ import torch
 import tyro
 from torchtitan.components.dataloader import BaseDataLoader
 
-from zephon_titan.config import DataConfig, config_from_dict, short_repr
+from zephon_titan.config import DataConfig
 from zephon_titan.engine import LayoutError, Row
 from zephon_titan.errors import ConfigError
+from zephon_titan.job_file import loader_settings, titan_layout_message
 from zephon_titan.loader.rank_lanes import Microbatch
 from zephon_titan.loader.rank_steps import RankSteps
 from zephon_titan.titan.tokenizer import loader_tokenizer
-
-# The batch layout's terms as TorchTitan's config names them (its trainer's `training` fields and the parallelism
-# degrees behind the data-parallel size): the engine's LayoutErrors get them here, once.
-TITAN_TERMS = {
-    "global_batch": "training.global_batch_size",
-    "global_batch_key": "[training] global_batch_size",
-    "global_batch_short": "global_batch_size",
-    "local_batch": "training.local_batch_size",
-    "local_batch_short": "local_batch_size",
-    "dp_size": "data_parallel_replicate_degree x data_parallel_shard_degree",
-    "unset_why": ". TorchTitan's default (-1) means local_batch_size x data-parallel size, which changes with the "
-    "number of GPUs and so would change the data of every step",
-}
-
-
-def titan_layout_message(error: ConfigError, terms: dict[str, str] | None = None) -> str:
-    """A batch layout error in TorchTitan's words (`terms` overriding some, e.g. the eval set's keys)."""
-    if isinstance(error, LayoutError):
-        return error.in_terms({**TITAN_TERMS, **(terms or {})})
-    return str(error)
-
 
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
@@ -141,12 +121,7 @@ class ZephonDataLoader(RankSteps, RankLoader):
 
 
 def loader_config(table: Any) -> ZephonDataLoader.Config:
-    """The [dataloader] table: the data settings (config/) plus the TorchTitan loader's own (`ledger`).
-    Here, not in job.py, so that it is usable where TorchTitan's trainer cannot import (scripts/gpu_check.py)."""
-    if not isinstance(table, dict):
-        raise ConfigError(f"[dataloader] must be a table, got {short_repr(table)}")
-    table = dict(table)
-    ledger = table.pop("ledger", True)
-    if not isinstance(ledger, bool):
-        raise ConfigError(f"[dataloader] ledger must be true or false, got {short_repr(ledger)}")
-    return ZephonDataLoader.Config(data=config_from_dict(table), ledger=ledger)
+    """The [dataloader] table: the data settings (config/) plus the TorchTitan loader's own (`ledger`), read by
+    job_file.loader_settings; usable where TorchTitan's trainer cannot import (scripts/gpu_check.py)."""
+    data, ledger = loader_settings(table)
+    return ZephonDataLoader.Config(data=data, ledger=ledger)

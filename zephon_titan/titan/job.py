@@ -1,29 +1,13 @@
-"""A job, resolved once: every entry point reads its TOML through `load_job`.
+"""A job resolved through TorchTitan 0.3: `load_job` gives the trainer, `validate` and `run` the same `Job`: TorchTitan's
+config (recipe defaults + TOML + command-line overrides), the tokenizer as the trainer builds it, the batch layout.
 
-The trainer (`zephon_titan.train`, `zephon_titan.recipes`), the data-only runner,
-`plan`, `inspect`, `validate` and `index` all get the same `Job`: the same TorchTitan
-config (recipe defaults + TOML + command-line overrides), the same tokenizer (built as
-the trainer builds it, special tokens included), the same batch layout. There is no
-second reader, so `plan` cannot disagree with the run.
-
-TorchTitan 0.3 configures runs with Python functions only; a job TOML mirrors its config tree.
-
-The file mirrors TorchTitan's config tree. `[model]` picks the recipe: `module` is
-what TorchTitan's `--module` takes, `config` a function of its config_registry whose
-settings are the defaults, `flavor` optionally swaps in another model size. Every
-other table overrides the field of the same name (`[training] steps = 10` is
-`--training.steps 10`); `[dataloader]` configures this loader.
-
-    [model]
-    module = "llama3"
-    config = "llama3_debugmodel"
-    flavor = "debugmodel"
-    vocab_size = 50304        # optional: resize the model's vocabulary (e.g. for a real tokenizer)
-
-    [training]
-    seq_len = 128
-    local_batch_size = 4
-    global_batch_size = 16
+It starts from job_file.py's torch-free first pass (the TOML, `[model]`'s keys, `[dataloader]`, the eval set); what
+is TorchTitan's is here: the recipe, its model and parallelism, the other tables' keys. `[model]` picks the recipe:
+`module` is what TorchTitan's `--module` takes, `config` a function of its config_registry whose settings are the
+defaults, `flavor` optionally another model size, `vocab_size` a resized vocabulary. Every other table overrides
+the field of the same name (`[training] steps = 10` is `--training.steps 10`); `[dataloader]` configures this
+loader. Commands that need only the loader's values (plan, inspect, where) read them from the file when it states
+them (job_view.py), with the same values.
 """
 
 from __future__ import annotations
@@ -37,45 +21,27 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from torchtitan.components.checkpoint import DATALOADER
 from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.trainer import Trainer
 
-from zephon_titan.config import INHERITED, DataConfig, config_from_dict, eval_rules, short_repr
-from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
-from zephon_titan.engine.lanes import MAX_GLOBAL_BATCH_SIZE
-from zephon_titan.engine.packing import packer_class
+from zephon_titan.config import DataConfig, short_repr
+from zephon_titan.engine import validate_batch_layout
 from zephon_titan.errors import ConfigError
-from zephon_titan.titan.dataloader import loader_config, titan_layout_message
-from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
+from zephon_titan.job_file import check_eval_data, check_model, eval_message, eval_settings, read_job_file
+from zephon_titan.job_view import LoaderJob
+from zephon_titan.titan.dataloader import ZephonDataLoader
+from zephon_titan.titan.tokenizer import load_hf_tokenizer
 from zephon_titan.titan.trainer import ZephonTrainer
-from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator, check_eval_data, eval_message
-from zephon_titan.toml_file import load_toml
-
-_MODEL_KEYS = ("module", "config", "flavor", "vocab_size")
-# [dataloader] keys that belong elsewhere in the job, and where.
-_MISPLACED = {
-    "global_batch_size": "set [training] global_batch_size instead (the loader takes it from there)",
-    "dataset": "zephon_titan reads [dataloader.sources.<name>] tables, not a dataset name",
-    "dataset_path": "zephon_titan reads [dataloader.sources.<name>] paths, not dataset_path",
-    # TorchTitan's Hugging Face loader settings (README, "Train on your own files", has the whole mapping).
-    "infinite": 'set exhaustion = "repeat" (every source loops, reshuffled: infinite = true) or "redistribute" '
-    "(each source read once: the run stops when a lane has read its share)",
-    "stopping_strategy": 'set exhaustion = "repeat" (sources loop and the mixture holds) or "redistribute" (each '
-    "source read once, an exhausted one leaves the mixture)",
-    "pin_memory": "remove it: not needed, a microbatch is a few hundred KB of token ids (the data wait is ~0.4 % "
-    "of a GPU step, docs/performance.md)",
-    "persistent_workers": "remove it: not needed, num_workers worker processes live for the whole run (lanes are "
-    "endless streams, there are no epochs)",
-}
+from zephon_titan.titan.validator import ZephonEvalLoader, ZephonValidator
 
 
 @dataclass(eq=False)
-class Job:
-    """A job file resolved into TorchTitan's config, plus what every entry point derives from it."""
+class Job(LoaderJob):
+    """A job file resolved into TorchTitan's config, plus what every entry point derives from it (job_view.py:
+    what the loader's commands need, which a job file stating it answers without TorchTitan)."""
 
     path: str
     config: ZephonTrainer.Config
@@ -94,32 +60,34 @@ class Job:
 
     @property
     def local_batch_size(self) -> int:
-        """Rows per microbatch as the trainer passes it to the loader (the PP microbatch size under PP)."""
         parallelism = self.config.parallelism
         if parallelism.pipeline_parallel_degree > 1:
             return parallelism.pipeline_parallel_microbatch_size
         return self.config.training.local_batch_size
 
     @property
-    def tokenizer_setting(self) -> tuple[str, str]:
-        """(key, path) of the tokenizer directory: [dataloader] tokenizer_path, else hf_assets_path."""
-        if self.data.tokenizer_path:
-            return "[dataloader] tokenizer_path", self.data.tokenizer_path
-        return "hf_assets_path", self.config.hf_assets_path
+    def hf_assets_path(self) -> str:
+        return self.config.hf_assets_path
+
+    @property
+    def training_steps(self) -> int:
+        return self.config.training.steps
+
+    @property
+    def eval_data(self) -> DataConfig:
+        return self.config.validator.dataloader.data
+
+    @property
+    def eval_global_batch_size(self) -> int:
+        return self.config.validator.dataloader.global_batch_size
+
+    @property
+    def eval_steps(self) -> int:
+        return self.config.validator.steps
 
     def trainer_tokenizer(self) -> Any:
         """The tokenizer object TorchTitan's trainer builds (`[tokenizer]` config, from hf_assets_path)."""
         return load_hf_tokenizer(self.config.hf_assets_path, "hf_assets_path", self.config.tokenizer)
-
-    @cached_property
-    def tokenizer(self) -> DocumentTokenizer:
-        """The loader's tokenizer, as ZephonDataLoader builds it from the trainer's (titan/tokenizer.py)."""
-        return loader_tokenizer(self.data, self.trainer_tokenizer)
-
-    @cached_property
-    def spec(self) -> EngineSpec:
-        """The engine spec (opens every source: file sizes, Parquet footers; reads no document)."""
-        return build_engine(self.data, self.seq_len, self.tokenizer)
 
     @property
     def model_vocab_size(self) -> int | None:
@@ -188,15 +156,6 @@ class Job:
             )
         return dims.dp_replicate * dims.dp_shard
 
-    def check_layout(self, dp_world_size: int) -> int:
-        """The batch layout at this data-parallel size; returns rows per lane per step."""
-        try:
-            return validate_batch_layout(
-                self.data.num_lanes, self.global_batch_size, dp_world_size, self.local_batch_size
-            )
-        except ConfigError as e:
-            raise ConfigError(f"{self.path}: {titan_layout_message(e)}") from None
-
     def check_eval_layout(self, dp_world_size: int) -> None:
         """The eval set's batch layout at this data-parallel size (when validation is on)."""
         validator = self.config.validator
@@ -210,16 +169,6 @@ class Job:
             )
         except ConfigError as e:
             raise ConfigError(f"{self.path}: {eval_message(e)}") from None
-
-    def check_model_vocab(self) -> None:
-        """A model with fewer embeddings than the tokenizer has ids fails at step 1 with an IndexError."""
-        model, ids = self.model_vocab_size, self.tokenizer.vocab_size
-        if model is not None and model < ids:
-            key, path = self.tokenizer_setting
-            raise ConfigError(
-                f"{self.path}: the model's vocabulary ({model} embeddings) is smaller than the tokenizer's ({ids} ids, "
-                f"{key} = {path!r}); set [model] vocab_size = {_round_up(ids, 64)} or use the model's own tokenizer"
-            )
 
     def checkpoint_to_resume(self) -> str | None:
         """The local DCP folder whose loader state TorchTitan's CheckpointManager.load will restore, found by its
@@ -272,10 +221,6 @@ def _latest_step(folder: str) -> int:
     return max(steps, default=-1)
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
 def validator_config(
     table: Any, train_table: dict, train_data: DataConfig, recipe: Any, path: str
 ) -> ZephonValidator.Config:
@@ -294,56 +239,15 @@ def validator_config(
     if config.freq < 1:
         raise ConfigError(f"{path}: [validator] freq must be >= 1 (validate every freq steps)")
     try:
-        config.dataloader = _eval_loader_config(eval_table, train_table, train_data, config)
+        settings = eval_settings(eval_table, train_table, train_data, config.enable, config.steps)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    batch, data = settings.global_batch_size, settings.data
+    eval_loader = ZephonEvalLoader.Config(global_batch_size=batch)  # no eval data: validation stays off
+    if data is not None:
+        eval_loader = ZephonEvalLoader.Config(data=data, global_batch_size=batch)
+    config.dataloader = eval_loader
     return config
-
-
-def _eval_loader_config(
-    eval_table: Any, train_table: dict, train_data: DataConfig, validator: ZephonValidator.Config
-) -> ZephonEvalLoader.Config:
-    """[validator.dataloader]: the [dataloader] settings, overridden by its own; with no sources of its
-    own, the held-out part (eval_fraction) of the training sources."""
-    if not isinstance(eval_table, dict):
-        raise ConfigError(f"validator.dataloader must be a table, got {short_repr(eval_table)}")
-    eval_table = dict(eval_table)
-    batch = eval_table.pop("global_batch_size", 0)
-    if not isinstance(batch, int) or isinstance(batch, bool) or not 0 <= batch <= MAX_GLOBAL_BATCH_SIZE:
-        raise ConfigError(
-            f"[validator.dataloader] global_batch_size must be an integer in [0, {MAX_GLOBAL_BATCH_SIZE}] (0: "
-            f"training's; rows per eval step, held in memory together), got {short_repr(batch)}"
-        )
-    # How each [dataloader] key reaches the eval set: the schema's Eval rules (config/data.py).
-    rules = eval_rules()
-    for key in eval_table:
-        if rules.get(key, INHERITED).rule == "refused":
-            raise ConfigError(f"[validator.dataloader] {key} is not an eval set setting: {rules[key].why}")
-    inherited = {k: v for k, v in train_table.items() if rules.get(k, INHERITED).rule in ("inherited", "training")}
-    own = {k: rule.default for k, rule in rules.items() if rule.rule == "own" and rule.default is not None}
-    merged = {**inherited, **own, **eval_table}
-    if "sources" not in eval_table:
-        for key in eval_table:
-            if rules.get(key, INHERITED).rule == "training":
-                raise ConfigError(f"[validator.dataloader] {key}: {rules[key].why}")
-        held = {s.name: train_table["sources"][s.name] for s in train_data.sources if s.eval_fraction > 0}
-        if not held:
-            if validator.enable:
-                check_eval_data(DataConfig())
-            return ZephonEvalLoader.Config(global_batch_size=batch)  # no eval data: validation stays off
-        merged.update(sources=held, split="eval")
-    try:
-        data = config_from_dict(merged)
-        if "packing" in eval_table:  # config/ cannot see the engine's packer registry ([dataloader]'s: at build)
-            packer_class(data.packing)
-    except ConfigError as e:
-        raise ConfigError(eval_message(e)) from None
-    if validator.steps == -1 and data.exhaustion == "repeat":
-        raise ConfigError(
-            "[validator] steps = -1 reads the eval set once, which never ends under [validator.dataloader] exhaustion = "
-            '"repeat"; set [validator] steps or exhaustion = "redistribute"'
-        )
-    return ZephonEvalLoader.Config(data=data, global_batch_size=batch)
 
 
 def _import_recipe_module(name: str, path: str):
@@ -365,11 +269,7 @@ def _import_recipe_module(name: str, path: str):
 
 def base_config(model: dict, path: str) -> Trainer.Config:
     """The recipe named by `[model]`, with its model swapped for `flavor` if given."""
-    for key in model:
-        if key not in _MODEL_KEYS:
-            raise ConfigError(f"{path}: unknown key {key!r} in [model]; valid keys: {', '.join(_MODEL_KEYS)}")
-    if "module" not in model or "config" not in model:
-        raise ConfigError(f'{path}: [model] needs `module` (e.g. "llama3") and `config` (e.g. "llama3_debugmodel")')
+    check_model(model, path)
     package = _import_recipe_module(model["module"], path)
     registry = (
         importlib.import_module(f"{package.__name__}.config_registry") if hasattr(package, "__path__") else package
@@ -386,11 +286,8 @@ def base_config(model: dict, path: str) -> Trainer.Config:
     if "flavor" in model and model["flavor"] != config.model_spec.flavor:
         config.model_spec = package.model_registry(model["flavor"])
         _set_vocab_size(config, config.model_spec.model.vocab_size, path)
-    if "vocab_size" in model:
-        vocab = model["vocab_size"]
-        if not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= 1 << 24:
-            raise ConfigError(f"{path}: [model] vocab_size must be an integer in [1, 16777216], got {vocab!r}")
-        _set_vocab_size(config, vocab, path)
+    if "vocab_size" in model:  # its bounds: check_model
+        _set_vocab_size(config, model["vocab_size"], path)
     return config
 
 
@@ -477,28 +374,12 @@ def without_default_load_warning() -> Iterator[None]:
 
 
 def read_job_config(path: str) -> ZephonTrainer.Config:
-    """The TorchTitan config of a job TOML (no command-line overrides)."""
-    document = load_toml(path)
-    document.pop("job", None)  # free-form description of the run
-    if "model" not in document:
-        raise ConfigError(f"{path} has no [model] table (module, config, optional flavor)")
-    if "dataloader" not in document:
-        raise ConfigError(f"{path} has no [dataloader] table")
-    if not isinstance(document["model"], dict):
-        raise ConfigError(
-            f"{path}: model must be a table ([model] with module, config, optional flavor), "
-            f"got {short_repr(document['model'])}"
-        )
-    base = base_config(document.pop("model"), path)
-    table = document.pop("dataloader")
-    for key, fix in _MISPLACED.items():
-        if isinstance(table, dict) and key in table:
-            raise ConfigError(f"{path}: [dataloader] {key} is not a loader setting; {fix}")
-    try:
-        loader = loader_config(table)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    validator = validator_config(document.pop("validator", {}), table, loader.data, base.validator, path)
+    """The TorchTitan config of a job TOML (no command-line overrides), from the first pass's reading."""
+    file = read_job_file(path)  # the file, [model]'s keys, [dataloader] and the eval set: no TorchTitan yet
+    base = base_config(file.model, path)
+    loader = ZephonDataLoader.Config(data=file.data, ledger=file.ledger)
+    validator = validator_config(file.validator, file.dataloader, file.data, base.validator, path)
+    document = dict(file.document)
     _apply(base, document, "the top level", path)
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
     values["dataloader"] = loader

@@ -36,9 +36,10 @@ from zephon_titan.engine import batch_digest
 from zephon_titan.engine.eval_set import VALIDATION_RECORD, EvalStep, eval_set_digest
 from zephon_titan.engine.jsonl_log import AppendOnlyLog
 from zephon_titan.errors import ConfigError
+from zephon_titan.job_file import check_eval_data, eval_message
 from zephon_titan.loader.eval_steps import RankEvalSteps
 from zephon_titan.loader.rank_lanes import lane_table
-from zephon_titan.titan.dataloader import Batch, RankLoader, titan_batch, titan_layout_message
+from zephon_titan.titan.dataloader import Batch, RankLoader, titan_batch
 from zephon_titan.titan.source_loss import (
     decode_labels,
     encode_labels,
@@ -96,23 +97,6 @@ class ZephonEvalLoader(RankEvalSteps, RankLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
-
-
-def check_eval_data(data: DataConfig) -> None:
-    if not data.sources:
-        raise ConfigError(
-            "[validator] enable = true, but there is no eval data: set eval_fraction on a [dataloader.sources.<name>] "
-            "(documents held out of training) or add [validator.dataloader.sources.<name>] tables with eval files"
-        )
-
-
-def eval_message(error: ConfigError) -> str:
-    """A [dataloader] (or batch layout) error raised for the eval set, naming the table it came from."""
-    eval_batch = "[validator.dataloader] global_batch_size"
-    text = titan_layout_message(error, {"global_batch": eval_batch, "global_batch_key": eval_batch})
-    if "[dataloader" in text:
-        return text.replace("[dataloader", "[validator.dataloader")
-    return text if "[validator.dataloader" in text else f"[validator.dataloader]: {text}"
 
 
 @dataclass
