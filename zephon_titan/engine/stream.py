@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from zephon_titan.engine.encode_calls import EncodeBatcher
 from zephon_titan.engine.feed import DocumentFeed
-from zephon_titan.engine.packing import Row, RowShape, packer_class
+from zephon_titan.engine.packing import packer_class
+from zephon_titan.engine.rows import Row, RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
