@@ -37,7 +37,7 @@ import numpy as np
 
 from zephon_titan.engine.document_counts import DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM
 from zephon_titan.engine.shuffle import Permutation, derive_key
-from zephon_titan.engine.sources.base import BlockDocuments
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
 

@@ -35,7 +35,8 @@ from zephon_titan.engine.encode_calls import (
 from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.pipeline import DROPPED
 from zephon_titan.engine.shuffle_windows import LaneWindows, Window
-from zephon_titan.engine.sources.base import BlockDocuments, Source, file_blocks
+from zephon_titan.engine.sources.base import Source, file_blocks
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import SourceCursor
 from zephon_titan.engine.tokenize import BackendMismatch

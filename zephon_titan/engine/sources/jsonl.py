@@ -25,7 +25,8 @@ import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, LazyTexts, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample
 from zephon_titan.engine.sources.storage import FileStat
