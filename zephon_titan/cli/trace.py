@@ -21,7 +21,7 @@ _PIECE_KEYS = ("source", "file", "doc_tokens", "row_tokens", "text", "trained_ta
 
 
 def _pieces(job: LoaderJob, row) -> list[dict]:
-    from zephon_titan.engine.packing import IGNORE_INDEX, RowShape
+    from zephon_titan.engine.rows import IGNORE_INDEX, RowShape
 
     out, at = [], 0
     if RowShape.of(job.spec).within_document:
@@ -51,7 +51,7 @@ def _pieces(job: LoaderJob, row) -> list[dict]:
 def _marked(job: LoaderJob, ids: list[int], labels: list[int]) -> str:
     """A piece's text with its trained targets between ⟦ and ⟧ (each label is the next token: the piece's first
     token is no target, and its last label is the token after it)."""
-    from zephon_titan.engine.packing import IGNORE_INDEX
+    from zephon_titan.engine.rows import IGNORE_INDEX
 
     targets = [
         (label if label != IGNORE_INDEX else (ids[k + 1] if k + 1 < len(ids) else None))

@@ -17,9 +17,7 @@ import numpy as np
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine.feed import Document, DocumentFeed
-from zephon_titan.engine.rows import IGNORE_INDEX as IGNORE_INDEX  # re-exported: cli/trace.py imports both
-from zephon_titan.engine.rows import Piece, Row, document_id
-from zephon_titan.engine.rows import RowShape as RowShape
+from zephon_titan.engine.rows import Piece, Row, RowShape, document_id
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import CLOSED, MAX_RESIZED, FeedState, PackerState
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError

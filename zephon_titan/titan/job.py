@@ -114,7 +114,7 @@ class Job(LoaderJob):
             )
 
     def check_seq_len_schedule(self) -> None:
-        """`[[dataloader.phases]] seq_len` (engine/spec.py checks each against training.seq_len): TorchTitan's CUDA
+        """`[[dataloader.phases]] seq_len` (engine/seq_len_schedule.py checks each against training.seq_len): TorchTitan's CUDA
         graphs (on by default on NVIDIA GPUs) refuse an input of another shape, and context or sequence parallelism
         needs every length divisible as it checks training.seq_len."""
         eras = self.spec.job_eras
