@@ -52,3 +52,22 @@ def test_the_rounds_are_splitmix64_feistel_rounds(n, key, i):
     assert perm._encrypt(x) == reference(perm._keys)
     if perm._half_bits >= 16:
         assert perm._encrypt(x) != reference(Permutation(n, key ^ 1)._keys)
+
+
+@given(n=st.integers(0, 5000), key=st.integers(0, 2**64 - 1))
+@settings(max_examples=60, deadline=None)
+def test_the_table_is_the_permutation_index_by_index(n, key):
+    """Permutation.table computes every position at once over numpy uint64 (a window's order): it must be the
+    scalar network's bijection, position by position, or old runs' rows would move. Negative control: another
+    key's table differs (n large enough to have more than one order)."""
+    perm = Permutation(n, key)
+    assert list(perm.table()) == [perm[i] for i in range(n)]
+    if n > 8:
+        assert list(Permutation(n, key ^ 1).table()) != list(perm.table())
+
+
+def test_the_table_at_sizes_where_cycle_walking_goes_far():
+    # Just above a power of two the domain is ~4n: most positions walk; at 2^k - 1 and 2^k almost none do.
+    for n in (2, 3, 4, 5, 17, 257, 4097, 65537, 65536, 65535):
+        perm = Permutation(n, derive_key(9, "docs", n))
+        assert list(perm.table()) == list(perm)

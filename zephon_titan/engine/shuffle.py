@@ -10,7 +10,10 @@ result never changes with the NumPy, Python or platform version.
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Iterator
+
+import numpy as np
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
@@ -78,3 +81,25 @@ class Permutation:
 
     def __iter__(self) -> Iterator[int]:
         return (self[i] for i in range(self.n))
+
+    def table(self) -> array[int]:
+        """perm[i] for every i at once, as an array of integers (8 bytes each): the same bijection as
+        __getitem__, computed over numpy uint64 arrays (their products wrap mod 2^64, as `& _MASK64` does), so a
+        lane that takes every document of a window pays a few array operations per round, not a Python loop
+        per document."""
+        x = self._encrypt_array(np.arange(self.n, dtype=np.uint64))
+        walking = np.flatnonzero(x >= self.n)
+        while walking.size:  # cycle walking, only where still outside [0, n)
+            x[walking] = self._encrypt_array(x[walking])
+            walking = walking[x[walking] >= self.n]
+        return array("Q", x.tobytes())
+
+    def _encrypt_array(self, x: np.ndarray) -> np.ndarray:
+        half, mask = np.uint64(self._half_bits), np.uint64(self._half_mask)
+        left, right = x >> half, x & mask
+        for k in self._keys:
+            y = right ^ np.uint64(k)
+            y = (y ^ (y >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            y = (y ^ (y >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            left, right = right, left ^ ((y ^ (y >> np.uint64(31))) & mask)
+        return (left << half) | right

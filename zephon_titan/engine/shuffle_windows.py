@@ -29,6 +29,7 @@ ahead, batches, tokenizing), so this bookkeeping stands apart from it.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
@@ -53,8 +54,8 @@ class Window:
     ends: list[int]
     """Documents of the window up to and including each block (block order). Not a list of every
     document's (block, index): a window of Parquet row groups may hold ~10^5 documents per lane."""
-    order: Permutation | range | CopyMajor
-    """The window's slots in shuffled order."""
+    order: Sequence[int] | CopyMajor
+    """The window's slots in shuffled order (a whole table: a lane takes every slot of its window)."""
     counts: np.ndarray | None = None
     """With a pipeline: how many of each document's slots are trained (block order); None: one each."""
     copies: int = 1
@@ -108,7 +109,7 @@ class CopyMajor:
 
     __slots__ = ("orders", "n")
 
-    def __init__(self, orders: list[Permutation | range]):
+    def __init__(self, orders: list[Sequence[int]]):
         self.orders, self.n = orders, len(orders[0])
 
     def __len__(self) -> int:
@@ -136,9 +137,9 @@ class LaneWindows:
         self.source_index = source_index
         self.lane_id = lane_id
 
-    def order(self, n: int, *path: object) -> Permutation | range:
-        """A keyed shuffle of range(n), or file order when `shuffle` is off."""
-        return Permutation(n, derive_key(self.spec.seed, *path)) if self.spec.config.shuffle else range(n)
+    def order(self, n: int, *path: object) -> Sequence[int]:
+        """A keyed shuffle of range(n) as a table, or file order when `shuffle` is off."""
+        return Permutation(n, derive_key(self.spec.seed, *path)).table() if self.spec.config.shuffle else range(n)
 
     def block_at(self, k: int) -> int | None:
         """The lane's k-th block of this source, or None past the end (non-repeating)."""
@@ -170,7 +171,7 @@ class LaneWindows:
         copies = self.copies if counts is not None else 1
         path = ("docs", self.source.name, self.lane_id, w)
         first = self.order(ends[-1], *path)
-        order: Permutation | range | CopyMajor = first
+        order: Sequence[int] | CopyMajor = first
         if copies > 1:
             order = CopyMajor([first, *(self.order(ends[-1], *path, "copy", c) for c in range(1, copies))])
         return Window(w, blocks, kept, ends, order, counts, copies)

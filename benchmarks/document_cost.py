@@ -1,0 +1,102 @@
+"""The cost per document: the in-process loader's tokens per CPU-second against the tokenizer's own bound on the
+same documents, short or long (issue 47).
+
+    python benchmarks/document_cost.py [--docs short|long] [--tokenizer DIR] [--steps 150] [--profile]
+
+The corpus is text every Python has: `short`, the pydoc topics and the standard library's modules cut into
+paragraphs (tens to a few hundred tokens each, like short web pages and passages); `long`, the modules whole. One JSONL
+source in 4 files, 8 lanes on one rank, rows of 2,048 tokens, wrap packing, the fastokens backend. The bound is
+fastokens' `encode_batch_flat` over the same documents in one pass, after it was loaded and warmed on other text
+(the same cores, the same process). Both are per CPU-second (all threads), beside the loader's wall time: on a
+noisy machine compare two checkouts by running this with each on PYTHONPATH, in turn, several times.
+`--profile` prints the loader's 25 most expensive functions (their own time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+
+import corpus  # noqa: E402 (examples/: the offline corpora and a trained BPE)
+
+
+def documents(kind: str) -> list[str]:
+    if kind == "long":
+        return corpus.code_documents(max_files=400, max_bytes=60_000)
+    texts = corpus.prose_documents() + corpus.code_documents(max_files=400, max_bytes=60_000)
+    return [p.strip() for text in texts for p in text.split("\n\n") if len(p.strip()) > 80]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--docs", choices=["short", "long"], default="short")
+    p.add_argument("--tokenizer", help="a tokenizer folder (default: a BPE trained here on the corpus)")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+
+    from zephon_titan.engine.lanes import LaneGroup
+    from zephon_titan.testing import spec_from_table
+
+    root = tempfile.mkdtemp(prefix="document_cost_")
+    docs = documents(args.docs)
+    for i in range(4):
+        with open(os.path.join(root, f"part-{i}.jsonl"), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in docs[i::4])
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        tokenizer = os.path.join(root, "tokenizer")
+        corpus.train_tokenizer(documents("short" if args.docs == "long" else "long") + docs, tokenizer, vocab_size=8000)
+    table = {
+        "num_lanes": 8,
+        "seed": 1,
+        "tokenizer_path": tokenizer,
+        "tokenizer_backend": "fastokens",
+        "sources": {"text": {"paths": [os.path.join(root, "part-*.jsonl")]}},
+    }
+    spec = spec_from_table(table, seq_len=2048)
+    other = documents("short" if args.docs == "long" else "long")
+    spec.tokenizer.encode(other[:2000])  # loads, checks and warms the backend on other text
+    backend = spec.tokenizer._backend
+    assert backend is not None
+    backend.encode_flat(other[:2000])
+    cpu = time.process_time()
+    bound_tokens = len(backend.encode_flat(docs)[0])
+    bound = bound_tokens / (time.process_time() - cpu)
+
+    group = LaneGroup(spec, range(8), 1, None, 0)
+    for _ in range(3):  # each lane's first windows read and tokenized
+        group.next_step()
+    profile = cProfile.Profile() if args.profile else None
+    cpu, wall, tokens = time.process_time(), time.perf_counter(), 0
+    if profile:
+        profile.enable()
+    for _ in range(args.steps):
+        tokens += sum(len(row.inputs) for lane in group.next_step() for row in lane)
+    if profile:
+        profile.disable()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(
+        f"{args.docs} documents ({len(docs):,}, {bound_tokens / len(docs):,.0f} tokens each): bound "
+        f"{bound / 1e6:.2f} M tokens per CPU-second; loader {tokens / cpu / 1e6:.2f} M per CPU-second "
+        f"({tokens / wall / 1e6:.2f} M per wall second) = {tokens / cpu / bound:.3f} of the bound"
+    )
+    if profile:
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(25)
+        print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
