@@ -10,7 +10,8 @@ and a failing job ending in one line.
    from <checkpoint> (step k, saved on W ranks); on a terminal a line says what is checked meanwhile.
 2. torchrun's API (torch.distributed.run, the code behind the `torchrun` command) starts the ranks. The
    console shows rank 0 (TorchTitan's own launcher filters ranks the same way); every rank's output is kept
-   in files under <dump_folder>/logs.
+   in files under <dump_folder>/logs. `--quiet`: of rank 0, only the lines a person reads during a run
+   (console.py); TorchTitan's other INFO lines stay in the files.
 3. A rank that stops on a job error (ours): its one line, printed here once. Any other failure: which rank,
    its exit code, the last line of its error output and the file holding all of it; no launcher traceback.
 
@@ -20,6 +21,7 @@ Plain `torchrun ... -m zephon_titan.train` keeps working; this is the quiet way 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import sys
@@ -27,6 +29,7 @@ import time
 from typing import Any
 
 from zephon_titan import log_ranks
+from zephon_titan.console import Follower
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
 
 LAUNCHED = "ZEPHON_TITAN_LAUNCHED"
@@ -47,6 +50,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--nnodes", type=int, default=1, help="nodes (torchrun --nnodes); more than 1 needs --rdzv")
     p.add_argument("--rdzv", default="", help="HOST:PORT of the rendezvous (torchrun --rdzv-endpoint, c10d)")
     p.add_argument("--cpu", action="store_true", help="train on CPU with gloo (zephon_titan.train_cpu)")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="the console shows rank 0's step lines, our lines, checkpoints, warnings and errors; every line stays "
+        "in the ranks' logs",
+    )
     p.add_argument(
         "--log-ranks",
         default="0",
@@ -119,8 +128,10 @@ def launch(args: argparse.Namespace, module: str, job_args: list[str], log_dir: 
     from torch.distributed.run import run as torchrun
 
     os.makedirs(log_dir, exist_ok=True)
-    launcher = ["--nproc-per-node", str(args.nproc), "--nnodes", str(args.nnodes), "--log-dir", log_dir, "--tee", "3"]
-    if args.log_ranks != "all":
+    launcher = ["--nproc-per-node", str(args.nproc), "--nnodes", str(args.nnodes), "--log-dir", log_dir]
+    # Quiet: the ranks' output to the files only, and rank 0's lines that matter followed here (console.py).
+    launcher += ["--redirects", "3"] if args.quiet else ["--tee", "3"]
+    if args.log_ranks != "all" and not args.quiet:
         launcher += ["--local-ranks-filter", args.log_ranks]
     if args.nnodes > 1:
         launcher += ["--rdzv-backend", "c10d", "--rdzv-endpoint", args.rdzv]
@@ -131,7 +142,8 @@ def launch(args: argparse.Namespace, module: str, job_args: list[str], log_dir: 
     if args.log_ranks != "0":  # other ranks shown: with our lines too (zephon_titan/log_ranks.py)
         os.environ.setdefault(log_ranks.ENV, "all")
     try:
-        torchrun(get_args_parser().parse_args([*launcher, "-m", module, *job_args]))
+        with Follower(log_dir) if args.quiet else contextlib.nullcontext():
+            torchrun(get_args_parser().parse_args([*launcher, "-m", module, *job_args]))
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         print(failure_line(rank, failure.local_rank, failure.exitcode, failure.message, log_dir), file=sys.stderr)

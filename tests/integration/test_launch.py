@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -75,6 +76,23 @@ def test_a_run_shows_rank_0_and_keeps_every_ranks_output(tmp_path, corpus_dir, t
     assert sorted(p.parent.name for p in logs) == ["0", "1"]  # every rank's output kept
     ledger = [json.loads(line) for line in open(tmp_path / "out" / "checkpoint" / "ledger.jsonl")]
     assert [e["step"] for e in ledger] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_quiet_run_shows_what_a_person_reads_and_keeps_every_line(tmp_path, corpus_dir, tokenizer_dir):
+    job = _job_with_dump_folder(tmp_path, corpus_dir, tokenizer_dir)
+    done = _cli("run", "--cpu", "--nproc", "2", "--quiet", job, cwd=str(tmp_path))
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    lines = output.splitlines()
+    assert lines[0].startswith("zephon-titan run: checked ") and "starting them on CPU (gloo)" in lines[0]
+    steps = [line for line in lines if re.search(r"step:\s+\d+\s+loss:", line)]
+    assert len(steps) == 2 and any("zephon tokens consumed" in line for line in lines), output[-3000:]
+    assert "Training completed" in output and "[default0]" not in output
+    # TorchTitan's other INFO lines stay in rank 0's log (control: the same line is there, so it was dropped here).
+    log = "".join(p.read_text() for p in (tmp_path / "out" / "logs").glob("*/attempt_0/0/std*.log"))
+    assert "Building llama3" in log and "Building llama3" not in output
+    assert all(line.split(" - ", 2)[-1] in log for line in steps)
 
 
 @pytest.mark.slow
