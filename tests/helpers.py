@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from zephon_titan.engine import LaneStream
 from zephon_titan.engine.sources import formats
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source
+from zephon_titan.engine.sources.base import FileBlocks, Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.testing import epoch_rows
 from zephon_titan.testing import spec_from_table as spec_of
 

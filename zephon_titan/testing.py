@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from zephon_titan.config import DataConfig, config_from_dict
 from zephon_titan.engine.feed import Document
 from zephon_titan.engine.lanes import LaneGroup, lanes_of_rank, valid_world_sizes
-from zephon_titan.engine.packing import Row, RowShape
+from zephon_titan.engine.rows import Row, RowShape
 from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState
 from zephon_titan.engine.stream import LaneStream, StepClock

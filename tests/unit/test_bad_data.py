@@ -197,7 +197,7 @@ def test_lanes_whose_window_is_only_empty_blocks_read_on(tmp_path, corpus_dir, t
     assert spec.sources[0].num_blocks == 3
     assert len(spec.sources[0].read_block(2).texts) == 0  # the tail block: no line starts in it
     streams = [LaneStream(spec, lane) for lane in range(256)]
-    empty_first = [s for s in streams if set(s.feed.readers[0]._window_block_ids(0)) == {2}]
+    empty_first = [s for s in streams if set(s.feed.readers[0].windows.window_block_ids(0)) == {2}]
     assert empty_first, "the fixture should give some lane a first window of the empty block only"
     for stream in streams:
         (row,) = stream.take(1)

@@ -8,7 +8,7 @@ from helpers import make_spec
 
 from zephon_titan.engine.buffers import lasting_array
 from zephon_titan.engine.encode_calls import _own_buffer
-from zephon_titan.engine.packing import Piece, RowShape
+from zephon_titan.engine.rows import Piece, RowShape
 
 
 def test_a_lasting_array_is_its_own_writable_memory_from_arrows_pool():

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.engine.document_counts import by_source
-from zephon_titan.engine.packing import IGNORE_INDEX
+from zephon_titan.engine.rows import IGNORE_INDEX
 from zephon_titan.engine.stream import LaneStream
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.testing import (
@@ -566,7 +566,7 @@ def test_mix_by_targets_gives_chat_its_weight_in_trained_targets(chat_and_text):
     """Weights 0.5 / 0.5: by targets, the chat source's trained targets are half of all trained targets; by tokens
     (the control) its tokens are half, and its targets, prompts left out, well under half."""
     from zephon_titan.engine import LaneGroup
-    from zephon_titan.engine.packing import count_targets, tally
+    from zephon_titan.engine.rows import count_targets, tally
 
     def shares(mix_by: str) -> tuple[float, float]:
         spec = spec_from_table({**chat_and_text, "mix_by": mix_by}, seq_len=512)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from zephon_titan.engine import LaneGroup, open_lane_group
 from zephon_titan.engine.document_counts import COUNTS, PER_SOURCE, by_source, document_metrics, documents_line
-from zephon_titan.engine.packing import step_tally
+from zephon_titan.engine.rows import step_tally
 from zephon_titan.engine.stream import LaneStream
 from zephon_titan.testing import drain, spec_from_table
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneGroup, LaneState, LaneStream, fingerprint, tally
+from zephon_titan.engine.portable_spec import portable, spec_from_portable
 from zephon_titan.engine.resume import HEADER_KEY, Header, read_lane, read_state
-from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
 from zephon_titan.loader.state import Decoded, decode_entry, encode_state

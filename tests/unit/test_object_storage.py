@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine import LaneStream
 from zephon_titan.engine.fingerprint import check_fingerprint, fingerprint
-from zephon_titan.engine.sources import open_source, storage
+from zephon_titan.engine.sources import globs, open_source, storage
 from zephon_titan.engine.sources.base import expand_paths
 from zephon_titan.engine.sources.jsonl import TAIL_READ_BYTES
 from zephon_titan.engine.sources.parquet import _open as open_parquet
@@ -243,7 +243,7 @@ def test_object_key_globs_follow_python_glob(tmp_path_factory, segments):
             (root / rel).write_text("x")
     pattern = "/".join(segments)
     on_disk = {os.path.relpath(m, root) for m in glob.glob(str(root / pattern), recursive=True) if os.path.isfile(m)}
-    regex = storage._glob_regex(pattern)
+    regex = globs.glob_regex(pattern)
     assert {rel for rel in _TREE if regex.fullmatch(rel)} == on_disk, pattern
 
 
@@ -251,7 +251,7 @@ def test_a_naive_key_matcher_would_fail_the_glob_property():
     """Negative control: fnmatch lets `*` cross `/`, which the property above catches."""
     import fnmatch
 
-    assert re_match(fnmatch.translate("a/*.txt"), "a/b/x1.txt") and not storage._glob_regex("a/*.txt").fullmatch(
+    assert re_match(fnmatch.translate("a/*.txt"), "a/b/x1.txt") and not globs.glob_regex("a/*.txt").fullmatch(
         "a/b/x1.txt"
     )
 

@@ -6,7 +6,8 @@ from hypothesis import given, settings
 
 from zephon_titan.engine import IGNORE_INDEX, ConfigError, LaneExhausted, LaneStream, fingerprint
 from zephon_titan.engine.feed import Document
-from zephon_titan.engine.packing import Piece, RowShape, WrapPacker
+from zephon_titan.engine.packing import WrapPacker
+from zephon_titan.engine.rows import Piece, RowShape
 from zephon_titan.testing import assert_each_document_once, assert_restores_exactly
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from zephon_titan.config.expressions import ExpressionError, check_keep, check_repeat, parse, upper_bound
 from zephon_titan.engine.feed import Document
-from zephon_titan.engine.packing import RowShape
+from zephon_titan.engine.rows import RowShape
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.testing import (
     assert_restores_exactly,

@@ -17,8 +17,8 @@ from zephon_titan.config import config_from_dict
 from zephon_titan.engine import LaneGroup, LaneState, LaneStream, fingerprint
 from zephon_titan.engine.fingerprint import check_fingerprint
 from zephon_titan.engine.ledger import LedgerEntry, step_seq_len
+from zephon_titan.engine.portable_spec import portable, spec_from_portable
 from zephon_titan.engine.resume import HEADER_KEY, read_state
-from zephon_titan.engine.spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ResumeError
 from zephon_titan.loader.state import Decoded, decode_entry

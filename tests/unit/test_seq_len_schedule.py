@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from zephon_titan.engine import LaneState, LaneStream, fingerprint
 from zephon_titan.engine.fingerprint import check_mixture
 from zephon_titan.engine.ledger import step_seq_len
-from zephon_titan.engine.spec import portable, spec_from_portable
+from zephon_titan.engine.portable_spec import portable, spec_from_portable
 from zephon_titan.engine.stream import StepClock
 from zephon_titan.errors import ConfigError, ResumeError
 from zephon_titan.testing import assert_each_document_once, drain

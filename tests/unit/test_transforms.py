@@ -12,7 +12,7 @@ import pytest
 from helpers import scored_records, scored_table
 
 from zephon_titan.engine.feed import Document
-from zephon_titan.engine.packing import RowShape
+from zephon_titan.engine.rows import RowShape
 from zephon_titan.errors import ConfigError, DataError
 from zephon_titan.testing import epoch_rows, spec_from_table
 

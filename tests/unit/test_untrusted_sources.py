@@ -144,7 +144,7 @@ def test_symlink_loops_under_a_double_star_glob_cost_one_listing_and_are_named(c
 
 
 def test_the_once_per_directory_walk_matches_glob_on_a_tree_without_links(tmp_path, monkeypatch):
-    from zephon_titan.engine.sources.storage import _glob_each_directory_once
+    from zephon_titan.engine.sources.globs import glob_each_directory_once
 
     files = ["a.jsonl", "b.txt", ".h.jsonl", "d/a.jsonl", "d/.h/x.jsonl", "d/e/f/g.jsonl", ".hd/y.jsonl", "d/e/z.txt"]
     for name in files:
@@ -154,8 +154,8 @@ def test_the_once_per_directory_walk_matches_glob_on_a_tree_without_links(tmp_pa
     patterns = ["**/*.jsonl", "**", "d/**/*.jsonl", "d/**", "**/.h/*.jsonl", "**/e/**/*.jsonl", "*/**/g.jsonl"]
     for pattern in patterns + [f"{tmp_path}/{p}" for p in patterns]:
         want = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-        assert sorted(_glob_each_directory_once(pattern)) == want, pattern
-    assert sorted(_glob_each_directory_once("**/*.jsonl")) != sorted(glob.glob("*.jsonl"))  # the check can fail
+        assert sorted(glob_each_directory_once(pattern)) == want, pattern
+    assert sorted(glob_each_directory_once("**/*.jsonl")) != sorted(glob.glob("*.jsonl"))  # the check can fail
 
 
 def test_two_paths_to_one_file_are_refused(corpus):

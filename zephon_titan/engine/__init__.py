@@ -13,7 +13,7 @@ from zephon_titan.engine.lanes import (
     valid_world_sizes,
     validate_batch_layout,
 )
-from zephon_titan.engine.packing import IGNORE_INDEX, Row, tally
+from zephon_titan.engine.rows import IGNORE_INDEX, Row, tally
 from zephon_titan.engine.spec import EngineSpec, build_engine
 from zephon_titan.engine.state import LaneState, SourceCursor
 from zephon_titan.engine.stream import LaneStream

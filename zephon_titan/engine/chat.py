@@ -23,7 +23,7 @@ turn boundary) refuses the conversation rather than shift its mask by a token. R
 
 Tokens: the loader's BOS first (as for text documents), then the rendering's ids, then EOS if they do not end with
 it (TorchTitan's rule); the appended EOS is supervised when the conversation ends inside a supervised span. A token
-whose prediction is not trained carries the MASKED bit in the document's id array; packing.py turns it into the
+whose prediction is not trained carries the MASKED bit in the document's id array; rows.py turns it into the
 label -100 and strips it from the inputs.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 
-from zephon_titan.engine.packing import Row
+from zephon_titan.engine.rows import Row
 
 
 def lane_digest(rows: Iterable[Row]) -> bytes:

@@ -24,7 +24,7 @@ from typing import Protocol
 
 
 class Counted(Protocol):
-    """A row, as far as counting goes (packing.py's Row)."""
+    """A row, as far as counting goes (rows.py's Row)."""
 
     @property
     def documents(self) -> tuple[int, ...] | None: ...

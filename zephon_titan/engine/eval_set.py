@@ -23,7 +23,7 @@ import numpy as np
 
 from zephon_titan.engine.digest import lane_digest
 from zephon_titan.engine.jsonl_log import RecordFormat
-from zephon_titan.engine.packing import IGNORE_INDEX, Row, RowShape
+from zephon_titan.engine.rows import IGNORE_INDEX, Row, RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.stream import LaneStream
 from zephon_titan.errors import ConfigError, LaneExhausted

@@ -17,7 +17,8 @@ from zephon_titan.engine.packing import packer_class
 from zephon_titan.engine.pipeline import PipelineEra, era_pipelines, read_eras, slots_needed
 from zephon_titan.engine.pipeline import eras_text as pipeline_eras_text
 from zephon_titan.engine.schedule import Phase, Schedule
-from zephon_titan.engine.spec import EngineSpec, Era
+from zephon_titan.engine.seq_len_schedule import Era
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import STATE_VERSION, refuse_removed_sources
 from zephon_titan.engine.transforms import describe_all
 from zephon_titan.errors import ResumeError

@@ -20,9 +20,10 @@ from typing import Any
 
 from zephon_titan.engine.digest import lane_digest
 from zephon_titan.engine.lanes import LaneGroup, group_steps
-from zephon_titan.engine.packing import step_tally
+from zephon_titan.engine.portable_spec import portable, spec_from_portable
 from zephon_titan.engine.process_pool import Child, ProcessPool
-from zephon_titan.engine.spec import EngineSpec, portable, spec_from_portable
+from zephon_titan.engine.rows import step_tally
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 
 StepDigests = tuple[int, list[bytes], list[int]]

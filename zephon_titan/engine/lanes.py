@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zephon_titan.engine.encode_calls import EncodeBatcher
-from zephon_titan.engine.packing import Row
+from zephon_titan.engine.rows import Row
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.engine.stream import LaneStream, lane_clock

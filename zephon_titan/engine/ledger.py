@@ -6,7 +6,7 @@
 digests), so it can be computed without gathering tokens, and predicted offline.
 `tokens` counts the step's slots per source (its (input, label) pairs under
 labels = "document"; its tokens, the last label of each row included, under
-"stream"; see engine/packing.py), `padding` its padding slots.
+"stream"; see engine/rows.py), `padding` its padding slots.
 
 A crash or a full disk can stop an append halfway: the ledger is an append-only record
 (engine/jsonl_log.py, shared with validation.jsonl): one write() per line, a short write cut

@@ -1,175 +1,28 @@
-"""Documents into rows of (input, label) slots.
+"""The packers: a lane's documents into rows, and the registry `[dataloader] packing` names one from.
 
-Labels (`[dataloader] labels`). `document` (TorchTitan's rule, the default): a
-document of n tokens is n - 1 (input, label) pairs, tokens shifted by one inside
-the document, so its last token never predicts the next document's first; a row
-is seq_len pairs. `stream`: the packed token stream is shifted instead; a row
-holds seq_len + 1 tokens, inputs = row[:-1] and labels = row[1:], so document
-boundaries are targets too. Either way `wrap` packing places every slot in
-exactly one row and drops none.
-
-Positions restart at 0 at every piece of a document in a row: at each document
-start, where a document resumes after other sources' pieces (mixing.py), and at
-the start of a row that continues a document from the previous row. The continuation thus becomes its own attention block (it could
-not see the previous row anyway) and positions stay below seq_len, inside the
-RoPE cache; TorchTitan's block-causal mask cuts documents where positions return
-to 0. Padding (best_fit, or the last row of a finite lane) uses the pad id,
-positions 0, 1, ... as one block, and label -100.
+`wrap` concatenates documents and cuts rows from the stream (no padding, no token dropped); `best_fit` places
+whole documents of a window into rows (best-fit decreasing, padding the rest). A packer chooses only which
+pieces of which documents make a row, and its state is its open unit; how a row is laid out (labels, positions,
+padding) is rows.py's, the same for every packer.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import ClassVar, Protocol
 
 import numpy as np
 
 from zephon_titan.config import DataConfig
-from zephon_titan.engine.buffers import lasting_array
-from zephon_titan.engine.chat import MASKED
-from zephon_titan.engine.document_counts import count_documents
 from zephon_titan.engine.feed import Document, DocumentFeed
+from zephon_titan.engine.rows import IGNORE_INDEX as IGNORE_INDEX  # re-exported: cli/trace.py imports both
+from zephon_titan.engine.rows import Piece, Row, document_id
+from zephon_titan.engine.rows import RowShape as RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import CLOSED, MAX_RESIZED, FeedState, PackerState
 from zephon_titan.errors import ConfigError, LaneExhausted, ResumeError
-
-IGNORE_INDEX = -100
-_ROW_DTYPE = np.dtype("<i4")  # fixed byte order: row bytes (and hashes) are platform-independent
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """A slice of one document placed in a row (for tracing rows back to files); `doc_offset` counts
-    from the document's start."""
-
-    source: int
-    file: str
-    row: int
-    doc_offset: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    inputs: np.ndarray
-    """int32 [seq_len] token ids."""
-    labels: np.ndarray
-    """int32 [seq_len]: inputs shifted by one; -100 where the target is padding."""
-    positions: np.ndarray
-    """int32 [seq_len]: position of each input inside its document piece."""
-    pieces: tuple[Piece, ...]
-    padding: int
-    """Padding slots among the row's slots (see RowShape)."""
-    documents: tuple[int, ...] | None = None
-    """What the lane's feed did with documents since its previous row (engine/document_counts.py; set by the lane;
-    never part of the row's bytes)."""
-    targets: tuple[int, ...] | None = None
-    """Per piece, its trained targets (labels other than -100) where some are not (chat sources); None: every
-    slot of every piece is a trained target."""
-
-    def to_bytes(self) -> bytes:
-        return self.inputs.tobytes() + self.labels.tobytes() + self.positions.tobytes()
-
-
-def tally(rows: Iterable[Row], num_sources: int) -> list[int]:
-    """Tokens per source, then padding (last), over `rows`: the one count behind the ledger and the metrics."""
-    counts = [0] * (num_sources + 1)
-    for row in rows:
-        for piece in row.pieces:
-            counts[piece.source] += piece.length
-        counts[-1] += row.padding
-    return counts
-
-
-def count_targets(rows: Iterable[Row], num_sources: int) -> list[int]:
-    """Trained targets per source over `rows` (labels other than -100; padding has none)."""
-    counts = [0] * num_sources
-    for row in rows:
-        lengths = row.targets if row.targets is not None else (p.length for p in row.pieces)
-        for piece, n in zip(row.pieces, lengths):
-            counts[piece.source] += n
-    return counts
-
-
-def step_tally(rows: Iterable[Row], num_sources: int) -> list[int]:
-    """What the ledger records of rows: their tally(), their documents' counts (document_counts.py), then their
-    trained targets per source."""
-    rows = list(rows)
-    return tally(rows, num_sources) + count_documents(rows, num_sources) + count_targets(rows, num_sources)
-
-
-@dataclass(frozen=True, slots=True)
-class RowShape:
-    """How a row is cut from documents: `slots` per row, each one (input, label) pair or stream token."""
-
-    slots: int
-    within_document: bool
-    pad_id: int
-    masked: bool = False
-    """Some source's tokens carry chat.MASKED (chat sources): those targets get label -100."""
-
-    @classmethod
-    def of(cls, spec: EngineSpec, seq_len: int | None = None) -> RowShape:
-        """Rows of the spec's seq_len, or of `seq_len` (an earlier era's: spec.eras)."""
-        within = spec.config.labels == "document"
-        n = spec.seq_len if seq_len is None else seq_len
-        masked = any(s.chat is not None for s in spec.sources)
-        return cls(n if within else n + 1, within, spec.pad_id, masked)
-
-    def piece_slots(self, doc: Document) -> int:
-        """Slots of a piece tokens[start:end] of a document: the pairs whose input is in the piece
-        (the last token of a document has no pair), or its tokens."""
-        if self.within_document:
-            return max(min(doc.stop, len(doc.tokens) - 1) - doc.start, 0)
-        return doc.stop - doc.start
-
-    def make_row(self, parts: list[tuple[np.ndarray, Piece]]) -> Row:
-        """A row from pieces (each a document's tokens and the slots of it placed here), padding the tail."""
-        used = sum(p.length for _, p in parts)
-        padding = self.slots - used
-        # The row's arrays are views of one buffer, and positions are slices of a shared ramp: one allocation
-        # per row, not three plus one per piece, and outside the C heap (buffers.py): at thousands of lanes a
-        # step's rows are thousands of buffers, held ahead and freed together (issue 28).
-        inputs, labels, positions = lasting_array(3 * self.slots, _ROW_DTYPE).reshape(3, self.slots)
-        ramp = _ramp(self.slots)
-        at = 0
-        for tokens, p in parts:
-            inputs[at : at + p.length] = tokens[p.doc_offset : p.doc_offset + p.length]
-            if self.within_document:
-                labels[at : at + p.length] = tokens[p.doc_offset + 1 : p.doc_offset + p.length + 1]
-            positions[at : at + p.length] = ramp[: p.length]
-            at += p.length
-        inputs[at:] = self.pad_id
-        positions[at:] = ramp[:padding]
-        pieces = tuple(p for _, p in parts)
-        targets = None
-        if self.masked:  # a chat document's untrained targets: label -100, and the bit off its inputs
-            untrained = (labels & MASKED) != 0
-            untrained[at:] = True
-            labels[untrained] = IGNORE_INDEX
-            np.bitwise_and(inputs, ~MASKED, out=inputs)
-            ends = np.cumsum([p.length for p in pieces])
-            trained = np.concatenate([[0], np.cumsum(~untrained)[ends - 1]]) if pieces else np.zeros(1, np.int64)
-            targets = tuple(int(n) for n in np.diff(trained))
-        if self.within_document:
-            labels[at:] = IGNORE_INDEX
-            return Row(inputs, labels, positions, pieces, padding, targets=targets)
-        # The stream rule: the row's seq_len + 1 tokens, shifted by one.
-        labels[:-1] = inputs[1:]
-        if padding:
-            labels[max(used - 1, 0) : -1] = IGNORE_INDEX
-        return Row(inputs[:-1], labels[:-1], positions[:-1], pieces, padding)
-
-
-@lru_cache(maxsize=8)
-def _ramp(n: int) -> np.ndarray:
-    """0, 1, ..., n - 1 (read-only): every piece's positions are a prefix of it."""
-    ramp = np.arange(n, dtype=_ROW_DTYPE)
-    ramp.flags.writeable = False
-    return ramp
 
 
 class Packer(Protocol):
@@ -272,7 +125,7 @@ class WrapPacker:
         parts: list[tuple[np.ndarray, Piece]] = []
         need = self.shape.slots
         while need:
-            if self.feed.leaving_out and self._doc is not None and self.feed.dropped(*_key(self._doc)):
+            if self.feed.leaving_out and self._doc is not None and self.feed.dropped(*document_id(self._doc)):
                 self._offset = self.shape.piece_slots(self._doc)  # drawn before exclude_from_step: drop its rest
             if self._doc is None or self._offset == self.shape.piece_slots(self._doc):
                 self._doc_start = self.feed.state()
@@ -294,10 +147,6 @@ class WrapPacker:
         if not parts:
             raise LaneExhausted
         return self.shape.make_row(parts)
-
-
-def _key(doc: Document | Piece) -> tuple[int, str, int]:
-    return doc.source, doc.file, doc.row
 
 
 def _continues(last: Piece, doc: Document, start: int) -> bool:
@@ -410,7 +259,7 @@ class BestFitPacker:
             # A window of one-token documents (no pair under labels = "document") has no row: next window.
         row = self._rows[self._emitted]
         if self.feed.leaving_out:  # a window drawn before exclude_from_step (or a keep change) may hold such documents
-            kept = [p for p in self._bins[self._emitted] if not self.feed.dropped(*_key(p.piece))]
+            kept = [p for p in self._bins[self._emitted] if not self.feed.dropped(*document_id(p.piece))]
             if len(kept) < len(self._bins[self._emitted]):
                 row = self.shape.make_row([(p.tokens, p.piece) for p in kept])  # padding in their place
         self._emitted += 1

@@ -11,7 +11,7 @@ count is keep(d) * (floor(x) + [u < frac(x)]), with u uniform in [0, 1) from a k
 name, row and the pass (as split.py keys the eval split), so:
 - the documents a filter keeps are in the order they have without it (a stricter filter only leaves some out);
 - a repeated document's copies are separate slots placed apart: its first copy among the window's first copies,
-  its second among the second copies, each group in a shuffled order of its own (source_reader.CopyMajor);
+  its second among the second copies, each group in a shuffled order of its own (shuffle_windows.CopyMajor);
 - everything is a pure function of the files and the config: the same for every W and worker count, and
   `plan` sees it.
 A dropped slot is skipped where the lane reads it (source_reader.py), like an excluded document.

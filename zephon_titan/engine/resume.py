@@ -43,7 +43,8 @@ from zephon_titan.engine.fingerprint import (
 )
 from zephon_titan.engine.mixing import added_offsets
 from zephon_titan.engine.pipeline import PipelineEra
-from zephon_titan.engine.spec import EngineSpec, Era, era_at, eras_after
+from zephon_titan.engine.seq_len_schedule import Era, era_at, eras_after
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
 
@@ -282,7 +283,7 @@ class Restored:
 
     eras: tuple[Era, ...] = ()
     """The run's row lengths by step (EngineSpec.eras): the checkpoint's up to its step, then this config's from the
-    next step (spec.eras_after); empty: one."""
+    next step (seq_len_schedule.eras_after); empty: one."""
     seq_len_change: str = ""
     """The line a seq_len change at this resume logs ("" if none)."""
     pipeline_eras: tuple[PipelineEra, ...] = ()

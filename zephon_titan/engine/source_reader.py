@@ -1,27 +1,9 @@
-"""What one lane reads of one source: its blocks dealt, read in shuffle windows, documents in a keyed order.
+"""What one lane reads of one source: its shuffle windows (shuffle_windows.py) read, ahead where that hides
+latency, their slots' documents read in batches and tokenized, the cursor moved past windows that hold none.
 
-Dealing. Source s has B blocks. Its infinite block sequence is epoch 0's blocks in
-a shuffled order, then epoch 1's in a fresh order, and so on; position j of that
-sequence is block perm_e[j mod B] with e = j div B. Lane l takes positions
-l, l + L, l + 2L, ... (L lanes), so every epoch's blocks are dealt to the lanes
-exactly once, and a source with fewer blocks than lanes still feeds every lane
-(in later epochs). Under `redistribute` only epoch 0 exists.
-
-Shuffling. A lane's blocks of a source are grouped into windows of K consecutive
-blocks (K = shuffle_window_blocks); the documents of a window are read together
-and taken in a keyed shuffled order, so documents of different files interleave.
-Everything is a pure function of (seed, source, epoch or lane and window, index).
-
-Splitting. A source with an eval_fraction has its held-out documents removed from each
-block before the window is shuffled (split.py); the validator's loader keeps only them.
-
-Keeping and repeating. A source with `keep` or `repeat` (pipeline.py) has `copies` slots per document in each
-window, copy c of document d at slot c * n + d (n documents in the window): the window's first n positions are
-first copies in the window's shuffled order, the next n second copies in another order (CopyMajor); a slot its
-pass does not train is skipped where it is read, so the documents kept keep their order.
-
-Excluding. From `exclude_from_step` on (the lane says when: `excluding`), a listed document is skipped where
-it is read, the rest of it too if it was partly read (exclusion.py); the other documents keep their order.
+Skipping. A slot its pass does not train (keep and repeat: shuffle_windows.py) is skipped where it is read; so,
+from `exclude_from_step` on (the lane says when: `excluding`), is a listed document, the rest of it too if it was
+partly read (exclusion.py). The other documents keep their order.
 """
 
 from __future__ import annotations
@@ -32,14 +14,11 @@ import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
-from itertools import accumulate
 
 import numpy as np
 
 from zephon_titan.engine import chat
 from zephon_titan.engine.chat import ChatSetup
-from zephon_titan.engine.document_counts import DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM
 from zephon_titan.engine.encode_calls import (
     _NO_BATCH,
     FIRST_TOKENIZE_BATCH,
@@ -55,10 +34,10 @@ from zephon_titan.engine.encode_calls import (
 )
 from zephon_titan.engine.exclusion import text_sha256
 from zephon_titan.engine.pipeline import DROPPED
-from zephon_titan.engine.shuffle import Permutation, derive_key
-from zephon_titan.engine.sources.base import BlockDocuments, Source, file_blocks
+from zephon_titan.engine.shuffle_windows import LaneWindows, Window
+from zephon_titan.engine.sources.base import Source, file_blocks
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.engine.split import kept
 from zephon_titan.engine.state import SourceCursor
 from zephon_titan.engine.tokenize import BackendMismatch
 from zephon_titan.errors import DataError, ResumeError
@@ -105,88 +84,6 @@ class Document:
     stop: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Window:
-    index: int
-    blocks: list[BlockDocuments]
-    kept: list[range | np.ndarray]
-    """Per block, the indices of its documents in this loader's part (all of them, without a split)."""
-    ends: list[int]
-    """Documents of the window up to and including each block (block order). Not a list of every
-    document's (block, index): a window of Parquet row groups may hold ~10^5 documents per lane."""
-    order: Permutation | range | CopyMajor
-    """The window's slots in shuffled order."""
-    counts: np.ndarray | None = None
-    """With a pipeline: how many of each document's slots are trained (block order); None: one each."""
-    copies: int = 1
-    """Slots per document."""
-
-    @property
-    def documents(self) -> int:
-        return self.ends[-1] if self.ends else 0
-
-    def __len__(self) -> int:
-        return self.documents * self.copies
-
-    def trained(self, slot: int) -> bool:
-        """Whether the slot's pass trains it (copy slot // n of document slot % n)."""
-        if self.counts is None:
-            return True
-        copy, i = divmod(slot, self.documents)
-        return bool(self.counts[i] > copy)
-
-    def document(self, slot: int, era: int) -> tuple[str | np.ndarray, str, int]:
-        """The document of a slot (its copy 0 is document `slot` in block order): its text in pipeline era `era` or
-        its token ids (read or decoded now), file and row."""
-        block, j = self._locate(slot % self.documents if self.copies > 1 else slot)
-        texts = block.era_texts[era] if block.era_texts else block.texts
-        return texts[j], block.file, block.rows[j]
-
-    def _locate(self, i: int) -> tuple[BlockDocuments, int]:
-        """Document i of the window (block order): its block and its index there."""
-        b = bisect.bisect_right(self.ends, i)
-        return self.blocks[b], int(self.kept[b][i - (self.ends[b - 1] if b else 0)])
-
-    def fate(self, position: int, dropped: bool, era: int) -> tuple[int, int]:
-        """The slot at a window position, for the feed's counts (document_counts.py): its copy, and the stage
-        that dropped it when it is a document's first copy and `dropped` (-1: none)."""
-        if self.copies == 1 and not dropped:
-            return 0, -1
-        copy, d = divmod(self.order[position], self.documents)
-        if not dropped or copy > 0:  # a copy not drawn, or one whose document was counted at its first copy
-            return copy, -1
-        if self.counts is None or self.counts[d] > 0:  # trained: its transforms dropped it
-            return 0, DROPPED_BY_TRANSFORM
-        block, j = self._locate(d)
-        kept_by_keep = bool(block.eras[era][0][j]) if block.eras else True
-        return 0, DROPPED_BY_REPEAT if kept_by_keep else DROPPED_BY_KEEP
-
-
-class CopyMajor:
-    """A window's slot order with copies: its first n positions are the documents' first copies in their
-    shuffled order, the next n their second copies in another order, and so on (slot c * n + d: copy c of document
-    d). Copy 0 is the window's order without copies, and more copies only add positions after it."""
-
-    __slots__ = ("orders", "n")
-
-    def __init__(self, orders: list[Permutation | range]):
-        self.orders, self.n = orders, len(orders[0])
-
-    def __len__(self) -> int:
-        return self.n * len(self.orders)
-
-    def __getitem__(self, q: int) -> int:
-        c, r = divmod(q, self.n)
-        return c * self.n + self.orders[c][r]
-
-
-@lru_cache(maxsize=1024)
-def _block_order(seed: int, shuffle: bool, source: str, num_blocks: int, epoch: int) -> Permutation | range:
-    """A source's block order in an epoch: the same for every lane, so the lanes of a process share
-    it (thousands of lanes reach a source's epochs together: one permutation each, not one per lane)."""
-    return Permutation(num_blocks, derive_key(seed, "blocks", source, epoch)) if shuffle else range(num_blocks)
-
-
 class LaneSourceReader:
     """The documents one lane reads from one source, in order."""
 
@@ -195,7 +92,9 @@ class LaneSourceReader:
         self.source = spec.sources[source_index]
         self.source_index = source_index
         self.lane_id = lane_id
-        self._window: _Window | None = None
+        self.windows = LaneWindows(spec, source_index, lane_id)
+        """Which blocks and slots the lane meets in each window (shuffle_windows.py)."""
+        self._window: Window | None = None
         self.era = 0
         """The pipeline era of the documents the reader reads now (set_era)."""
         self._current: _Batch = _NO_BATCH
@@ -216,19 +115,7 @@ class LaneSourceReader:
         """And how many of the lane's blocks that was (a block met again counts again)."""
         _live_readers.add(self)
 
-    def _order(self, n: int, *path: object) -> Permutation | range:
-        """A keyed shuffle of range(n), or file order when `shuffle` is off."""
-        return Permutation(n, derive_key(self.spec.seed, *path)) if self.spec.config.shuffle else range(n)
-
-    def block_at(self, k: int) -> int | None:
-        """The lane's k-th block of this source, or None past the end (non-repeating)."""
-        num_blocks = self.source.num_blocks
-        epoch, index = divmod(self.lane_id + k * self.spec.num_lanes, num_blocks)
-        if epoch > 0 and not self.spec.repeat:
-            return None
-        return _block_order(self.spec.seed, self.spec.config.shuffle, self.source.name, num_blocks, epoch)[index]
-
-    def window(self, w: int) -> _Window | None:
+    def window(self, w: int) -> Window | None:
         """Window w of this lane (None if it has no block: the source is exhausted)."""
         if self._window is not None and self._window.index == w:
             return self._window
@@ -237,16 +124,7 @@ class LaneSourceReader:
         blocks = self._read_window_blocks(w)
         if blocks is None:
             return None
-        kept = [self._split_rows(docs) for docs in blocks]
-        ends = list(accumulate(len(k) for k in kept))
-        counts = self._counts(w, blocks, kept)
-        copies = self.copies if counts is not None else 1
-        path = ("docs", self.source.name, self.lane_id, w)
-        first = self._order(ends[-1], *path)
-        order: Permutation | range | CopyMajor = first
-        if copies > 1:
-            order = CopyMajor([first, *(self._order(ends[-1], *path, "copy", c) for c in range(1, copies))])
-        self._window = _Window(w, blocks, kept, ends, order, counts, copies)
+        self._window = self.windows.window(w, blocks, self.era)
         if self._read_ahead:
             self._ahead = (w + 1, self._fetch(w + 1))
         return self._window
@@ -256,12 +134,6 @@ class LaneSourceReader:
         """The source's chat setup in the reader's era (None: not a chat source)."""
         return self.source.era_chats[self.era] if self.source.era_chats else self.source.chat
 
-    @property
-    def copies(self) -> int:
-        """Slots per document in this loader's windows: the source's slots when training (an eval set takes each
-        document it keeps once: repeat is how training samples a source)."""
-        return self.source.slots if self.spec.config.split == "train" else 1
-
     def set_era(self, era: int) -> None:
         """The pipeline era of the next documents (engine/pipeline.py): the open window's counts are those of the
         era, and documents read ahead under another are read again."""
@@ -270,32 +142,10 @@ class LaneSourceReader:
         self.era = era
         window = self._window
         if window is not None and window.counts is not None:
-            counts = self._counts(window.index, window.blocks, window.kept)
+            counts = self.windows.counts(window.index, window.blocks, window.kept, era)
             self._window = dataclasses.replace(window, counts=counts)
         if window is not None:  # its texts too, where transforms change
             self._current, self._ahead_batch = _NO_BATCH, None
-
-    def _counts(self, w: int, blocks: list[BlockDocuments], kept: list[range | np.ndarray]) -> np.ndarray | None:
-        """How many slots of each document of window w its pass trains in the reader's era (block order); None
-        without a pipeline in any era."""
-        pipelines = self.source.era_pipelines
-        if all(p is None for p in pipelines):
-            return None
-        pipeline = pipelines[self.era]
-        counts = []
-        for docs, k, (_, epoch) in zip(blocks, kept, self._window_blocks(w)):
-            index = np.asarray(k, dtype=np.int64)
-            if pipeline is None:  # none in this era: every document once
-                counts.append(np.ones(len(index), dtype=np.int64))
-                continue
-            keep, repeat = docs.eras[self.era]
-            if self.spec.config.split == "train":
-                rows = np.asarray(docs.rows, dtype=np.int64)[index]
-                count = pipeline.counts(keep[index], repeat[index], self.spec.seed, docs.file, rows, epoch)
-            else:
-                count = keep[index].astype(np.int64)
-            counts.append(count)
-        return np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
 
     def keeps(self, file: str, row: int) -> bool:
         """Whether the reader's era keeps the document at (file, row): its keep condition holds and its transforms
@@ -313,14 +163,6 @@ class LaneSourceReader:
                     return not block.era_texts or block.era_texts[self.era][i] is not DROPPED
         return True
 
-    def _split_rows(self, docs: BlockDocuments) -> range | np.ndarray:
-        """Indices of the block's documents in this loader's part of the source (split.py)."""
-        fraction = self.spec.config.sources[self.source_index].eval_fraction
-        if fraction <= 0.0:
-            return range(len(docs.texts))
-        config = self.spec.config
-        return np.flatnonzero(kept(config.split, config.split_seed, docs.file, docs.rows, fraction))
-
     def _split_note(self) -> str:
         fraction = self.spec.config.sources[self.source_index].eval_fraction
         if fraction <= 0.0:
@@ -335,23 +177,9 @@ class LaneSourceReader:
         if (self._read_ahead or self.source.decodes_in_threads) and self._ahead is None:
             self._ahead = (w, self._fetch(w))
 
-    def _window_blocks(self, w: int) -> list[tuple[int, int]]:
-        """The blocks of window w, each with its pass over the source (its epoch)."""
-        k0 = w * self.spec.config.shuffle_window_blocks
-        out = []
-        for k in range(k0, k0 + self.spec.config.shuffle_window_blocks):
-            block = self.block_at(k)
-            if block is None:
-                break
-            out.append((block, (self.lane_id + k * self.spec.num_lanes) // self.source.num_blocks))
-        return out
-
-    def _window_block_ids(self, w: int) -> list[int]:
-        return [block for block, _ in self._window_blocks(w)]
-
     def _fetch(self, w: int) -> list[Future[BlockDocuments]]:
         """Start reading window w's blocks in the background."""
-        return [self.source.read_block_soon(b, _pool()) for b in self._window_block_ids(w)]
+        return [self.source.read_block_soon(b, _pool()) for b in self.windows.window_block_ids(w)]
 
     def _read_window_blocks(self, w: int) -> list[BlockDocuments] | None:
         """The documents of each block of window w (None if it has none), read ahead or now."""
@@ -361,7 +189,7 @@ class LaneSourceReader:
         elif self._read_ahead:
             blocks = [f.result() for f in self._fetch(w)]  # all of the window's requests at once
         else:
-            blocks = [self.source.read_block(b) for b in self._window_block_ids(w)]
+            blocks = [self.source.read_block(b) for b in self.windows.window_block_ids(w)]
         return blocks or None
 
     def normalize(self, cursor: SourceCursor) -> tuple[SourceCursor, bool]:
@@ -382,7 +210,7 @@ class LaneSourceReader:
                 moved = cursor if w == cursor.window else SourceCursor(window=w, position=p, tokens=cursor.tokens)
                 return moved, window is not None
             if not len(window):
-                ids = self._window_block_ids(w)
+                ids = self.windows.window_block_ids(w)
                 empty_blocks.update(ids)
                 streak += len(ids)
                 num_blocks = self.source.num_blocks
@@ -404,7 +232,7 @@ class LaneSourceReader:
         on it."""
         if not self.spec.repeat:
             return  # a finite source ends by itself
-        ids = self._window_block_ids(w)
+        ids = self.windows.window_block_ids(w)
         self.barren.update(ids)
         self.barren_streak += len(ids)
         num_blocks = self.source.num_blocks
@@ -456,7 +284,7 @@ class LaneSourceReader:
         start, tokens, _, _ = self._current
         return start + len(tokens)
 
-    def _read_batch(self, window: _Window, p: int) -> list[_Text]:
+    def _read_batch(self, window: Window, p: int) -> list[_Text]:
         """The window's next documents from position p: up to the batch size, and up to the characters a
         reader tokenizes at a time."""
         stop = min(p + self._batch, len(window))
@@ -493,7 +321,7 @@ class LaneSourceReader:
         """Keep the next batch (documents from window position `start`), encoded in another reader's call."""
         self._ahead_batch = _batch_of(start, docs, encoded)
 
-    def _encode_batch(self, window: _Window, p: int) -> _Batch:
+    def _encode_batch(self, window: Window, p: int) -> _Batch:
         """Read and encode the batch from position p, with the next batches of readers about to need theirs."""
         docs = self._read_batch(window, p)
         for item, file, row in docs:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
-from typing import Any, TypedDict
+from typing import Any
 
 from zephon_titan.config import DataConfig, SourceConfig, require_sources
 from zephon_titan.engine.chat import chat_setup, era_chats
@@ -23,26 +23,16 @@ from zephon_titan.engine.pipeline import (
     config_eras,
     era_index,
     era_pipelines,
-    eras_text,
-    read_eras,
     slots_needed,
 )
 from zephon_titan.engine.schedule import Phase, Schedule
+from zephon_titan.engine.seq_len_schedule import Era, era_at, eras_after, seq_len_eras
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, FileRecord, Source
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.engine.tokenize import DocumentTokenizer
 from zephon_titan.engine.transforms import SAMPLE_DOCUMENTS, check_deterministic, describe_all, era_transforms
 from zephon_titan.errors import ConfigError
-
-
-@dataclass(frozen=True, slots=True)
-class Era:
-    """Steps from `start` on have rows of `seq_len` and the mixer takes pieces of at most `chunk` tokens."""
-
-    start: int
-    seq_len: int
-    chunk: int
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -217,24 +207,6 @@ class EngineSpec:
         return self.schedule.segment(1).weights
 
 
-def era_at(eras: tuple[Era, ...], step: int) -> Era:
-    """The era in force at `step` (before the first one's start: the first)."""
-    return [e for e in eras if e.start <= step][-1] if step >= eras[0].start else eras[0]
-
-
-def eras_after(saved: tuple[Era, ...], step: int, planned: tuple[Era, ...]) -> tuple[Era, ...]:
-    """A run's eras (`saved`: its checkpoint's, one at least) resumed after `step` steps by a config whose own eras
-    are `planned` (one at least): the eras that began by step `step` (one that would begin at step + 1 was never
-    trained), then the planned era in force at step + 1 from there if it differs, then the later planned ones.
-    Empty: one era."""
-    kept = [e for e in saved if e.start <= step] or [saved[0]]
-    now = era_at(planned, step + 1)
-    if (kept[-1].seq_len, kept[-1].chunk) != (now.seq_len, now.chunk):
-        kept.append(Era(step + 1, now.seq_len, now.chunk))
-    kept += [e for e in planned if e.start > step + 1]
-    return tuple(kept) if len(kept) > 1 else ()
-
-
 def build_engine(
     config: DataConfig,
     seq_len: int,
@@ -293,22 +265,6 @@ def build_engine(
     )
 
 
-def seq_len_eras(config: DataConfig, seq_len: int) -> tuple[Era, ...]:
-    """The eras of the phases' seq_len (the first phase's default: `seq_len`); empty: `seq_len` throughout."""
-    eras = [Era(1, seq_len, config.mix_chunk_tokens or seq_len)]
-    for i, phase in enumerate(config.phases):
-        if phase.seq_len > seq_len:
-            raise ConfigError(
-                f"[[dataloader.phases]] #{i + 1} (start_step {phase.start_step}) seq_len = {phase.seq_len} is above "
-                f"[training] seq_len = {seq_len}; set [training] seq_len to the schedule's longest (TorchTitan sizes "
-                "the model's RoPE cache by it)"
-            )
-        if phase.seq_len and phase.seq_len != eras[-1].seq_len:
-            era = Era(phase.start_step, phase.seq_len, config.mix_chunk_tokens or phase.seq_len)
-            eras[-1:] = [era] if eras[-1].start == phase.start_step else [eras[-1], era]
-    return tuple(eras) if eras != [Era(1, seq_len, config.mix_chunk_tokens or seq_len)] else ()
-
-
 def schedule_of(config: DataConfig) -> Schedule:
     """The config's phases, or one phase of the sources' weights; weights normalized per phase."""
     names = config.source_names()
@@ -345,61 +301,6 @@ def weight_notes(config: DataConfig) -> list[str]:
 def _normalized(weights: list[float]) -> tuple[float, ...]:
     total = sum(weights)
     return tuple(w / total for w in weights)
-
-
-class PortableSpec(TypedDict):
-    """What a worker process needs to rebuild the same spec (plain data, no open files)."""
-
-    config: dict[str, Any]  # DataConfig's fields by name
-    seq_len: int
-    tokenizer: str  # Tokenizer.to_str()
-    bos: list[Any]  # [token_id, reason] of a SpecialTokenChoice
-    eos: list[Any]
-    tokenizer_folder: str  # where a chat source's template is (DocumentTokenizer.folder)
-    listings: dict[str, list[FileRecord]]  # source name -> its files' records
-    phase_offsets: list[str] | None  # EngineSpec.phase_offsets as "k/n" texts
-    eras: list[list[int]]  # EngineSpec.eras as [start, seq_len, chunk]
-    pipelines: str  # EngineSpec.pipeline_eras and the sources' slots (pipeline.eras_text)
-
-
-def portable(spec: EngineSpec) -> PortableSpec:
-    """What a worker process needs to rebuild the same spec (plain data, no open files)."""
-    fields = [f.name for f in dataclasses.fields(DataConfig)]
-    return {
-        "config": {name: getattr(spec.config, name) for name in fields},
-        "seq_len": spec.seq_len,
-        "tokenizer": spec.tokenizer.tokenizer.to_str(),
-        "bos": [spec.tokenizer.bos.token_id, spec.tokenizer.bos.reason],
-        "eos": [spec.tokenizer.eos.token_id, spec.tokenizer.eos.reason],
-        "tokenizer_folder": spec.tokenizer.folder,
-        "listings": {s.name: [f.record() for f in s.files] for s in spec.sources},
-        "phase_offsets": None if spec.phase_offsets is None else [str(u) for u in spec.phase_offsets],
-        "eras": [[e.start, e.seq_len, e.chunk] for e in spec.eras],
-        "pipelines": eras_text(spec.pipeline_eras, {s.name: s.slots for s in spec.sources}),
-    }
-
-
-def spec_from_portable(data: PortableSpec) -> EngineSpec:
-    from tokenizers import Tokenizer
-
-    from zephon_titan.engine.tokenize import BackendLoad, SpecialTokenChoice
-
-    backend = data["config"]["tokenizer_backend"]
-    loading = BackendLoad(data["tokenizer"], backend)  # alongside the reference's load, not after it
-    tokenizer = DocumentTokenizer(
-        Tokenizer.from_str(data["tokenizer"]),
-        SpecialTokenChoice(*data["bos"]),
-        SpecialTokenChoice(*data["eos"]),
-        backend,
-        loading,
-        folder=data["tokenizer_folder"],
-    )
-    spec = build_engine(DataConfig(**data["config"]), data["seq_len"], tokenizer, data["listings"])
-    offsets = data["phase_offsets"]
-    if offsets is not None:
-        spec = dataclasses.replace(spec, phase_offsets=tuple(map(Fraction, offsets)))
-    spec = spec.with_pipeline_eras(*read_eras(data["pipelines"]))
-    return spec.with_eras(tuple(Era(*e) for e in data["eras"]))
 
 
 def check_source_transforms(source: Source) -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from zephon_titan.engine.encode_calls import EncodeBatcher
 from zephon_titan.engine.feed import DocumentFeed
-from zephon_titan.engine.packing import Row, RowShape, packer_class
+from zephon_titan.engine.packing import packer_class
+from zephon_titan.engine.rows import Row, RowShape
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import ResumeError
@@ -79,8 +80,8 @@ class LaneStream:
             last = self.clock.step(state.rows) - 1 if self.clock is not None else 0
             self.feed.set_era(spec.pipeline_era_of(last))
         self._unit_era = self.feed.era
-        # The era of the lane's next row: its row length and the mixer's piece size (spec.py; one era unless the
-        # job schedules seq_len or a resume changed it).
+        # The era of the lane's next row: its row length and the mixer's piece size (seq_len_schedule.py; one era
+        # unless the job schedules seq_len or a resume changed it).
         self.era = spec.era_of(self.clock.step(self.rows) if self.clock is not None else 1)
         self.packer.shape = RowShape.of(spec, self.era.seq_len)
         self.feed.chunk = self.era.chunk

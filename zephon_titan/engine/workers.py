@@ -26,9 +26,10 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from zephon_titan.engine.packing import Row
+from zephon_titan.engine.portable_spec import PortableSpec, portable, spec_from_portable
 from zephon_titan.engine.process_pool import POLL_SECONDS, RECEIVE_POLL_SECONDS, Child, Closing, ProcessPool, context
-from zephon_titan.engine.spec import EngineSpec, PortableSpec, portable, spec_from_portable
+from zephon_titan.engine.rows import Row
+from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import LaneState
 from zephon_titan.errors import LaneExhausted
 

@@ -20,8 +20,8 @@ from typing import Any
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import LaneState, Row, fingerprint, lane_digest, open_lane_group, tally
 from zephon_titan.engine.document_counts import PER_SOURCE, count_documents
-from zephon_titan.engine.packing import step_tally
 from zephon_titan.engine.resume import HEADER_CAPACITY, HEADER_VERSION, Header, LaneEntry, Restored, read_state
+from zephon_titan.engine.rows import step_tally
 from zephon_titan.engine.spec import weight_notes
 from zephon_titan.engine.tokenize import DocumentTokenizer
 from zephon_titan.engine.workers import ProcessLaneGroup

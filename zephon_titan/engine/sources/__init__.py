@@ -7,7 +7,8 @@ import dataclasses
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.pipeline import SourcePipeline, slots_needed, source_pipeline
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Source, expand_paths
+from zephon_titan.engine.sources.base import FileBlocks, Source, expand_paths
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, get_format, register_format
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
 from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource

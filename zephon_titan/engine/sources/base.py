@@ -3,31 +3,34 @@
 A block is the unit that is dealt to lanes (a Parquet row group, a byte range of a
 JSONL file). Blocks are numbered 0..num_blocks-1 in (sorted file, position in file)
 order, so the numbering is a pure function of the files.
+
+Source holds the numbering, reads a block once per process for every lane that asks (block_documents.py: what a
+block holds), puts it through the source's pipeline (block_pipeline.py), and checks that the files are still the
+ones listed. expand_paths lists a source's files (storage.py: where they are).
 """
 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import hashlib
 import json
 import os
 import posixpath
 import threading
-import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeAlias, overload
+from typing import Any, TypeAlias
 
-import numpy as np
 import pyarrow as pa
 
 from zephon_titan.engine.chat import ChatSetup
-from zephon_titan.engine.pipeline import DROPPED, SourcePipeline
+from zephon_titan.engine.pipeline import SourcePipeline
 from zephon_titan.engine.sources import guards, storage
+from zephon_titan.engine.sources.block_documents import BlockDocuments
+from zephon_titan.engine.sources.block_pipeline import BlockPipeline
 from zephon_titan.engine.sources.retry import read_with_retries
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.engine.transforms import Transform
@@ -38,78 +41,6 @@ SCAN_THREADS = 16
 
 def _sha(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
-
-
-class LazyTexts(Sequence[str]):
-    """A block's documents, each read (or decoded) when it is asked for and not kept.
-
-    A lane holds a whole shuffle window of blocks, of every source, from its first row on; holding their
-    raw bytes (or parsed texts) cost megabytes per lane, so a run with thousands of lanes could not fit
-    (issue 28). A window now holds only where each document is (`load(i)` reads it: a JSONL line is read
-    from the file and parsed, a Parquet row taken from the row group's Arrow column); the lane tokenizes
-    a few documents at a time as they come due. A bad line raises its DataError (file, line, byte)
-    when its document is reached, as `zephon-titan validate` reaches every document. Nothing is cached:
-    the object is immutable, so lanes of a process share it (Source.read_block)."""
-
-    __slots__ = ("_n", "_load")
-
-    def __init__(self, n: int, load: Callable[[int], str]):
-        self._n = n
-        self._load = load
-
-    def __len__(self) -> int:
-        return self._n
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self._n))]
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(f"document {i} of a block of {self._n}")
-        return self._load(i)
-
-    def __iter__(self) -> Iterator[str]:
-        return (self._load(i) for i in range(self._n))
-
-    def __eq__(self, other: object) -> bool:  # equal to the list of the same texts
-        if not isinstance(other, (list, LazyTexts)):
-            return NotImplemented
-        return list(self) == list(other)
-
-    __hash__ = None  # type: ignore[assignment]  # compared by value: not hashable
-
-
-@dataclass(frozen=True, slots=True, weakref_slot=True)
-class BlockDocuments:
-    """The documents of one block, in file order (immutable: lanes of a process share it).
-
-    `rows[i]` locates texts[i] inside `file`: the row number for Parquet, the byte
-    offset of the line for JSONL (see each source's `row_unit`).
-    """
-
-    file: str
-    texts: Sequence[str] | Sequence[np.ndarray]
-    """Document texts (str; LazyTexts, read when asked for), or token-id arrays for a pre-tokenized source."""
-    rows: Sequence[int]
-    """A list (JSONL's byte offsets) or a range (row numbers)."""
-    fields: pa.Table | None = None
-    """As a format reads it, when the source has a pipeline: the columns it reads (Source.pipeline_fields), one
-    row per document. Source._fill turns them into `keep` and `repeat` and lets them go."""
-    keep: np.ndarray | None = None
-    """With a pipeline: per document, whether its keep condition holds (engine/pipeline.py)."""
-    repeat: np.ndarray | None = None
-    """With a pipeline: per document, its repeat value."""
-    eras: tuple[tuple[np.ndarray, np.ndarray], ...] = ()
-    """With a pipeline: keep and repeat per document in each era of the run (the last is `keep`, `repeat`)."""
-    records: Callable[[int], dict[str, Any]] | None = None
-    """As a format reads it, when the source has transforms: document i's record (all its columns or fields)."""
-    era_texts: tuple[Sequence[Any], ...] = ()
-    """Where the source's transforms change by pipeline era: its texts in each era (`texts` is the last's)."""
 
 
 FileRecord: TypeAlias = list[Any]
@@ -142,7 +73,7 @@ Listing: TypeAlias = list[FileStat] | list[FileBlocks] | list[str]
 or, for dataset formats (Lance), dataset names (str)."""
 
 
-class Source(ABC):
+class Source(BlockPipeline, ABC):
     """A named collection of files, cut into blocks."""
 
     row_unit: str = "row"
@@ -300,147 +231,6 @@ class Source(ABC):
         self.era_chats = setups if len(records) > 1 else ()
         with self._held_lock:
             self._held.clear()
-
-    @property
-    def reads_records(self) -> bool:
-        """Whether a block's records are read for transforms (in some era)."""
-        return bool(self.transforms) or any(self.era_transforms) or self.chat is not None
-
-    @property
-    def pipeline(self) -> SourcePipeline | None:
-        """The config's keep and repeat: the last era's pipeline (None without one)."""
-        return self.era_pipelines[-1] if self.era_pipelines else None
-
-    @property
-    def pipeline_fields(self) -> list[str]:
-        """The top-level columns or fields `_read` gives in BlockDocuments.fields: those the pipelines read, and
-        the text's when one uses chars or bytes (empty without a pipeline)."""
-        pipelines = [p for p in self.era_pipelines if p is not None]
-        text = [self.text_field] if any(p.uses_text for p in pipelines) else []
-        return list(dict.fromkeys([*(name for p in pipelines for name in p.fields), *text]))
-
-    def _with_pipeline(self, block: BlockDocuments) -> BlockDocuments:
-        """The block with each document's keep and repeat in each era, from the fields its format read."""
-        size = len(block.texts)
-        table = block.fields if block.fields is not None else pa.table({"_": pa.nulls(size)})
-        if table.num_rows != size:
-            raise AssertionError(f"{block.file}: {table.num_rows} rows of fields for {size} documents")
-        first = block.rows[0] if len(block.rows) else 0
-        started = time.process_time()
-        eras = []
-        for pipeline in self.era_pipelines:
-            if pipeline is None or not size:  # none in this era; or a block without a line start (JSONL)
-                eras.append(
-                    (np.ones(size, dtype=bool), np.ones(size)) if pipeline is None else (np.zeros(0, bool), np.zeros(0))
-                )
-                continue
-            text = table.column(self.text_field).combine_chunks() if pipeline.uses_text else None
-            eras.append(pipeline.values(table, text, f"{block.file} {self.row_unit} {first}.."))
-        self.pipeline_seconds += time.process_time() - started
-        keep, repeat = eras[-1] if self.era_pipelines[-1] is not None else (None, None)
-        return dataclasses.replace(block, fields=None, keep=keep, repeat=repeat, eras=tuple(eras))
-
-    def _transformed(self, block: BlockDocuments) -> BlockDocuments:
-        """The block whose texts are its records through the source's transforms (DROPPED where one drops it); where
-        they change by era, its texts in each era too (`era_texts`, the last the config's)."""
-        if self.chat is not None and not self.era_chats:
-            return dataclasses.replace(block, texts=self._conversations(block, self.chat))
-        if self.era_chats:  # the template changes by era: each era's conversations (the last the config's)
-            era_texts = self._era_conversations(block)
-            return dataclasses.replace(block, texts=era_texts[-1], era_texts=era_texts)
-        chains = self.era_transforms or (self.transforms,)
-        made: dict[tuple[str, ...], Sequence[Any]] = {}
-        for chain in chains:
-            key = tuple(t.describe() for t in chain)
-            if key not in made:
-                made[key] = self._texts_through(block, chain) if chain else block.texts
-        era_texts = tuple(made[tuple(t.describe() for t in chain)] for chain in chains)
-        return dataclasses.replace(block, texts=era_texts[-1], era_texts=era_texts if len(made) > 1 else ())
-
-    def _era_conversations(self, block: BlockDocuments) -> tuple[Sequence[Any], ...]:
-        """A chat source's conversations in each pipeline era (one object per distinct setup)."""
-        made: dict[str, Sequence[Any]] = {}
-        out = []
-        for setup in self.era_chats:
-            assert setup is not None, "a chat source is one in every era"
-            key = json.dumps(setup.era_record(), sort_keys=True)
-            if key not in made:
-                made[key] = self._conversations(block, setup)
-            out.append(made[key])
-        return tuple(out)
-
-    def _conversations(self, block: BlockDocuments, chat: ChatSetup) -> Sequence[Any]:
-        """A chat source's documents: each record's conversation rendered, with its supervised spans."""
-        records = block.records
-        assert records is not None, f"{self.format_name} gives records for a chat source"
-
-        def conversation(i: int) -> Any:
-            where = f"{block.file} {self.row_unit} {block.rows[i]} (source {self.name!r})"
-            rendered = chat.conversation(records(i), where)
-            self.check_size(rendered, where)
-            return rendered
-
-        return LazyTexts(len(block.texts), conversation)
-
-    def _texts_through(self, block: BlockDocuments, chain: tuple[Transform, ...]) -> Sequence[Any]:
-        """The block's texts through `chain`, each when it is asked for; with a batched transform, one call over the
-        documents some keep lets through (the others, which no lane trains, one by one when a tool asks), the
-        results held while the block is."""
-        records = block.records
-        assert records is not None, f"{self.format_name} gives records when the source has transforms"
-        field, unit = self.text_field, self.row_unit
-
-        def where(i: int) -> str:
-            return f"{block.file} {unit} {block.rows[i]} (source {self.name!r})"
-
-        def text(i: int) -> Any:
-            record = records(i)
-            for t in chain:
-                out = t.apply(record, field, where(i))
-                if out is None:
-                    return DROPPED
-                record = {**record, field: out}
-            result = record[field]
-            self.check_size(result, where(i))
-            return result
-
-        if not any(t.batched for t in chain):
-            return LazyTexts(len(block.texts), text)
-        every = range(len(block.texts))
-        wanted = set(every if not block.eras else np.flatnonzero(np.any([k for k, _ in block.eras], 0)).tolist())
-        done: dict[int, Any] = {}
-
-        def batched(i: int) -> Any:
-            if i not in done:
-                todo = [j for j in every if j in wanted and j not in done] if i in wanted else [i]
-                done.update(zip(todo, self._through(block, chain, todo, where)))
-            return done[i]
-
-        return LazyTexts(len(block.texts), batched)
-
-    def _through(
-        self, block: BlockDocuments, chain: tuple[Transform, ...], todo: list[int], where: Callable[[int], str]
-    ) -> list[Any]:
-        """Documents `todo` of a block through the transforms in order, a batched one in one call over those still
-        there: each one's text, or DROPPED."""
-        assert block.records is not None, "a source with transforms reads records"
-        field = self.text_field
-        alive = {i: block.records(i) for i in todo}  # the records no transform has dropped, in block order
-        span = f"{block.file} {self.row_unit}s {block.rows[todo[0]]}..{block.rows[todo[-1]]} (source {self.name!r})"
-        for t in chain:
-            ids = list(alive)
-            if t.batched:
-                texts = t.apply_batch([alive[i] for i in ids], field, [where(i) for i in ids], span)
-            else:
-                texts = [t.apply(alive[i], field, where(i)) for i in ids]
-            for i, new in zip(ids, texts):
-                if new is None:
-                    del alive[i]
-                else:
-                    alive[i] = {**alive[i], field: new}
-        for i, record in alive.items():
-            self.check_size(record[field], where(i))
-        return [alive[i][field] if i in alive else DROPPED for i in todo]
 
     @property
     def column(self) -> str:

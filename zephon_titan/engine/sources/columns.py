@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from zephon_titan.engine.sources.base import BlockDocuments, LazyTexts, Source
+from zephon_titan.engine.sources.base import Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.errors import DataError
 
 

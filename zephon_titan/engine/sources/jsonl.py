@@ -8,6 +8,9 @@ byte ranges (plus the tail of one line that crosses its end).
 Compressed files (.gz, .zst, .zstd; decompressed with pyarrow's codecs) cannot be
 read from the middle, so each is one block; their rows are byte offsets in the
 decompressed text. Keep such files moderately sized: a lane reads a whole one.
+
+This module reads a block's lines for the lanes; what a file is as a whole (compressed or not, its block count,
+an index record of it, init's sample of it) is jsonl_files.py's.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, LazyTexts, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
-from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample
+from zephon_titan.engine.sources.init_sample import InitSampling
+from zephon_titan.engine.sources.jsonl_files import check_record, compression, init_sample, num_blocks
 from zephon_titan.engine.sources.storage import FileStat
-from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.errors import DataError
 
 # The line crossing a block's end is completed in reads of this size, so a block costs at
 # most block_bytes + 1 + (its last line's tail rounded up to this) bytes of requests.
@@ -69,7 +73,7 @@ class JsonlSource(Source):
 
     def _read(self, file_index: int, local_block: int) -> BlockDocuments:
         f = self.files[file_index]
-        codec = _compression(f.path)
+        codec = compression(f.path)
         data, offset = self._decompressed(f, codec) if codec else self._block_lines(f, local_block)
         rows: list[int] = []  # each document's line: its byte offset in the file ...
         lengths: list[int] = []  # ... and its length, without the newline
@@ -246,7 +250,7 @@ class JsonlSource(Source):
         return count + 1
 
     def _long_line(self, f: FileBlocks, offset: int, number: int) -> DataError:
-        where = " of its decompressed text" if _compression(f.path) else ""
+        where = " of its decompressed text" if compression(f.path) else ""
         return DataError(
             f"{f.path} line {number:,} (at byte {offset:,}{where}): the line is longer than {self.max_line_bytes:,} "
             f"bytes, more than a document of [dataloader] max_document_chars = {self.max_document_chars:,} can take "
@@ -329,81 +333,6 @@ class _BadLine(Exception):
 
 
 _BLANK = frozenset(b" \t\n\r\x0b\x0c")  # what bytes.strip() removes: a line of only these is blank
-_COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-
-
-def num_blocks(path: str, size: int, block_bytes: int) -> int:
-    """The blocks of a JSONL file of `size` bytes (a compressed file is one block)."""
-    return min(size, 1) if _compression(path) else -(-size // block_bytes)
-
-
-def _compression(path: str) -> str | None:
-    return _COMPRESSION.get(os.path.splitext(path)[1])
-
-
-def _check_record(f: FileBlocks, source: SourceConfig) -> str:
-    expected = num_blocks(f.path, f.size, source.block_bytes)
-    if f.num_blocks != expected:
-        return (
-            f"num_blocks is {f.num_blocks}, but {f.size:,} bytes of JSONL in blocks of "
-            f"{source.block_bytes:,} bytes make {expected}"
-        )
-    return "block_rows must be empty for JSONL (its blocks are byte ranges)" if f.block_rows else ""
-
-
-INIT_SAMPLE_BYTES = 1 << 20  # bytes of JSONL parsed per file init samples
-INIT_COUNT_BYTES = 16 << 20  # bytes of a file (compressed) whose lines init counts; the rest is scaled from them
-
-
-def _init_sample(file: FileStat) -> Sample:
-    """The first lines (INIT_SAMPLE_BYTES, or up to the end of the first line) parsed; the file's lines counted.
-    A handle of its own: the sample reads it as a stream and closes it (a shared, cached one would be left
-    closed, or at another position, for the next reader in this process)."""
-    with storage.open_own_file(file.path) as handle:
-        codec = _compression(file.path)
-        stream = pa.CompressedInputStream(handle, codec) if codec else handle
-        data, whole = b"", False
-        while not whole and (len(data) < INIT_SAMPLE_BYTES or b"\n" not in data) and len(data) < 64 * INIT_SAMPLE_BYTES:
-            chunk = stream.read(INIT_SAMPLE_BYTES)
-            data, whole = data + chunk, not chunk
-        lines = data.split(b"\n")
-        if not whole:
-            lines.pop()  # the line the last read cut off
-        records = [_record(line, file.path, n) for n, line in enumerate(lines, 1) if line.strip()]
-        documents = len(records) if whole else _count_lines(stream, handle, data.count(b"\n"), file.size)
-    texts: dict[str, list[str]] = {}
-    others: dict[str, str] = {}
-    for record in records[:SAMPLE_ROWS]:
-        for key, value in record.items():
-            if isinstance(value, str):
-                texts.setdefault(key, []).append(value)
-            else:
-                others.setdefault(key, type(value).__name__)
-    read = min(len(records), SAMPLE_ROWS)
-    others.update({k: "not a string in every line" for k, v in texts.items() if len(v) < read})
-    return Sample({k: v for k, v in texts.items() if len(v) == read}, others, read, documents)
-
-
-def _count_lines(stream: pa.NativeFile, handle: pa.NativeFile, seen: int, size: int) -> float:
-    """The lines of a file `seen` of which were read: counted to its end within INIT_COUNT_BYTES of `handle`
-    (the file's own bytes, compressed or not), else scaled from the bytes read."""
-    last = b"\n"
-    while handle.tell() < INIT_COUNT_BYTES:
-        chunk = stream.read(INIT_SAMPLE_BYTES)
-        if not chunk:
-            return seen + (last != b"\n")  # a last line without a newline is a line too
-        seen, last = seen + chunk.count(b"\n"), chunk[-1:]
-    return float(seen * size / handle.tell())  # tell() is untyped
-
-
-def _record(line: bytes, path: str, number: int) -> dict[str, Any]:
-    try:
-        record = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} line {number}: not valid JSON ({e}); fix the line or leave the file out") from None
-    if not isinstance(record, dict):
-        raise ConfigError(f"{path} line {number}: a JSON {type(record).__name__}, expected an object per line")
-    return record
 
 
 JSONL = Format(
@@ -413,7 +342,7 @@ JSONL = Format(
     open=lambda source, files, max_chars, options: JsonlSource(
         source.name, files, source.text_field, source.block_bytes, max_chars, options
     ),
-    check_record=_check_record,
+    check_record=check_record,
     index_keys=("block_bytes",),
-    init=InitSampling("JSONL", (".jsonl", ".jsonl.gz", ".jsonl.zst"), sample_file=_init_sample),
+    init=InitSampling("JSONL", (".jsonl", ".jsonl.gz", ".jsonl.zst"), sample_file=init_sample),
 )

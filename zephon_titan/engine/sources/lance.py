@@ -19,7 +19,8 @@ from urllib.parse import parse_qs
 import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.sources.columns import column_documents, with_columns
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.guards import refuse_credentials_in_path

@@ -36,7 +36,8 @@ import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.sources.columns import TokenLists
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import InitSampling, OpenWith, TokenCount

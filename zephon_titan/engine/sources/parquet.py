@@ -16,7 +16,8 @@ import pyarrow.parquet as pq
 
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import storage
-from zephon_titan.engine.sources.base import BlockDocuments, FileBlocks, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.sources.columns import column_documents, with_columns
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample, columns_sample, string_columns

@@ -10,15 +10,14 @@ S3 settings come from the usual AWS environment (AWS_ENDPOINT_URL, AWS_REGION or
 AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN, AWS_PROFILE,
 ~/.aws), or from `[dataloader] s3_endpoint_url / s3_region / s3_anonymous`, which win.
 GCS (`gs://`) and Azure Blob Storage (`az://`) are configured like their providers' own clients
-(clouds.py). Credentials are never read from the job config: it ends up in logs and checkpoints.
+(clouds.py). Credentials are never read from the job config: it ends up in logs and checkpoints. A listing's
+glob patterns are matched as Python's glob matches them (globs.py).
 """
 
 from __future__ import annotations
 
 import glob
-import logging
 import os
-import re
 import stat
 from dataclasses import dataclass
 from functools import cache, lru_cache
@@ -27,11 +26,8 @@ import pyarrow as pa
 from pyarrow import fs as pafs
 
 from zephon_titan.config import DataConfig
-from zephon_titan.engine.sources import clouds, guards
+from zephon_titan.engine.sources import clouds, globs, guards
 from zephon_titan.errors import ConfigError, DataError
-
-_GLOB_CHARS = re.compile(r"[*?\[]")
-log = logging.getLogger("zephon_titan")
 
 
 @dataclass(frozen=True)
@@ -153,7 +149,9 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
     if not is_uri(pattern):
         out: list[FileStat] = []
         matched = (
-            _glob_each_directory_once(pattern) if "**" in pattern.split(os.sep) else glob.glob(pattern, recursive=True)
+            globs.glob_each_directory_once(pattern)
+            if "**" in pattern.split(os.sep)
+            else glob.glob(pattern, recursive=True)
         )
         for match in matched:
             try:
@@ -178,57 +176,8 @@ def expand(pattern: str, options: StorageOptions = StorageOptions()) -> list[Fil
         ) from None
 
 
-def _glob_each_directory_once(pattern: str) -> list[str]:
-    """`glob.glob(pattern, recursive=True)` for a local pattern with a `**` segment, visiting each directory once
-    (by device and inode): glob follows every symlink to a directory, so a loop (`loop -> .`) repeats the tree
-    below it until paths get too long, and two loops branch at every level (minutes and gigabytes before
-    anything is checked). A directory reached again is skipped, and a warning names the paths skipped; the
-    walk is in name order, so which path reaches a directory first is the same on every rank."""
-    segments = pattern.split(os.sep)
-    first = next(i for i, segment in enumerate(segments) if _GLOB_CHARS.search(segment) or segment == "**")
-    root = os.sep.join(segments[:first]) or (os.sep if pattern.startswith(os.sep) else "")
-    hidden_wanted = any(segment.startswith(".") for segment in segments[first:])
-    regex = _glob_regex(pattern)
-    found: list[str] = []
-    skipped: list[str] = []
-    visited: set[tuple[int, int]] = set()
-    stack = [root]
-    while stack:
-        directory = stack.pop()
-        try:
-            st = os.stat(directory or ".")
-            entries = sorted(os.scandir(directory or "."), key=lambda e: e.name)
-        except OSError:  # unreadable, or gone since it was listed: glob skips it too
-            continue
-        if (st.st_dev, st.st_ino) in visited:
-            skipped.append(directory)
-            continue
-        visited.add((st.st_dev, st.st_ino))
-        below = []
-        for entry in entries:
-            if entry.name.startswith(".") and not hidden_wanted:
-                continue  # `*` and `**` never match a hidden name
-            path = os.path.join(directory, entry.name) if directory else entry.name
-            try:
-                is_directory = entry.is_dir()  # follows a symlink, as glob does
-            except OSError:
-                is_directory = False
-            if is_directory:
-                below.append(path)
-            if regex.fullmatch(path) and not is_directory:
-                found.append(path)
-        stack.extend(reversed(below))
-    if skipped:
-        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
-        log.warning(
-            f"zephon_titan: {pattern!r}: {len(skipped)} symlinked directories reach a directory already listed and "
-            f"were skipped ({shown}); each file is read once, by its first path"
-        )
-    return found
-
-
 def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> list[FileStat]:
-    wildcard = _GLOB_CHARS.search(inner)
+    wildcard = globs.GLOB_CHARS.search(inner)
     if wildcard is None:
         info = filesystem.get_file_info(inner)
         if info.type == pafs.FileType.File:
@@ -237,7 +186,7 @@ def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> lis
             return []
         prefix, regex = inner.rstrip("/"), None  # a "directory": every file under it
     else:
-        prefix, regex = inner[: wildcard.start()].rpartition("/")[0], _glob_regex(inner)
+        prefix, regex = inner[: wildcard.start()].rpartition("/")[0], globs.glob_regex(inner)
     infos = filesystem.get_file_info(pafs.FileSelector(prefix, recursive=True, allow_not_found=True))
     top = clouds.top_level(_scheme(pattern), inner)
     if not infos and filesystem.get_file_info(top).type == pafs.FileType.NotFound:
@@ -254,55 +203,9 @@ def matches(pattern: str, path: str) -> bool:
     pattern = pattern.rstrip("/") if is_uri(pattern) else os.path.normpath(pattern)
     if path == pattern:
         return True
-    if _GLOB_CHARS.search(pattern):
-        return _glob_regex(pattern).fullmatch(path) is not None
+    if globs.GLOB_CHARS.search(pattern):
+        return globs.glob_regex(pattern).fullmatch(path) is not None
     return is_uri(pattern) and path.startswith(pattern + "/")  # an object-store prefix lists all under it
-
-
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """The standard library's glob as a regex where it has one (Python 3.13+), else ours; the property
-    test checks whichever runs against glob.glob on disk."""
-    translate = getattr(glob, "translate", None)
-    if translate is not None:
-        return re.compile(translate(pattern, recursive=True, include_hidden=False))
-    return _own_glob_regex(pattern)
-
-
-def _own_glob_regex(pattern: str) -> re.Pattern[str]:
-    """Python's glob semantics (recursive=True) as a regex over object keys: `*`, `?` and `[...]` stay
-    within a path segment; a whole `**` segment spans any number of segments (including none); a name
-    that starts with "." is matched only by a segment that starts with "." (`**` never matches one)."""
-    visible = r"(?!\.)[^/]+"
-    out = []
-    segments = pattern.split("/")
-    for k, segment in enumerate(segments):
-        last = k == len(segments) - 1
-        if segment == "**":
-            out.append(f"(?:{visible}(?:/{visible})*)?" if last else f"(?:{visible}/)*")
-            continue
-        hidden_ok = segment.startswith(".")
-        out.append(("" if hidden_ok else r"(?!\.)") + _segment_regex(segment) + ("" if last else "/"))
-    return re.compile("".join(out))
-
-
-def _segment_regex(segment: str) -> str:
-    out, i = [], 0
-    while i < len(segment):
-        c = segment[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[" and "]" in segment[i + 2 :]:
-            end = segment.index("]", i + 2)
-            body = segment[i + 1 : end]
-            body = "^" + body[1:] if body.startswith("!") else body
-            out.append("[" + body.replace("\\", "\\\\") + "]")
-            i = end
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
 
 
 @lru_cache(maxsize=64)
