@@ -95,7 +95,7 @@ def format_of_file(source: SourceConfig, path: str, options: StorageOptions = St
     fmt = format_of_name(path, options)
     if fmt is not None:
         return fmt
-    known = ", ".join(e for f in _FORMATS.values() for e in f.extensions)
+    known = ", ".join(dict.fromkeys(e for f in _FORMATS.values() for e in f.extensions))
     raise ConfigError(
         f"{where}: cannot tell the format of {path} from its extension (known: {known}); set "
         f"format to one of {', '.join(format_names())}"
