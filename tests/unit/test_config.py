@@ -76,7 +76,7 @@ def test_an_unknown_format_is_named_when_the_engine_is_built(corpus_dir, tokeniz
     table["sources"]["prose"]["format"] = "csv"
     with pytest.raises(
         ConfigError,
-        match=r"\[dataloader.sources.prose\] format must be one of auto, jsonl, lance, "
+        match=r"\[dataloader.sources.prose\] format must be one of auto, jsonl, lance, litdata, mds, "
         r"megatron, olmo, parquet, got 'csv'",
     ):
         spec_of(config_from_dict(table), 64)

@@ -56,7 +56,8 @@ def test_an_unregistered_format_is_unknown(tmp_path, prose_docs):
     with pytest.raises(ConfigError, match=r"cannot tell the format of .*part-0.txt"):
         open_source(SourceConfig(name="lines", paths=[os.path.join(folder, "*.txt")]))
     with pytest.raises(
-        ConfigError, match=r"format must be one of auto, jsonl, lance, megatron, olmo, parquet, got 'lines'"
+        ConfigError,
+        match=r"format must be one of auto, jsonl, lance, litdata, mds, megatron, olmo, parquet, got 'lines'",
     ):
         open_source(SourceConfig(name="lines", paths=[os.path.join(folder, "*.txt")], format="lines"))
 

@@ -82,5 +82,5 @@ def test_parquet_without_the_column_fails_at_open(tmp_path):
 def test_unknown_extension_asks_for_a_format(tmp_path):
     path = tmp_path / "a.txt"
     path.write_text("x")
-    with pytest.raises(ConfigError, match="set format to one of jsonl, lance, megatron, olmo, parquet"):
+    with pytest.raises(ConfigError, match="set format to one of jsonl, lance, litdata, mds, megatron, olmo, parquet"):
         open_source(SourceConfig(name="web", paths=[str(path)]))

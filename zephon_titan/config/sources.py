@@ -77,8 +77,8 @@ class SourceConfig:
     text_field: str = setting("text", rows=True, check=not_empty())
     """JSON field or Parquet column holding the document text."""
 
-    token_field: str = setting("", rows=True, rows_note="Parquet and Lance sources only")
-    """Parquet only: a column of token ids (lists of ints, from this run's tokenizer) used instead
+    token_field: str = setting("", rows=True, rows_note="Parquet, Lance, MDS and LitData sources only")
+    """Parquet, Lance, MDS, LitData: a column of token ids (lists of ints, from this run's tokenizer) used instead
     of tokenizing text_field; BOS/EOS are still added as configured."""
 
     format: str = setting(
@@ -86,11 +86,12 @@ class SourceConfig:
         rows=True,
         rows_note="the format it resolves to: `auto` and the format it picks are the same rows",
         check=not_empty('use "auto" or a format name'),
-        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance, megatron, olmo",
+        allowed="`auto` or a registered format (engine/sources/formats.py): jsonl, parquet, lance, megatron, olmo, mds, litdata",
     )
-    """`jsonl`, `parquet`, `lance`, `megatron`, `olmo`, or `auto` (from the file extension; `.lance` for Lance
-    datasets, `.bin` for Megatron indexed datasets: list the `.bin` files, each with its `.idx` beside it;
-    `.npy` for OLMo token files)."""
+    """`jsonl`, `parquet`, `lance`, `megatron`, `olmo`, `mds`, `litdata`, or `auto` (from the file extension; `.lance`
+    for Lance datasets, `.bin` for Megatron indexed datasets: list the `.bin` files, each with its `.idx` beside it;
+    `.npy` for OLMo token files; a dataset's `index.json` for Mosaic Streaming (MDS) and LitData datasets, told
+    apart by its first bytes)."""
 
     block_bytes: int = setting(
         1 << 20,
@@ -103,11 +104,12 @@ class SourceConfig:
     block_rows: int = setting(
         1024,
         rows=True,
-        rows_note="Lance and Megatron sources only",
+        rows_note="Lance, Megatron, MDS and LitData sources only",
         bounds=(1, 1 << 20, "a block's rows are read into memory, shuffle_window_blocks of them at a time"),
     )
     """Lance: rows per block (each fragment is cut into blocks of this many rows). Megatron: documents per
-    block (each `.bin` is cut into blocks of this many documents)."""
+    block (each `.bin` is cut into blocks of this many documents). MDS and LitData: samples per block (each
+    uncompressed shard is cut into blocks of this many samples; a compressed one is one block)."""
 
     token_dtype: str = setting(
         "uint16",

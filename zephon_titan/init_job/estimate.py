@@ -95,9 +95,13 @@ def block_shares(source: Source) -> tuple[list[float], list[float]]:
     shares: list[float] = []
     sizes: list[float] = []
     step = getattr(source, "block_bytes", 0)
+    weights = getattr(source, "block_weights", None)  # a format whose block_rows are not rows per block says them
     for f in files:
         part = f.size / total if total else 1 / len(files)
-        if f.block_rows:
+        if weights is not None:
+            rows = weights(f)
+            within = [r / (sum(rows) or 1) for r in rows]
+        elif f.block_rows:
             rows = sum(f.block_rows) or 1
             within = [r / rows for r in f.block_rows]
         elif step and f.num_blocks > 1:

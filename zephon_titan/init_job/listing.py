@@ -120,9 +120,12 @@ def _named(argument: str) -> bool:
 
 
 def _registered(path: str) -> formats.Format | None:
-    """The registered format whose file endings `path` has (None: no format's)."""
+    """The registered format whose file endings `path` has (None: no format's); a dataset's `index.json` by its
+    first bytes where the file exists (formats.format_of_name)."""
+    if os.path.isfile(path):
+        return formats.format_of_name(path)
     registered = (formats.get_format(name, "") for name in formats.format_names())
-    return next((f for f in registered if path.endswith(f.extensions)), None)
+    return next((f for f in registered if f.sniff is None and path.endswith(f.extensions)), None)
 
 
 def _format(path: str, argument: str) -> str:
@@ -138,11 +141,13 @@ def _format(path: str, argument: str) -> str:
 
 def _directory_sources(name: str, directory: str) -> list[SourcePlan]:
     """Every data file (of a format init reads) under `directory`: one source per format, one glob per file
-    ending."""
+    ending. A folder whose `index.json` a format recognizes (an MDS or LitData dataset) is that dataset: its shards
+    are not files of their own."""
     endings: dict[str, set[str]] = {}
-    for _, _, files in os.walk(directory):
-        for file in files:
-            fmt = _registered(file)
+    for root, _, files in os.walk(directory):
+        sniffed = [f for f in files if (fmt := _registered(os.path.join(root, f))) is not None and fmt.sniff]
+        for file in sniffed or files:
+            fmt = _registered(os.path.join(root, file))
             if fmt is not None and _reads_files(fmt):
                 endings.setdefault(fmt.name, set()).add(max((e for e in fmt.extensions if file.endswith(e)), key=len))
     if not endings:

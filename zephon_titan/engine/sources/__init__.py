@@ -13,6 +13,8 @@ from zephon_titan.engine.sources.formats import Format, dataset_format, format_o
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
 from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
 from zephon_titan.engine.sources.lance import LANCE
+from zephon_titan.engine.sources.litdata import LITDATA
+from zephon_titan.engine.sources.mds import MDS
 from zephon_titan.engine.sources.megatron import MEGATRON
 from zephon_titan.engine.sources.olmo import OLMO
 from zephon_titan.engine.sources.parquet import PARQUET, ParquetSource
@@ -25,6 +27,8 @@ register_format(PARQUET)
 register_format(LANCE)
 register_format(MEGATRON)
 register_format(OLMO)
+register_format(MDS)
+register_format(LITDATA)
 
 
 def open_source(
@@ -43,7 +47,7 @@ def open_source(
         indexed = read_index(source, options)
         write_index = indexed is None
         if indexed is not None:
-            _check_index_format(source, *indexed)
+            _check_index_format(source, *indexed, options)
             listed = indexed[1]
     datasets = dataset_format(source)
     if datasets is not None and datasets.list_datasets is not None:
@@ -87,11 +91,11 @@ def _pipeline(source: SourceConfig, fmt: Format) -> SourcePipeline | None:
     return pipeline
 
 
-def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks]) -> None:
+def _check_index_format(source: SourceConfig, fmt: str, files: list[FileBlocks], options: StorageOptions) -> None:
     """An index's records were checked for the format it names (index_records.py): it must be the
     source's, or its block counts mean nothing."""
     datasets = dataset_format(source)
-    actual = datasets.name if datasets else format_of_file(source, files[0].path).name if files else fmt
+    actual = datasets.name if datasets else format_of_file(source, files[0].path, options).name if files else fmt
     if fmt != actual:
         raise ConfigError(
             f"[dataloader.sources.{source.name}] index {source.index} describes {fmt} files, but the "
@@ -106,7 +110,8 @@ def _open_files(
     options: StorageOptions,
 ) -> Source:
     files = listed if listed is not None else expand_paths(source.name, source.paths, options)
-    formats = {format_of_file(source, f.path).name: format_of_file(source, f.path) for f in files}
+    found = (format_of_file(source, f.path, options) for f in files)
+    formats = {fmt.name: fmt for fmt in found}
     if len(formats) > 1:
         raise ConfigError(
             f"[dataloader.sources.{source.name}] mixes formats ({', '.join(sorted(formats))}); "
@@ -115,8 +120,8 @@ def _open_files(
     (fmt,) = formats.values()
     if source.token_field and not fmt.token_field:
         raise ConfigError(
-            f"[dataloader.sources.{source.name}] token_field needs Parquet files or Lance datasets (a column of "
-            f"token-id lists), its files are {fmt.name}"
+            f"[dataloader.sources.{source.name}] token_field needs Parquet files, Lance, MDS or LitData datasets (a "
+            f"column of token-id lists), its files are {fmt.name}"
         )
     return fmt.open(source, files, max_document_chars, options)
 

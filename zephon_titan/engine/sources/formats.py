@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from zephon_titan.config import SourceConfig
+from zephon_titan.engine.sources import storage
 from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
 from zephon_titan.engine.sources.init_sample import InitSampling
 from zephon_titan.engine.sources.storage import StorageOptions
@@ -53,8 +54,14 @@ class Format:
     init: InitSampling | None = None
     """How `zephon-titan init` reads a source of this format (None: init refuses its files)."""
 
+    sniff: Callable[[bytes], bool] | None = None
+    """Files named by `extensions` that another format's names may end with too (a dataset's `index.json` ends in
+    JSONL's `.json`): whether a file is this format's, from its first SNIFF_BYTES. Under `format = "auto"` such
+    formats are asked first; a file none of them recognizes goes by its name alone."""
+
 
 _FORMATS: dict[str, Format] = {}
+SNIFF_BYTES = 4096
 
 
 def register_format(fmt: Format) -> Format:
@@ -79,19 +86,33 @@ def get_format(name: str, where: str) -> Format:
     return _FORMATS[name]
 
 
-def format_of_file(source: SourceConfig, path: str) -> Format:
-    """The format of one listed file: the source's `format`, or the one its file name ending selects."""
+def format_of_file(source: SourceConfig, path: str, options: StorageOptions = StorageOptions()) -> Format:
+    """The format of one listed file: the source's `format`, or the one its name (and, for formats that sniff,
+    its first bytes) selects."""
     where = f"[dataloader.sources.{source.name}]"
     if source.format != "auto":
         return get_format(source.format, where)
-    for fmt in _FORMATS.values():
-        if path.endswith(fmt.extensions):
-            return fmt
-    known = ", ".join(e for f in _FORMATS.values() for e in f.extensions)
+    fmt = format_of_name(path, options)
+    if fmt is not None:
+        return fmt
+    known = ", ".join(dict.fromkeys(e for f in _FORMATS.values() for e in f.extensions))
     raise ConfigError(
         f"{where}: cannot tell the format of {path} from its extension (known: {known}); set "
         f"format to one of {', '.join(format_names())}"
     )
+
+
+def format_of_name(path: str, options: StorageOptions = StorageOptions()) -> Format | None:
+    """The format `format = "auto"` picks for a file (None: none): a sniffing format whose names it has and which
+    recognizes its first bytes, else the first format whose names it has."""
+    sniffing = [f for f in _FORMATS.values() if f.sniff is not None and path.endswith(f.extensions)]
+    if sniffing:
+        with storage.open_own_file(path, options) as handle:
+            head = storage.read_range(handle, path, 0, min(handle.size(), SNIFF_BYTES), "its first bytes")
+        for fmt in sniffing:
+            if fmt.sniff is not None and fmt.sniff(head):
+                return fmt
+    return next((f for f in _FORMATS.values() if f.sniff is None and path.endswith(f.extensions)), None)
 
 
 def dataset_format(source: SourceConfig) -> Format | None:
