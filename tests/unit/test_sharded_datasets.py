@@ -267,7 +267,7 @@ def test_a_doctored_index_is_one_line_naming_it(tmp_path, dataset, edit, says):
 
 
 def test_an_index_that_is_not_json_or_too_large_is_one_line(tmp_path, monkeypatch):
-    from zephon_titan.engine.sources import shards
+    from zephon_titan.engine.sources import shard_index
 
     index = _copy(tmp_path, "mds/plain")
     with open(index, "r+") as f:
@@ -275,7 +275,7 @@ def test_an_index_that_is_not_json_or_too_large_is_one_line(tmp_path, monkeypatc
     with pytest.raises(DataError, match=r"index.json: not JSON") as e:
         _open(index)
     _one_line(e)
-    monkeypatch.setattr(shards, "MAX_INDEX_BYTES", 100)
+    monkeypatch.setattr(shard_index, "MAX_INDEX_BYTES", 100)
     with pytest.raises(DataError, match=r"index.json: 300 bytes, more than the 100") as e:
         _open(index)
 
@@ -417,3 +417,18 @@ def test_init_samples_a_dataset_folder_and_writes_a_job_that_reads_it(tmp_path, 
     os.remove(tmp_path / "lit" / "index.json")
     assert main(["init", "lit", "--tokenizer", tokenizer_dir, "-o", "other.toml"]) == 2
     assert "chunk-0-0.zstd.idx beside it; a Megatron dataset" in capsys.readouterr().err
+
+
+def test_keep_on_a_column_is_refused_in_one_line_and_a_numeric_repeat_reads(corpus_dir, tokenizer_dir):
+    """The formats' other columns are not read for keep and repeat yet: a condition on one is refused, saying so
+    (not that the files hold no columns); a repeat that is a number needs none and reads as for any format."""
+    from zephon_titan.errors import ConfigError
+
+    index = os.path.join(FIXTURE, DATASETS[0], "index.json")
+    with pytest.raises(
+        ConfigError, match=r"keep or repeat reads 'id', but \w+ files hold columns this loader does"
+    ) as e:
+        _spec(corpus_dir, tokenizer_dir, [index], keep="id > 3")
+    assert "\n" not in str(e.value) and "only token ids" not in str(e.value)
+    repeated = _spec(corpus_dir, tokenizer_dir, [index], repeat="2")
+    assert repeated.sources[0].slots == 2 and _ledger(repeated)  # two slots per document, read as any format's

@@ -79,9 +79,14 @@ def _pipeline(source: SourceConfig, fmt: Format) -> SourcePipeline | None:
         return None
     where = f"[dataloader.sources.{source.name}]"
     if pipeline.fields and not fmt.fields:
+        held = (
+            "columns this loader does not read for keep and repeat yet"  # a format with columns (MDS, LitData)
+            if fmt.token_field
+            else "only token ids, no columns"
+        )
         raise ConfigError(
-            f"{where} keep or repeat reads {', '.join(map(repr, pipeline.fields))}, but {fmt.name} files hold only "
-            'token ids, no columns; a repeat that is a number (repeat = "0.5") needs none'
+            f"{where} keep or repeat reads {', '.join(map(repr, pipeline.fields))}, but {fmt.name} files hold "
+            f'{held}; a repeat that is a number (repeat = "0.5") needs none'
         )
     if pipeline.uses_text and (source.token_field or not fmt.fields):
         raise ConfigError(

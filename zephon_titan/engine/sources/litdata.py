@@ -18,17 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from zephon_titan.engine.sources.shards import (
+from zephon_titan.engine.sources.shard_index import (
     BadIndex,
     Column,
     Shard,
     ShardFormat,
     ShardIndex,
     check_basename,
-    sharded_format,
     show,
     u32,
 )
+from zephon_titan.engine.sources.shards import sharded_format
 
 # litdata.constants: _NUMPY_DTYPES_MAPPING (its integer part) and _TORCH_DTYPES_MAPPING (its integer part).
 _NUMPY = {0: "int8", 1: "int16", 2: "int32", 3: "int64", 4: "uint8", 5: "uint16", 6: "uint32", 7: "uint64"}

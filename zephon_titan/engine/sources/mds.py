@@ -15,17 +15,17 @@ from typing import Any
 
 import numpy as np
 
-from zephon_titan.engine.sources.shards import (
+from zephon_titan.engine.sources.shard_index import (
     BadIndex,
     Column,
     Shard,
     ShardFormat,
     ShardIndex,
     check_basename,
-    sharded_format,
     show,
     u32,
 )
+from zephon_titan.engine.sources.shards import sharded_format
 
 _CODECS = {"zstd": "zstd", "gz": "gzip", "bz2": "bz2", "br": "brotli"}
 # NDArray's dtype codes (streaming/base/format/mds/encodings.py): the integer ones; floats are not token ids.
