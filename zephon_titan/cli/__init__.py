@@ -1,7 +1,7 @@
 """zephon-titan: look inside a data stream and prove two runs saw the same data, without GPUs.
 
-zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl] [--procs N]
-zephon-titan plan CONFIG.toml --validation
+zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl] [--procs N] [--mixture] [--plot F.svg]
+zephon-titan plan CONFIG.toml --validation [--json]
 zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan where CONFIG.toml --source S (--file F --row N | --match TEXT) [--steps A-B] [--json]
@@ -65,6 +65,9 @@ def _add_plan(sub) -> None:
         action="store_true",
         help="print the eval set's SHA-256, steps, rows and targets per source, as every validation of the run logs them",
     )
+    plan.add_argument(
+        "--json", action="store_true", help="with --validation: one JSON line, as validation.jsonl has it"
+    )
     plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
     plan.add_argument(
@@ -79,6 +82,12 @@ def _add_plan(sub) -> None:
         action="store_true",
         help="also print each source's share of every planned step (mean, min, max) and cumulative, "
         "against its normalized weight",
+    )
+    plan.add_argument(
+        "--plot",
+        metavar="FILE.svg",
+        help="also draw each source's share of every planned step and cumulative, against its target weight "
+        "(the schedule's per step), as an SVG picture",
     )
     plan.set_defaults(run=cmd_plan)
 
