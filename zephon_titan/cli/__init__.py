@@ -14,6 +14,7 @@ zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import shlex
@@ -25,6 +26,7 @@ from zephon_titan.cli.ledgers import cmd_plan, cmd_verify
 from zephon_titan.cli.trace import cmd_inspect, cmd_where
 from zephon_titan.cli.validate import cmd_validate
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
+from zephon_titan.progress import Waiting
 
 # The parser and the dispatch; each command lives in a module of this package and imports what it needs
 # when it runs: `verify` and `--help` must not pay for torch and TorchTitan (seconds and ~1 GB), which only
@@ -225,6 +227,11 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas (e.g. 8,16), got {text!r}") from None
 
 
+# The commands that may keep a person waiting (reading every file, simulating every lane): what they are doing is
+# said on standard error once they take long (progress.py); the others are quick, or say it themselves (run).
+SAY_PROGRESS = ("plan", "inspect", "where", "validate")
+
+
 # Exit status when the reader of standard output went away (`zephon-titan verify A B | head -1`): what a
 # shell reports for a command ended by SIGPIPE (128 + 13), as `yes | head -1` does.
 EXIT_BROKEN_PIPE = 141
@@ -244,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv  # the command as typed (init writes it into the job)
     try:
-        status = args.run(args)
-        sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
+        with Waiting(args.command) if args.command in SAY_PROGRESS else contextlib.nullcontext():
+            status = args.run(args)
+            sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
         return status
     except BrokenPipeError:
         if not _stdout_closed():

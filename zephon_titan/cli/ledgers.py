@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args) -> int:
+    from zephon_titan import progress
+
+    progress.doing(f"reading {args.config}")  # and importing what plan needs
     from zephon_titan.plan import open_job, plan_eval_set, plan_ledger
 
     if args.json and not args.validation:
@@ -47,7 +50,7 @@ def cmd_plan(args) -> int:
         for entry in entries:
             print(entry.to_json())
         return 0
-    _write_ledger(entries, args.output, args.steps)
+    _write_ledger(entries, args.output)
     print(f"wrote {args.output}")
     return 0
 
@@ -92,16 +95,13 @@ def _plot(job: LoaderJob, entries: list[LedgerEntry], path: str, out) -> None:
     print(f"wrote {path}", file=out)
 
 
-def _write_ledger(entries: Iterable[LedgerEntry], output: str, steps: int) -> None:
+def _write_ledger(entries: Iterable[LedgerEntry], output: str) -> None:
     """Written beside the target and renamed at the end: a plan that fails leaves no file behind."""
-    from zephon_titan.progress import tqdm
-
     partial = f"{output}.partial"
     try:
-        with open(partial, "w", encoding="utf-8") as out, tqdm(desc="planning", unit="step", total=steps) as bar:
+        with open(partial, "w", encoding="utf-8") as out:
             for entry in entries:
                 out.write(entry.to_json() + "\n")
-                bar.update(entry.step - bar.n)  # from a checkpoint, the bar starts at its step
         os.replace(partial, output)
     finally:
         if os.path.exists(partial):
