@@ -22,13 +22,13 @@ import subprocess
 import sys
 import time
 
-import corpus  # examples/: the offline corpora, run folders and the share plot
+import corpus  # examples/: the offline corpora and run folders
 from logs import STEP_LINE
 from runs import copy_checkpoint
-from shares_plot import shares_svg
 
 from zephon_titan.config import DataConfig, SourceConfig
 from zephon_titan.engine.ledger import read_ledger
+from zephon_titan.pictures import shares_svg
 
 DEMO_DIR = "demo_out"
 PLOT_STEPS = 200
@@ -129,6 +129,20 @@ def _train(name: str, nproc: int, steps: int, resume_from: tuple[str, int] | Non
     return {"run": run, "ledger": ledger, "losses": losses}
 
 
+def draw_shares(entries: list) -> None:
+    """demo_out/token_shares.svg: each source's share of every planned step and cumulative, against its weight
+    (what `zephon-titan plan --plot` draws for any job)."""
+    from zephon_titan.plan import mixture_report
+
+    sources = build_corpus().sources
+    weight = {s.name: s.weight / sum(x.weight for x in sources) for s in sources}
+    weights = [weight[name] for name in entries[0].tokens]  # in the ledger's order of the sources
+    mix = mixture_report(entries, weights)
+    title = f"demo: token share per source, {len(entries)} planned steps"
+    with open(os.path.join(DEMO_DIR, "token_shares.svg"), "w") as f:
+        f.write(shares_svg(mix.names, mix.steps, mix.shares, mix.cumulative, [weights] * len(mix.steps), title))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=6)
@@ -145,10 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[2/5] predicting the ledger offline from {os.path.relpath(CONFIG)} (no torchrun)", flush=True)
     planned_entries = list(plan_ledger(CONFIG, max(args.steps, PLOT_STEPS)))
     planned = {e.step: e.sha256 for e in planned_entries[: args.steps]}
-    sources = build_corpus().sources
-    weights = {s.name: s.weight / sum(x.weight for x in sources) for s in sources}
-    with open(os.path.join(DEMO_DIR, "token_shares.svg"), "w") as f:
-        f.write(shares_svg(planned_entries, weights, f"cumulative token share per source, {PLOT_STEPS} planned steps"))
+    draw_shares(planned_entries[:PLOT_STEPS])
     print(f"      per-source token shares over {PLOT_STEPS} steps: {DEMO_DIR}/token_shares.svg", flush=True)
     print(f"[3/5] training on 2 ranks, steps 1-{args.steps}, a DCP checkpoint every 2 steps", flush=True)
     runs = {"2 ranks": _train("w2", 2, args.steps, None)}

@@ -92,6 +92,9 @@ class LoaderJob:
     @cached_property
     def spec(self) -> EngineSpec:
         """The engine spec (opens every source: file sizes, Parquet footers; reads no document)."""
+        from zephon_titan import progress
+
+        progress.doing(f"opening {len(self.data.sources)} sources")
         return build_engine(self.data, self.seq_len, self.tokenizer)
 
     def check_layout(self, dp_world_size: int) -> int:
@@ -105,6 +108,9 @@ class LoaderJob:
 
     def check_model_vocab(self) -> None:
         """A model with fewer embeddings than the tokenizer has ids fails at step 1 with an IndexError."""
+        from zephon_titan import progress
+
+        progress.doing("loading the tokenizer and the model's vocabulary")
         model, ids = self.model_vocab_size, self.tokenizer.vocab_size  # the tokenizer first: a wrong path is named
         if model is not None and model < ids:
             key, path = self.tokenizer_setting

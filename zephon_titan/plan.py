@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from zephon_titan import progress
 from zephon_titan.engine import (
     LaneState,
     batch_digest,
@@ -42,6 +43,7 @@ def open_job(path: str, needs_steps: bool = False) -> LoaderJob:
     job = FileJob.of(read_job_file(path), needs_steps)
     if job is not None:
         return job
+    progress.doing("importing TorchTitan (the job leaves loader values to its recipe)")
     from zephon_titan.titan.job import load_job  # the recipe's defaults: torch and TorchTitan
 
     return load_job(path)
@@ -79,6 +81,8 @@ def plan_ledger(
     if checkpoint:  # the run continues mixing as its checkpoint did, as the loader does
         start, states, spec = read_checkpoint(checkpoint, job)
     names = spec.source_names
+    files = sum(len(source.files) for source in spec.sources)
+    progress.doing(f"simulating {spec.num_lanes} lanes of {len(names)} sources ({files:,} files)", steps - start)
     with contextlib.ExitStack() as stack:
         if min(procs, spec.num_lanes) > 1:
             digests = stack.enter_context(PlanProcesses(spec, rows_per_lane, states or {}, start, steps, procs)).steps()
@@ -92,7 +96,7 @@ def plan_ledger(
         for step, lane_digests, counts in digests:
             weights, seq_len = step_weights(spec, step), step_seq_len(spec, step)
             excluded, mixing = step_exclusion(spec, step), step_mixing(spec)
-            yield LedgerEntry.of(
+            entry = LedgerEntry.of(
                 step,
                 batch_digest(lane_digests),
                 job.global_batch_size,
@@ -106,6 +110,8 @@ def plan_ledger(
                 spec.counts_documents_at(step),
                 spec.counts_targets,
             )
+            progress.advance(1, sum(entry.tokens.values()))
+            yield entry
 
 
 def plan_eval_set(job_path: str | LoaderJob) -> dict:
@@ -122,6 +128,7 @@ def plan_eval_set(job_path: str | LoaderJob) -> dict:
     except ConfigError as e:
         raise ConfigError(f"{job.path}: {eval_message(e)}") from None
     digests, counts = [], [0] * len(spec.sources)
+    progress.doing("building the eval set")
     for step in eval_steps(spec, range(data.num_lanes), per_lane, job.eval_steps):
         digests.append(batch_digest(step.lane_digests()))
         counts = [a + b for a, b in zip(counts, label_counts(step.rows, len(spec.sources)))]

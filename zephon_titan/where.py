@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from zephon_titan import progress
 from zephon_titan.engine import LaneState, Row, open_lane_group
 from zephon_titan.engine.exclusion import files_named
 from zephon_titan.engine.lanes import group_steps
@@ -21,7 +22,6 @@ from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ZephonError
 from zephon_titan.job_view import LoaderJob
-from zephon_titan.progress import tqdm
 
 # Without --steps, `where` simulates the job's [training] steps; above this many tokens (about 20 minutes at
 # a million tokens a second) it asks for --steps instead.
@@ -172,7 +172,9 @@ def check_row(source: Source, path: str, row: int) -> Document:
 def matching_documents(source: Source, text: str) -> list[Document]:
     """Every document of the source whose text contains `text` (each file read once; nothing tokenized)."""
     found = []
-    for f in tqdm(source.files, desc=f"searching {source.name}", unit="file"):
+    progress.doing(f"searching {source.name} for the text", len(source.files), "file")
+    for f in source.files:
+        progress.advance(1)
         for block in file_blocks(source, f.path):
             for row, document in zip(block.rows, block.texts):
                 if document is DROPPED:
@@ -329,12 +331,13 @@ def where(
         spec, lanes, rows_per_lane, job.data.num_workers, job.data.prefetch_factor, states, False, start
     )
     done = start
-    with group, tqdm(desc="simulating", unit="step", total=last - start) as bar:
+    progress.doing(f"simulating {spec.num_lanes} lanes to step {last}", last - start)
+    with group:
         for done, rows in group_steps(group, start, last):
             if done >= first:
                 report.placements += step_placements(done, rows, s, wanted, lane_rows)
             lane_rows = [n + len(lane) for n, lane in zip(lane_rows, rows)]
-            bar.update(1)
+            progress.advance(1, sum(len(row.inputs) for lane in rows for row in lane))
     if done < last:
         report.ended = done
     return report

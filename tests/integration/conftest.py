@@ -72,10 +72,10 @@ def ledger(path: str) -> dict[int, str]:
 
 
 def planned_eval_set(workdir: str, job: str) -> dict:
-    """`zephon-titan plan JOB --validation` run in `workdir`: the eval set's sha256, steps, rows, seq_len and
+    """`zephon-titan plan JOB --validation --json` run in `workdir`: the eval set's sha256, steps, rows, seq_len and
     tokens per source, as every validation of the job records them."""
     planned = subprocess.run(
-        [sys.executable, "-m", "zephon_titan.cli", "plan", job, "--validation"],
+        [sys.executable, "-m", "zephon_titan.cli", "plan", job, "--validation", "--json"],
         cwd=workdir, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(planned.stdout.strip().splitlines()[-1])

@@ -5,6 +5,7 @@ line; an eval_fraction of 1e-300 refused, and an eval set that ends up empty ref
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -139,8 +140,13 @@ def test_a_non_empty_eval_set_is_built_and_validated(tmp_path, corpus_dir, token
     assert main(["validate", job]) == 0
     out = capsys.readouterr().out
     assert "documents held out for validation, eval_fraction 0.2)" in out and "WARNING" not in out
-    assert main(["plan", job, "--validation"]) == 0
-    assert '"steps": ' in capsys.readouterr().out
+    assert main(["plan", job, "--validation", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)  # one JSON line, as validation.jsonl records it
+    assert main(["plan", job, "--validation"]) == 0  # the same, for a person to read
+    out = capsys.readouterr().out
+    assert f"SHA-256  {planned['sha256']}" in out and f"rows     {planned['rows']:,} of {planned['seq_len']}" in out
+    assert all(f"{name}  " in out and f"{n:,}" in out for name, n in planned["tokens"].items()), out
+    assert main(["plan", job, "--json"]) == 2  # the ledger is JSON already: --json is --validation's
     assert sum(1 for _ in _eval_loader(job).steps()) > 0
 
 

@@ -1,18 +1,15 @@
 """Quiet, saying logs (issue 31): our lines once per job (rank 0; other ranks only our warnings), a ledger cut
-at a resume said in one line, progress bars only on a terminal."""
+at a resume said in one line. What a command says while a person waits: test_progress.py."""
 
 from __future__ import annotations
 
-import io
 import logging
-import os
 
 import pytest
 
 from zephon_titan.engine.ledger import LedgerEntry, read_ledger
 from zephon_titan.loader.ledger import open_ledger
 from zephon_titan.log_ranks import ENV, log_every_rank, quiet_other_ranks
-from zephon_titan.progress import tqdm
 
 
 def _entry(step: int) -> LedgerEntry:
@@ -60,17 +57,3 @@ def test_a_rolled_back_ledger_is_cut_in_one_line_on_rank_0_only(tmp_path, caplog
     log_every_rank()
     monkeypatch.setenv(ENV, "all")
     assert not quiet_other_ranks(1)
-
-
-def test_progress_bars_only_on_a_terminal():
-    log = io.StringIO()
-    for _ in tqdm(range(3), file=log, desc="planning"):
-        pass
-    assert log.getvalue() == ""  # a log file or a pipe gets no redrawn bars
-    leader, follower = os.openpty()
-    with os.fdopen(follower, "w") as terminal:
-        bar = tqdm(range(3), file=terminal, desc="planning")
-        assert not bar.disable
-        bar.close()
-        assert tqdm(range(3), file=terminal, disable=True).disable  # an explicit disable still wins
-    os.close(leader)

@@ -1,7 +1,7 @@
 """zephon-titan: look inside a data stream and prove two runs saw the same data, without GPUs.
 
-zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl] [--procs N]
-zephon-titan plan CONFIG.toml --validation
+zephon-titan plan CONFIG.toml --steps N [--from-checkpoint DIR] [-o ledger.jsonl] [--procs N] [--mixture] [--plot F.svg]
+zephon-titan plan CONFIG.toml --validation [--json]
 zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan where CONFIG.toml --source S (--file F --row N | --match TEXT) [--steps A-B] [--json]
@@ -14,6 +14,7 @@ zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import shlex
@@ -25,6 +26,7 @@ from zephon_titan.cli.ledgers import cmd_plan, cmd_verify
 from zephon_titan.cli.trace import cmd_inspect, cmd_where
 from zephon_titan.cli.validate import cmd_validate
 from zephon_titan.errors import EXIT_USER_ERROR, ZephonError
+from zephon_titan.progress import Waiting
 
 # The parser and the dispatch; each command lives in a module of this package and imports what it needs
 # when it runs: `verify` and `--help` must not pay for torch and TorchTitan (seconds and ~1 GB), which only
@@ -65,6 +67,9 @@ def _add_plan(sub) -> None:
         action="store_true",
         help="print the eval set's SHA-256, steps, rows and targets per source, as every validation of the run logs them",
     )
+    plan.add_argument(
+        "--json", action="store_true", help="with --validation: one JSON line, as validation.jsonl has it"
+    )
     plan.add_argument("--from-checkpoint", help="a DCP step-N folder: plan from its step on")
     plan.add_argument("-o", "--output", help="ledger file (default: standard output)")
     plan.add_argument(
@@ -79,6 +84,12 @@ def _add_plan(sub) -> None:
         action="store_true",
         help="also print each source's share of every planned step (mean, min, max) and cumulative, "
         "against its normalized weight",
+    )
+    plan.add_argument(
+        "--plot",
+        metavar="FILE.svg",
+        help="also draw each source's share of every planned step and cumulative, against its target weight "
+        "(the schedule's per step), as an SVG picture",
     )
     plan.set_defaults(run=cmd_plan)
 
@@ -216,6 +227,11 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas (e.g. 8,16), got {text!r}") from None
 
 
+# The commands that may keep a person waiting (reading every file, simulating every lane): what they are doing is
+# said on standard error once they take long (progress.py); the others are quick, or say it themselves (run).
+SAY_PROGRESS = ("plan", "inspect", "where", "validate")
+
+
 # Exit status when the reader of standard output went away (`zephon-titan verify A B | head -1`): what a
 # shell reports for a command ended by SIGPIPE (128 + 13), as `yes | head -1` does.
 EXIT_BROKEN_PIPE = 141
@@ -235,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv  # the command as typed (init writes it into the job)
     try:
-        status = args.run(args)
-        sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
+        with Waiting(args.command) if args.command in SAY_PROGRESS else contextlib.nullcontext():
+            status = args.run(args)
+            sys.stdout.flush()  # a closed pipe is found here, not in the interpreter's exit
         return status
     except BrokenPipeError:
         if not _stdout_closed():

@@ -10,8 +10,8 @@ from zephon_titan.errors import ZephonError
 def check_tokenizer(spec, fast_json: str | None = None) -> int:
     """fastokens against tokenizers, document by document over every source; 1 at the first difference.
     `fast_json` (tests) loads fastokens from another tokenizer.json."""
+    from zephon_titan import progress
     from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend, fast_eligibility, first_difference
-    from zephon_titan.progress import tqdm
 
     reference = ReferenceBackend(spec.tokenizer.tokenizer)
     try:
@@ -29,7 +29,9 @@ def check_tokenizer(spec, fast_json: str | None = None) -> int:
     )
     documents = 0
     for source in spec.sources:
-        for block in tqdm(range(source.num_blocks), desc=f"comparing {source.name}", unit="block"):
+        progress.doing(f"comparing the backends on {source.name}", source.num_blocks, "block")
+        for block in range(source.num_blocks):
+            progress.advance(1)
             docs = source.read_block(block)
             texts = [t for t in docs.texts if isinstance(t, str)]  # pre-tokenized rows need no tokenizer
             rows = [r for t, r in zip(docs.texts, docs.rows) if isinstance(t, str)]

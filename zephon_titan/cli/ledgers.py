@@ -23,37 +23,85 @@ if TYPE_CHECKING:
 
 
 def cmd_plan(args) -> int:
+    from zephon_titan import progress
+
+    progress.doing(f"reading {args.config}")  # and importing what plan needs
     from zephon_titan.plan import open_job, plan_eval_set, plan_ledger
 
+    if args.json and not args.validation:
+        raise ZephonError("plan --json goes with --validation (the ledger is JSON lines already)")
     job = open_job(args.config)
     if args.validation:
-        print(json.dumps(plan_eval_set(job), sort_keys=True))
+        eval_set = plan_eval_set(job)
+        print(json.dumps(eval_set, sort_keys=True) if args.json else eval_set_text(job, eval_set))
         if args.steps is None:
             return 0
     if args.steps is None:
         raise ZephonError("plan needs --steps N (the last step to plan), or --validation")
     entries: Iterable[LedgerEntry] = plan_ledger(job, args.steps, args.from_checkpoint, args.procs)
-    if args.mixture:
-        entries = _with_mixture_report(job, list(entries), not args.output, args.from_checkpoint)
+    if args.mixture or args.plot:
+        planned = list(entries)
+        if args.mixture:
+            _with_mixture_report(job, planned, not args.output, args.from_checkpoint)
+        if args.plot:
+            _plot(job, planned, args.plot, sys.stderr if not args.output else sys.stdout)
+        entries = planned
     if not args.output:
         for entry in entries:
             print(entry.to_json())
         return 0
-    _write_ledger(entries, args.output, args.steps)
+    _write_ledger(entries, args.output)
     print(f"wrote {args.output}")
     return 0
 
 
-def _write_ledger(entries: Iterable[LedgerEntry], output: str, steps: int) -> None:
-    """Written beside the target and renamed at the end: a plan that fails leaves no file behind."""
-    from zephon_titan.progress import tqdm
+def eval_set_text(job: LoaderJob, eval_set: dict) -> str:
+    """`plan --validation`'s report: what every validation of a run of the job logs (validation.jsonl)."""
+    targets = eval_set["tokens"]
+    total = sum(targets.values()) or 1
+    width = max(len(name) for name in targets)
+    lines = [
+        f"eval set of {job.path} ([validator.dataloader]), as every validation of a run of it logs it:",
+        f"  SHA-256  {eval_set['sha256']}",
+        f"  steps    {eval_set['steps']:,}, {eval_set['rows'] // max(eval_set['steps'], 1):,} rows each",
+        f"  rows     {eval_set['rows']:,} of {eval_set['seq_len']:,} tokens (seq_len)",
+        "  targets per source (trained label tokens; padding not counted):",
+        *(f"    {name:<{width}}  {n:>12,}  {n / total:6.1%}" for name, n in targets.items()),
+    ]
+    return "\n".join(lines)
 
+
+def _plot(job: LoaderJob, entries: list[LedgerEntry], path: str, out) -> None:
+    """`plan --plot`: the shares of every planned step and cumulative, against the targets (pictures.py)."""
+    from zephon_titan.pictures import shares_svg
+    from zephon_titan.plan import mixture_report
+
+    if not entries:
+        raise ZephonError("--plot: no planned step to draw (the checkpoint is at or after --steps)")
+    raw = [s.weight for s in job.data.sources]
+    fixed = [w / sum(raw) for w in raw] if sum(raw) > 0 else raw
+    report = mixture_report(entries, fixed, _by_targets(job))
+    targets = [
+        [(e.weights or {}).get(n, 0.0) / (sum((e.weights or {}).values()) or 1) for n in report.names]
+        if e.weights is not None
+        else fixed
+        for e in entries
+    ]
+    name = os.path.splitext(os.path.basename(str(job.path)))[0]
+    title = f"{name}: token share per source, steps {report.steps[0]:,}-{report.steps[-1]:,}"
+    text = shares_svg(report.names, report.steps, report.shares, report.cumulative, targets, title)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    print(f"wrote {path}", file=out)
+
+
+def _write_ledger(entries: Iterable[LedgerEntry], output: str) -> None:
+    """Written beside the target and renamed at the end: a plan that fails leaves no file behind."""
     partial = f"{output}.partial"
     try:
-        with open(partial, "w", encoding="utf-8") as out, tqdm(desc="planning", unit="step", total=steps) as bar:
+        with open(partial, "w", encoding="utf-8") as out:
             for entry in entries:
                 out.write(entry.to_json() + "\n")
-                bar.update(entry.step - bar.n)  # from a checkpoint, the bar starts at its step
         os.replace(partial, output)
     finally:
         if os.path.exists(partial):

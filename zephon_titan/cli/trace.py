@@ -71,6 +71,9 @@ def _marked(job: LoaderJob, ids: list[int], labels: list[int]) -> str:
 
 
 def cmd_inspect(args) -> int:
+    from zephon_titan import progress
+
+    progress.doing(f"reading {args.config}")  # and importing what inspect needs
     from zephon_titan.plan import open_job
 
     job = open_job(args.config)
@@ -80,7 +83,7 @@ def cmd_inspect(args) -> int:
             raise ZephonError(f"--lane must be in [0, {job.spec.num_lanes}), got {lane}")
     if args.step < 1:
         raise ZephonError(f"--step counts from 1, got {args.step}")
-    report, spec = _step_rows(job, lanes, args.step, args.from_checkpoint, quiet=args.json)
+    report, spec = _step_rows(job, lanes, args.step, args.from_checkpoint)
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
@@ -100,12 +103,12 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def _step_rows(job: LoaderJob, lanes: list[int], target: int, checkpoint: str | None, quiet: bool):
+def _step_rows(job: LoaderJob, lanes: list[int], target: int, checkpoint: str | None):
     """Simulate `lanes` up to step `target` and describe its rows (with the spec the step was made under)."""
+    from zephon_titan import progress
     from zephon_titan.engine import open_lane_group
     from zephon_titan.engine.lanes import group_steps
     from zephon_titan.plan import read_checkpoint
-    from zephon_titan.progress import tqdm
 
     r = job.check_layout(1)
     spec, saved = job.spec, 0
@@ -120,9 +123,10 @@ def _step_rows(job: LoaderJob, lanes: list[int], target: int, checkpoint: str | 
     owned = {lane: states[lane] for lane in lanes if lane in states}
     report: list[dict[str, Any]] = []
     group = open_lane_group(spec, lanes, r, 0, 2, owned, False, saved)
-    with group, tqdm(desc="simulating", unit="step", total=target - saved, disable=quiet) as bar:
+    progress.doing(f"simulating {len(lanes)} lane{'s' if len(lanes) > 1 else ''} to step {target}", target - saved)
+    with group:
         for step, rows in group_steps(group, saved, target):
-            bar.update(1)
+            progress.advance(1)
             if step < target:
                 continue
             for lane, lane_rows in zip(lanes, rows):
@@ -163,6 +167,9 @@ def _print_row(item: dict[str, Any], full: bool) -> None:
 
 def cmd_where(args) -> int:
     """Every step and row where a document's pieces are trained; 1 when none is in the steps searched."""
+    from zephon_titan import progress
+
+    progress.doing(f"reading {args.config}")  # and importing what where needs
     from zephon_titan.where import where
 
     if (args.match is None) == (args.file is None) or (args.file is None) != (args.row is None):

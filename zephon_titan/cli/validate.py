@@ -41,17 +41,21 @@ INDEX_HINT_FILES = 1000
 
 
 def _show(lines: Iterable[str]) -> None:
+    """A section's lines on standard output, as soon as it is found (progress.py: what comes next, on stderr)."""
     for line in lines:
         print(line)
 
 
 def cmd_validate(args) -> int:
+    from zephon_titan import progress
     from zephon_titan.engine import fingerprint
     from zephon_titan.engine.fingerprint import component_text
     from zephon_titan.engine.spec import weight_notes
     from zephon_titan.job_file import read_job_file
 
+    progress.doing(f"reading {args.config}")
     read_job_file(args.config)  # the first pass: the file, [model]'s keys, [dataloader], the eval set (no torch)
+    progress.doing("importing TorchTitan to resolve the job")
     from zephon_titan.titan.job import load_job
 
     # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
@@ -141,14 +145,17 @@ def _count(job: Job, index: int) -> Counts:
     """Reads every block: surfaces bad lines or rows and ids outside the vocabulary, with file and position."""
     import numpy as np
 
+    from zephon_titan import progress
     from zephon_titan.engine.source_reader import check_token_ids
     from zephon_titan.engine.split import held_out
-    from zephon_titan.progress import tqdm
 
     spec = job.spec
     source, config = spec.sources[index], job.data.sources[index]
     counts = Counts(documents=0, tokens=0, excluded=0, held_out=0)
-    for block in tqdm(range(source.num_blocks), desc=f"reading {source.name}", unit="block", leave=False):
+    files = f"{len(source.files):,} file{'s' if len(source.files) > 1 else ''}"
+    progress.doing(f"reading every document of {source.name} ({files})", source.num_blocks, "block")
+    for block in range(source.num_blocks):
+        before = counts.tokens
         documents = source.read_block(block)
         started = time.process_time()
         texts: list[str | np.ndarray] = list(documents.texts)  # bad lines/rows named (and the transforms run)
@@ -179,6 +186,7 @@ def _count(job: Job, index: int) -> Counts:
         counts.held_out += int(
             held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
         )
+        progress.advance(1, counts.tokens - before)
     counts.pipeline_seconds = source.pipeline_seconds
     return counts
 
@@ -275,6 +283,7 @@ def exclusion(job: Job) -> Exclusion | None:
 
 def validation(job: Job, count: bool) -> Validation:
     """The eval set, built as the trainer's ZephonEvalLoader builds it; with `count`, its first step too."""
+    from zephon_titan import progress
     from zephon_titan.engine import build_engine, rows_per_lane
     from zephon_titan.engine.eval_set import eval_steps
     from zephon_titan.engine.packing import packer_class
@@ -282,6 +291,7 @@ def validation(job: Job, count: bool) -> Validation:
     validator = job.config.validator
     if not validator.enable:
         return Validation(enabled=False)
+    progress.doing("building the eval set")
     job.check_eval_layout(1)
     eval_loader = validator.dataloader
     data = eval_loader.data
