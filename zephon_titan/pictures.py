@@ -46,7 +46,9 @@ def shares_svg(
     title: str,
 ) -> str:
     """The picture of a mixture (plan.MixtureReport's fields): shares[i][s] is source s's share of step
-    steps[i]'s tokens, cumulative[i][s] of steps[0..i]'s, targets[i][s] its weight at that step (normalized)."""
+    steps[i]'s tokens, cumulative[i][s] of steps[0..i]'s, targets[i][s] its weight at that step (normalized). The
+    cumulative panel's target is what its share should follow: the mean of the targets of steps[0..i] (a schedule's
+    change moves it slowly, as it moves the cumulative share)."""
     if not steps:
         raise ValueError("no steps to draw")
     keep = sorted({*range(0, len(steps), math.ceil(len(steps) / MAX_POINTS)), len(steps) - 1})
@@ -63,11 +65,12 @@ def shares_svg(
         '<rect width="100%" height="100%" fill="white"/>',
         f'<text x="{LEFT + inner_w / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
     ]
+    running = [[sum(t[s] for t in targets[: i + 1]) / (i + 1) for s in range(len(names))] for i in range(len(steps))]
     panels = (
-        ("step", "share of each step's tokens", shares, TOP),
-        ("cumulative", "share of all tokens up to the step", cumulative, TOP + PANEL_HEIGHT + GAP),
+        ("step", "share of each step's tokens", shares, targets, TOP),
+        ("cumulative", "share of all tokens up to the step", cumulative, running, TOP + PANEL_HEIGHT + GAP),
     )
-    for panel, caption, values, top in panels:
+    for panel, caption, values, goals, top in panels:
         bottom = top + PANEL_HEIGHT
 
         def y(share: float, top: float = top) -> float:
@@ -96,7 +99,7 @@ def shares_svg(
         out.append(f'<text x="16" y="{middle}" text-anchor="middle" transform="rotate(-90 16 {middle})">share</text>')
         for s, name in enumerate(names):
             color = COLORS[s % len(COLORS)]
-            target = " ".join(f"{x(steps[i]):.2f},{y(targets[i][s]):.2f}" for i in keep)
+            target = " ".join(f"{x(steps[i]):.2f},{y(goals[i][s]):.2f}" for i in keep)
             out.append(
                 f'<polyline class="target" data-source="{escape(name)}" points="{target}" fill="none" '
                 f'stroke="{color}" stroke-width="1.5" stroke-dasharray="6,4"/>'
@@ -106,7 +109,7 @@ def shares_svg(
                 f'<polyline class="share" data-source="{escape(name)}" data-panel="{panel}" points="{points}" '
                 f'fill="none" stroke="{color}" stroke-width="{1.2 if panel == "step" else 2}"/>'
             )
-        out.extend(_target_labels(names, targets[-1], y, LEFT + inner_w + 6))
+        out.extend(_target_labels(names, goals[-1], y, LEFT + inner_w + 6))
         out.append("</g>")
     out.extend(_legend(names, LEFT, 42))
     out.append("</svg>")

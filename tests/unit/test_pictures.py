@@ -46,15 +46,19 @@ def test_two_phase_targets_are_drawn_at_their_weights():
     text = shares_svg(["code", "prose"], steps, shares, shares, targets, "a <schedule> & its shares")
     panels = _panels(text)
     assert set(panels) == {"step", "cumulative"}
-    for panel in panels.values():
+    # The cumulative panel's target is the targets' running mean: what the cumulative share follows.
+    running = [[sum(t[s] for t in targets[:i]) / i for s in range(2)] for i in range(1, 21)]
+    for panel_name, panel in panels.items():
+        goals = targets if panel_name == "step" else running
         share = _share_at(panel)
         assert set(_lines(panel, "share")) == {"code", "prose"}
         drawn = _lines(panel, "target")
         step_of = {x: step for (x, _), step in zip(_points(drawn["code"]), steps)}  # each step its own x
         assert len(step_of) == len(steps)
         for name, s in (("code", 0), ("prose", 1)):
-            heights = [(step_of[x], round(share(y), 4)) for x, y in _points(drawn[name])]
-            assert heights == [(step, targets[step - 1][s]) for step in steps]  # 0.2 to step 10, then 0.8
+            heights = [(step_of[x], share(y)) for x, y in _points(drawn[name])]
+            assert [step for step, _ in heights] == steps
+            assert [h for _, h in heights] == pytest.approx([g[s] for g in goals], abs=1e-3)  # step: 0.2, then 0.8
         labels = [t.text for t in panel.iter(f"{SVG}text")]
         assert {"0", "0.5", "1", "step", "share"} <= set(labels)
         assert [t.get("data-value") for t in panel.iter(f"{SVG}line") if t.get("class") == "xtick"]
@@ -91,11 +95,13 @@ def test_plan_plot_draws_the_schedule(tmp_path, corpus_dir, tokenizer_dir, capsy
     assert f"wrote {svg}" in capsys.readouterr().out
     panels = _panels(svg.read_text())
     steps = [e.step for e in read_ledger(str(ledger))]
-    for panel in panels.values():
+    per_step = [0.2] * 4 + [0.8] * 4  # phase 2 from step 5
+    expected = {"step": per_step, "cumulative": [sum(per_step[:i]) / i for i in range(1, 9)]}
+    for name, panel in panels.items():
         share = _share_at(panel)
         code = _points(_lines(panel, "target")["code"])
         assert len(_lines(panel, "share")) == 2
-        assert [round(share(y), 4) for _, y in code] == [0.2] * 4 + [0.8] * 4  # phase 2 from step 5
+        assert [share(y) for _, y in code] == pytest.approx(expected[name], abs=1e-3)
     assert steps == list(range(1, 9))
     # To standard output the ledger stays alone there: the picture's line goes to standard error.
     assert main(["plan", job, "--steps", "3", "--plot", str(svg)]) == 0
