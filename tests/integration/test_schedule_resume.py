@@ -124,6 +124,9 @@ def test_a_change_to_the_past_is_refused_before_the_first_step(workdir, jobs, ru
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "the mixture schedule changed at step 3, at or before the checkpoint's step 3" in output
-    ours = [line for line in output.splitlines() if line.startswith("zephon_titan: error: the mixture schedule")]
+    # Our line names the checkpoint it read, then the change.
+    ours = [
+        line for line in output.splitlines() if line.startswith("zephon_titan: error: sched/a24/step-3: the mixture")
+    ]
     assert len(ours) == 1  # once, not once per rank (torchrun's summary quotes it as the root cause)
     assert "zephon_titan/" not in output  # no traceback from our processes
