@@ -80,11 +80,13 @@ def _run(args: list[str], cwd, seconds: str | None) -> subprocess.CompletedProce
 
 def test_plan_to_a_pipe_says_its_progress_on_stderr_and_keeps_stdout(tmp_path, corpus_dir, tokenizer_dir):
     job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir)
-    run = _run(["plan", job, "--steps", "60"], tmp_path, "0.2")  # as if every wait were long
+    # As if every wait were long; steps enough that the simulation outlasts the thread's look (0.25 s) on a quiet
+    # machine too (~1.5 s there; 60 steps passed between two looks, and their stage went unsaid).
+    run = _run(["plan", job, "--steps", "2000"], tmp_path, "0.2")
     said = run.stderr.splitlines()
     assert len(said) >= 2 and all(line.startswith("plan: ") for line in said), run.stderr
     assert any("simulating 8 lanes of 2 sources" in line for line in said) and said[-1].startswith("plan: done in")
-    assert run.stdout == "".join(e.to_json() + "\n" for e in plan_ledger(job, 60))  # byte for byte the ledger
+    assert run.stdout == "".join(e.to_json() + "\n" for e in plan_ledger(job, 2000))  # byte for byte the ledger
     short = _run(["plan", job, "--steps", "2"], tmp_path, "8")  # a run shorter than the wait worth a word
     assert short.stderr == "" and len(short.stdout.splitlines()) == 2
 
