@@ -381,3 +381,51 @@ def reference_copies(repeat: float, seed: int, source: str, file: str, row: int,
     u = _mix64((row * 0x9E3779B97F4A7C15 + key) & ((1 << 64) - 1)) >> 11
     whole = math.floor(repeat)
     return whole + (u < (repeat - whole) * 2.0**53)
+
+
+# ---- committed checkpoints of earlier versions (tests/fixtures/checkpoint_*) ---------------------------------------
+
+
+def clone_fixture(folder: str, tmp_path, monkeypatch):
+    """A committed checkpoint fixture as a clone has it: copied (new modification times), used from its own folder."""
+    import shutil
+
+    target = tmp_path / os.path.basename(folder)
+    shutil.copytree(folder, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
+    monkeypatch.chdir(target)
+    return target
+
+
+def fresh_plan(folder: str, steps: int) -> dict:
+    """The fixture's job planned from step 1 with this code, by step: computed now, nothing hard-coded."""
+    from zephon_titan.plan import plan_ledger
+
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        return {e.step: e for e in plan_ledger("job.toml", steps)}
+    finally:
+        os.chdir(cwd)
+
+
+def data_run_resumed(checkpoint: str, steps: int, monkeypatch) -> list:
+    """The ledger of a 1-rank data_run of job.toml (in the current folder) resumed from `checkpoint` to `steps`,
+    after the fixture's committed ledger.jsonl."""
+    import shutil
+    import socket
+    import warnings
+
+    from zephon_titan.engine.ledger import read_ledger
+    from zephon_titan.titan import data_run
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    shutil.copy("ledger.jsonl", "resumed.jsonl")
+    args = ["--job.config_file", "job.toml", "--steps", str(steps), "--resume", checkpoint, "--ledger", "resumed.jsonl"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert data_run.main(args) == 0
+    return read_ledger("resumed.jsonl")

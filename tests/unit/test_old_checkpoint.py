@@ -3,12 +3,10 @@ written by a 2-rank data_run) resumes with this code to exactly the batches of a
 
 import json
 import os
-import shutil
-import socket
-import warnings
 
 import pytest
 from checkpoint_attacks import with_header_edited
+from helpers import clone_fixture, data_run_resumed, fresh_plan
 
 from zephon_titan.engine.ledger import read_ledger
 from zephon_titan.errors import EXIT_USER_ERROR, ResumeError
@@ -21,22 +19,12 @@ CHECKPOINT = f"checkpoint/step-{SAVED_AT}"
 
 @pytest.fixture
 def clone(tmp_path, monkeypatch):
-    """The fixture as a clone has it: copied (new modification times), used from its own folder."""
-    target = tmp_path / "checkpoint_v2"
-    shutil.copytree(FIXTURE, target, copy_function=shutil.copy, ignore=shutil.ignore_patterns("*.py", "*.md"))
-    monkeypatch.chdir(target)
-    return target
+    return clone_fixture(FIXTURE, tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="module")
 def fresh():
-    """The fixture's job run from step 1 with this code (plan), computed now: nothing hard-coded."""
-    cwd = os.getcwd()
-    os.chdir(FIXTURE)
-    try:
-        return {e.step: e for e in plan_ledger("job.toml", STEPS)}
-    finally:
-        os.chdir(cwd)
+    return fresh_plan(FIXTURE, STEPS)
 
 
 def test_the_committed_ledger_is_a_fresh_runs_first_steps(clone, fresh):
@@ -52,19 +40,7 @@ def test_the_version_2_checkpoint_continues_the_fresh_run(clone, fresh):
 
 
 def test_data_run_resumes_the_version_2_checkpoint(clone, fresh, monkeypatch):
-    from zephon_titan.titan import data_run
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(key, value)
-    shutil.copy("ledger.jsonl", "resumed.jsonl")
-    args = ["--job.config_file", "job.toml", "--steps", "5", "--resume", CHECKPOINT, "--ledger", "resumed.jsonl"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert data_run.main(args) == 0
-    assert read_ledger("resumed.jsonl") == [fresh[step] for step in range(1, 6)]
+    assert data_run_resumed(CHECKPOINT, 5, monkeypatch) == [fresh[step] for step in range(1, 6)]
 
 
 def test_an_unknown_version_is_refused_naming_it(clone):
