@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -13,6 +14,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 
 import corpus  # noqa: E402
+
+# Remembered job resolutions (job_record.py) stay in this session's own folder, never in the user's cache.
+os.environ.setdefault("ZEPHON_TITAN_CACHE", tempfile.mkdtemp(prefix="zephon-titan-cache-"))
 
 
 @pytest.fixture(scope="session")

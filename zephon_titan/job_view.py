@@ -20,7 +20,7 @@ from typing import Any
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import DocumentTokenizer, EngineSpec, build_engine, validate_batch_layout
 from zephon_titan.errors import ConfigError
-from zephon_titan.job_file import DEFAULT_EVAL_STEPS, JobFile, titan_layout_message
+from zephon_titan.job_file import DEFAULT_EVAL_STEPS, JobFile, check_eval_data, eval_message, titan_layout_message
 from zephon_titan.titan.tokenizer import load_hf_tokenizer, loader_tokenizer
 
 
@@ -73,6 +73,31 @@ class LoaderJob:
     def eval_steps(self) -> int:
         raise NotImplementedError
 
+    # What only validate reads (titan/job.py's Job from TorchTitan's config; job_record.py's RecordedJob from a
+    # remembered resolution): the model's bound, what the trainer's shapes allow, and the eval schedule.
+    @property
+    def model_max_seq_len(self) -> int | None:
+        """The model's longest sequence (TorchTitan's Decoder.Config.max_seq_len: its RoPE cache), if it says."""
+        raise NotImplementedError
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether TorchTitan may capture CUDA graphs (`[training] disable_cuda_graphs` false)."""
+        raise NotImplementedError
+
+    @property
+    def seq_len_divisor(self) -> int:
+        """What every row length must be divisible by under context or sequence parallelism (1: anything)."""
+        raise NotImplementedError
+
+    @property
+    def eval_enabled(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def eval_freq(self) -> int:
+        raise NotImplementedError
+
     @property
     def tokenizer_setting(self) -> tuple[str, str]:
         """(key, path) of the tokenizer directory: [dataloader] tokenizer_path, else hf_assets_path."""
@@ -118,6 +143,48 @@ class LoaderJob:
                 f"{self.path}: the model's vocabulary ({model} embeddings) is smaller than the tokenizer's ({ids} ids, "
                 f"{key} = {path!r}); set [model] vocab_size = {_round_up(ids, 64)} or use the model's own tokenizer"
             )
+
+    def check_model_seq_len(self) -> None:
+        """A seq_len above the model's maximum fails when TorchTitan builds the model (after the resume checks);
+        say it first, in one line. A resume may change seq_len (docs/changing-a-run.md), up to this bound."""
+        most = self.model_max_seq_len
+        if most is not None and self.seq_len > most:
+            raise ConfigError(
+                f"{self.path}: [training] seq_len = {self.seq_len} is above the model's maximum sequence length "
+                f"{most} (its RoPE max_seq_len); use seq_len <= {most} or a model configured for longer sequences"
+            )
+
+    def check_seq_len_schedule(self) -> None:
+        """`[[dataloader.phases]] seq_len` (engine/seq_len_schedule.py checks each against training.seq_len):
+        TorchTitan's CUDA graphs (on by default on NVIDIA GPUs) refuse an input of another shape, and context or
+        sequence parallelism needs every length divisible as it checks training.seq_len."""
+        eras = self.spec.job_eras
+        if not eras:
+            return
+        lengths = ", ".join(f"{e.seq_len} from step {e.start}" for e in eras)
+        if self.cuda_graphs:
+            raise ConfigError(
+                f"{self.path}: [[dataloader.phases]] seq_len ({lengths}) needs [training] disable_cuda_graphs = true: "
+                "TorchTitan's CUDA graphs refuse inputs of another shape"
+            )
+        divisor = self.seq_len_divisor
+        odd = [e for e in eras if e.seq_len % divisor]
+        if odd:
+            raise ConfigError(
+                f"{self.path}: [[dataloader.phases]] seq_len {odd[0].seq_len} (from step {odd[0].start}) is not "
+                f"divisible by {divisor}, as the context/sequence parallelism needs (TorchTitan checks training.seq_len)"
+            )
+
+    def check_eval_layout(self, dp_world_size: int) -> None:
+        """The eval set's batch layout at this data-parallel size (when validation is on)."""
+        if not self.eval_enabled:
+            return
+        data = self.eval_data
+        check_eval_data(data)
+        try:
+            validate_batch_layout(data.num_lanes, self.eval_global_batch_size, dp_world_size, self.local_batch_size)
+        except ConfigError as e:
+            raise ConfigError(f"{self.path}: {eval_message(e)}") from None
 
 
 def _round_up(n: int, multiple: int) -> int:

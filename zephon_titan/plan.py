@@ -40,13 +40,13 @@ from zephon_titan.titan.tokenizer import loader_tokenizer
 def open_job(path: str, needs_steps: bool = False) -> LoaderJob:
     """The job's loader values: the first pass (job_file.py) always, then the file's own values when it states
     them all (`needs_steps`: [training] steps too), else TorchTitan's resolved config (imported only then)."""
-    job = FileJob.of(read_job_file(path), needs_steps)
+    file = read_job_file(path)
+    job = FileJob.of(file, needs_steps)
     if job is not None:
         return job
-    progress.doing("importing TorchTitan (the job leaves loader values to its recipe)")
-    from zephon_titan.titan.job import load_job  # the recipe's defaults: torch and TorchTitan
+    from zephon_titan.job_record import resolved_job  # the recipe's defaults: remembered, else TorchTitan's
 
-    return load_job(path)
+    return resolved_job(path, file)
 
 
 def read_checkpoint(checkpoint: str, job: LoaderJob) -> tuple[int, dict[int, LaneState], EngineSpec]:

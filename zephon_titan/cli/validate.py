@@ -34,7 +34,7 @@ from zephon_titan.cli.validate_report import (
 from zephon_titan.errors import ConfigError, ZephonError
 
 if TYPE_CHECKING:
-    from zephon_titan.titan.job import Job
+    from zephon_titan.job_view import LoaderJob
 
 # Sources with this many files (and no index) get a hint to add one.
 INDEX_HINT_FILES = 1000
@@ -52,15 +52,13 @@ def cmd_validate(args) -> int:
     from zephon_titan.engine.fingerprint import component_text
     from zephon_titan.engine.spec import weight_notes
     from zephon_titan.job_file import read_job_file
+    from zephon_titan.job_record import resolved_job
 
     progress.doing(f"reading {args.config}")
-    read_job_file(args.config)  # the first pass: the file, [model]'s keys, [dataloader], the eval set (no torch)
-    progress.doing("importing TorchTitan to resolve the job")
-    from zephon_titan.titan.job import load_job
-
-    # Resolves the job as the trainer does: unknown or mistyped TorchTitan keys, the tokenizer
-    # (hf_assets_path), the model's vocabulary, the batch layout; then opens every file.
-    job = load_job(args.config)
+    file = read_job_file(args.config)  # the first pass: the file, [model]'s keys, [dataloader], the eval set (no torch)
+    # Resolves the job as the trainer does (unknown or mistyped TorchTitan keys, the recipe's model), or as it
+    # did last time (job_record.py); then the tokenizer, the model's vocabulary, the batch layout, every file.
+    job = resolved_job(args.config, file)
     report = ValidateReport(job=job_summary(job))
     _show(report.job.lines())
     job.tokenizer.select_backend(announce=False)  # may refuse tokenizer_backend = "fastokens": after the above
@@ -91,7 +89,7 @@ def cmd_validate(args) -> int:
     return report.status
 
 
-def job_summary(job: Job) -> JobSummary:
+def job_summary(job: LoaderJob) -> JobSummary:
     """Checks the layout, the tokenizer against the model and the seq_len stages."""
     rows_per_lane = job.check_layout(1)
     key, path = job.tokenizer_setting
@@ -118,7 +116,7 @@ def job_summary(job: Job) -> JobSummary:
     )
 
 
-def source_summary(job: Job, index: int, count: bool) -> SourceSummary:
+def source_summary(job: LoaderJob, index: int, count: bool) -> SourceSummary:
     """A source's files, and with `count` its documents and tokens, read as a lane reads them."""
     spec = job.spec
     source, config = spec.sources[index], job.data.sources[index]
@@ -141,7 +139,7 @@ def source_summary(job: Job, index: int, count: bool) -> SourceSummary:
     )
 
 
-def _count(job: Job, index: int) -> Counts:
+def _count(job: LoaderJob, index: int) -> Counts:
     """Reads every block: surfaces bad lines or rows and ids outside the vocabulary, with file and position."""
     import numpy as np
 
@@ -209,7 +207,7 @@ def _transformed(source, documents, texts: list, counts: Counts) -> tuple[list, 
     return out, [t is DROPPED for t in texts]
 
 
-def _conversations(job: Job, source, texts: list, counts: Counts) -> list:
+def _conversations(job: LoaderJob, source, texts: list, counts: Counts) -> list:
     """A chat source's conversations encoded with their masks and counted (refused, too long, trained targets):
     the ids a lane trains of each (none for one it leaves out)."""
     import numpy as np
@@ -239,11 +237,11 @@ def _excluded_in(exclusion, index: int, documents) -> int:
     )
 
 
-def schedule(job: Job) -> Schedule | None:
+def schedule(job: LoaderJob) -> Schedule | None:
     """The phases, each with its steps and the tokens per source it is expected to read (weight x slots)."""
     if not job.data.phases:
         return None
-    last = job.config.training.steps
+    last = job.training_steps
     starts = [p.start_step for p in job.data.phases] + [last + 1]
     phases = []
     for phase, start, end in zip(job.data.phases, starts, starts[1:]):
@@ -263,7 +261,7 @@ def schedule(job: Job) -> Schedule | None:
     return Schedule(last, phases, resting, [Stage(e.start, end, e.seq_len) for e, end in zip(eras, ends)])
 
 
-def exclusion(job: Job) -> Exclusion | None:
+def exclusion(job: LoaderJob) -> Exclusion | None:
     """How many documents of the `[dataloader] exclude` list the sources hold, and which they do not."""
     from zephon_titan.engine.exclusion import missing_entries, parse_list
 
@@ -281,20 +279,18 @@ def exclusion(job: Job) -> Exclusion | None:
     )
 
 
-def validation(job: Job, count: bool) -> Validation:
+def validation(job: LoaderJob, count: bool) -> Validation:
     """The eval set, built as the trainer's ZephonEvalLoader builds it; with `count`, its first step too."""
     from zephon_titan import progress
     from zephon_titan.engine import build_engine, rows_per_lane
     from zephon_titan.engine.eval_set import eval_steps
     from zephon_titan.engine.packing import packer_class
 
-    validator = job.config.validator
-    if not validator.enable:
+    if not job.eval_enabled:
         return Validation(enabled=False)
     progress.doing("building the eval set")
     job.check_eval_layout(1)
-    eval_loader = validator.dataloader
-    data = eval_loader.data
+    data = job.eval_data
     from zephon_titan.job_file import eval_message
     from zephon_titan.titan.tokenizer import loader_tokenizer
 
@@ -304,16 +300,16 @@ def validation(job: Job, count: bool) -> Validation:
     except ConfigError as e:
         raise ConfigError(f"{job.path}: {eval_message(e)}") from None
     if count:  # its first step: an eval set without a single row is refused, as the trainer refuses it
-        next(eval_steps(spec, range(data.num_lanes), rows_per_lane(eval_loader.global_batch_size, data.num_lanes), 1))
-    size = "the whole eval set once" if validator.steps == -1 else f"{validator.steps} eval steps"
+        next(eval_steps(spec, range(data.num_lanes), rows_per_lane(job.eval_global_batch_size, data.num_lanes), 1))
+    size = "the whole eval set once" if job.eval_steps == -1 else f"{job.eval_steps} eval steps"
     sources = []
     for source in data.sources:
         part = f"held-out part (eval_fraction {source.eval_fraction:g}, split_seed {data.split_seed})"
         sources.append(EvalSource(source.name, part if data.split == "eval" else "all documents", list(source.paths)))
-    return Validation(True, validator.freq, size, eval_loader.global_batch_size, data.num_lanes, sources)
+    return Validation(True, job.eval_freq, size, job.eval_global_batch_size, data.num_lanes, sources)
 
 
-def world_sizes(job: Job, asked: list[int]) -> WorldSizes:
+def world_sizes(job: LoaderJob, asked: list[int]) -> WorldSizes:
     """The data-parallel sizes that can run the job, and why each size asked for can or cannot."""
     from zephon_titan.engine import valid_world_sizes
 

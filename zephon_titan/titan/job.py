@@ -28,9 +28,8 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.trainer import Trainer
 
 from zephon_titan.config import DataConfig, short_repr
-from zephon_titan.engine import validate_batch_layout
 from zephon_titan.errors import ConfigError
-from zephon_titan.job_file import check_eval_data, check_model, eval_message, eval_settings, read_job_file
+from zephon_titan.job_file import check_model, eval_settings, read_job_file
 from zephon_titan.job_view import LoaderJob
 from zephon_titan.titan.dataloader import ZephonDataLoader
 from zephon_titan.titan.tokenizer import load_hf_tokenizer
@@ -95,7 +94,6 @@ class Job(LoaderJob):
 
     @property
     def model_max_seq_len(self) -> int | None:
-        """The model's longest sequence (TorchTitan's Decoder.Config.max_seq_len: its RoPE cache), if it says."""
         model = self.config.model_spec.model if self.config.model_spec else None
         try:
             most = getattr(model, "max_seq_len", None)
@@ -103,39 +101,24 @@ class Job(LoaderJob):
             return None
         return most if isinstance(most, int) and not isinstance(most, bool) else None
 
-    def check_model_seq_len(self) -> None:
-        """A seq_len above the model's maximum fails when TorchTitan builds the model (after the resume checks);
-        say it first, in one line. A resume may change seq_len (docs/changing-a-run.md), up to this bound."""
-        most = self.model_max_seq_len
-        if most is not None and self.seq_len > most:
-            raise ConfigError(
-                f"{self.path}: [training] seq_len = {self.seq_len} is above the model's maximum sequence length "
-                f"{most} (its RoPE max_seq_len); use seq_len <= {most} or a model configured for longer sequences"
-            )
+    @property
+    def cuda_graphs(self) -> bool:
+        return not self.config.training.disable_cuda_graphs
 
-    def check_seq_len_schedule(self) -> None:
-        """`[[dataloader.phases]] seq_len` (engine/seq_len_schedule.py checks each against training.seq_len): TorchTitan's CUDA
-        graphs (on by default on NVIDIA GPUs) refuse an input of another shape, and context or sequence parallelism
-        needs every length divisible as it checks training.seq_len."""
-        eras = self.spec.job_eras
-        if not eras:
-            return
-        lengths = ", ".join(f"{e.seq_len} from step {e.start}" for e in eras)
-        if not self.config.training.disable_cuda_graphs:
-            raise ConfigError(
-                f"{self.path}: [[dataloader.phases]] seq_len ({lengths}) needs [training] disable_cuda_graphs = true: "
-                "TorchTitan's CUDA graphs refuse inputs of another shape"
-            )
+    @property
+    def seq_len_divisor(self) -> int:
         p = self.config.parallelism
-        divisor = (p.tensor_parallel_degree if p.enable_sequence_parallel else 1) * (
+        return (p.tensor_parallel_degree if p.enable_sequence_parallel else 1) * (
             2 * p.context_parallel_degree if p.context_parallel_degree > 1 else 1
         )
-        odd = [e for e in eras if e.seq_len % divisor]
-        if odd:
-            raise ConfigError(
-                f"{self.path}: [[dataloader.phases]] seq_len {odd[0].seq_len} (from step {odd[0].start}) is not "
-                f"divisible by {divisor}, as the context/sequence parallelism needs (TorchTitan checks training.seq_len)"
-            )
+
+    @property
+    def eval_enabled(self) -> bool:
+        return self.config.validator.enable
+
+    @property
+    def eval_freq(self) -> int:
+        return self.config.validator.freq
 
     def dp_world_size(self, world_size: int) -> int:
         """Data-parallel size (dp_replicate x dp_shard, TorchTitan's "batch" degree) of a run on `world_size`
@@ -155,20 +138,6 @@ class Job(LoaderJob):
                 f"{p.pipeline_parallel_degree} must equal {world_size}"
             )
         return dims.dp_replicate * dims.dp_shard
-
-    def check_eval_layout(self, dp_world_size: int) -> None:
-        """The eval set's batch layout at this data-parallel size (when validation is on)."""
-        validator = self.config.validator
-        if not validator.enable:
-            return
-        data = validator.dataloader.data
-        check_eval_data(data)
-        try:
-            validate_batch_layout(
-                data.num_lanes, validator.dataloader.global_batch_size, dp_world_size, self.local_batch_size
-            )
-        except ConfigError as e:
-            raise ConfigError(f"{self.path}: {eval_message(e)}") from None
 
     def checkpoint_to_resume(self) -> str | None:
         """The local DCP folder whose loader state TorchTitan's CheckpointManager.load will restore, found by its
