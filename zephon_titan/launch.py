@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
             print(CLEAR_LINE, end="", flush=True)
     device = "CPU (gloo)" if args.cpu else "GPU"
     say(
-        f"checked {args.config} for {ranks} in {time.monotonic() - started:.0f} s; starting them on {device} from "
+        f"checked {args.config} for {ranks} in {time.monotonic() - started:.0f} s; starting "
+        f"{'them' if args.nproc * args.nnodes > 1 else 'it'} on {device} from "
         f"{start}; rank 0's log below, every rank's in {log_dir}"
     )
     return launch(args, module, job_args, log_dir)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 import torch
 
 from zephon_titan.errors import EXIT_USER_ERROR, ConfigError, ZephonError, report_once
-from zephon_titan.titan.job import Job, load_job, without_default_load_warning
+from zephon_titan.titan.job import Job, load_job, without_inapplicable_warnings
 
 CONFIG_FLAG = "--job.config_file"
 
@@ -68,7 +69,7 @@ def run(job: Job) -> None:
     check_resume(job)
     trainer = None
     try:
-        with without_default_load_warning():  # the trainer builds its checkpoint config again
+        with without_inapplicable_warnings(job.config):  # the trainer builds its checkpoint config again
             trainer = job.config.build()
         trainer.train()
     except BaseException:
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None, prepare: Callable | None = None) -> None
     from zephon_titan.log_ranks import quiet_other_ranks
 
     init_logger()
+    # TorchTitan's LR schedulers are functions of the step: on a resume its container recomputes each rate with
+    # get_lr(), by design, and torch warns on every resume that get_lr() was called outside step().
+    warnings.filterwarnings("ignore", message="To get the last learning rate computed by the scheduler")
     quiet_other_ranks()  # our lines once per job (rank 0); other ranks only our warnings and errors
     try:
         run(parse_args(sys.argv[1:] if argv is None else argv, prepare))

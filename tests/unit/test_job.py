@@ -254,3 +254,21 @@ def test_a_seq_len_above_the_models_maximum_is_refused(tmp_path, corpus_dir, tok
         f.write(text)
     assert main(["validate", path, "--no-count"]) == 2
     assert "is above the model's maximum sequence length 131072" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hf", [False, True])
+def test_the_safetensors_index_note_is_kept_only_for_hf_checkpoints(tmp_path, caplog, hf):
+    """TorchTitan's own adapter warns that hf_assets_path has no model.safetensors.index.json: about how an HF-format
+    save is sharded. A job that neither saves nor loads in HF format does not see it; one that does still does."""
+    import logging
+
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    from zephon_titan.titan.job import without_inapplicable_warnings
+
+    config = llama3_debugmodel()
+    config.checkpoint.last_save_in_hf = hf
+    with caplog.at_level(logging.WARNING), without_inapplicable_warnings(config):
+        Llama3StateDictAdapter(config.model_spec.model, str(tmp_path))
+    assert ("model.safetensors.index.json not found" in caplog.text) == hf

@@ -307,7 +307,7 @@ def _apply(target: Any, table: dict, where: str, path: str) -> None:
 def load_job(path: str, overrides: Sequence[str] = (), prepare: Callable | None = None) -> Job:
     """Read the job TOML (+ `extends`), then `prepare` (the CPU shims), then command-line overrides
     (`--section.key value`, as TorchTitan takes them)."""
-    with without_default_load_warning():
+    with without_inapplicable_warnings():
         config = read_job_config(path)
         if prepare is not None:
             config = prepare(config)
@@ -325,14 +325,21 @@ def load_job(path: str, overrides: Sequence[str] = (), prepare: Callable | None 
 # (initial_load_model_only = True) and no initial_load_path: on every job, every rank, several times, as
 # the first line of every run and every failing one. It says that a default does nothing; we drop it.
 _NO_INITIAL_LOAD_PATH = "initial_load_model_only=True has no effect without an initial_load_path"
+# And this when hf_assets_path (often a tokenizer-only folder) has no safetensors index: it says how an HF-format
+# save would be sharded, which matters only to a job that saves or loads in HF format.
+_NO_SAFETENSORS_INDEX = "model.safetensors.index.json not found at hf_assets_path"
 
 
 @contextlib.contextmanager
-def without_default_load_warning() -> Iterator[None]:
-    """Drop that warning from the root logger (TorchTitan's) while a config or the trainer is built."""
+def without_inapplicable_warnings(config: Any = None) -> Iterator[None]:
+    """Drop those warnings from the root logger (TorchTitan's) while a config or the trainer is built; the
+    safetensors one only when `config` (a trainer config) neither saves nor loads in HF format."""
+    checkpoint = getattr(config, "checkpoint", None)
+    hf = checkpoint is None or checkpoint.last_save_in_hf or checkpoint.initial_load_in_hf
+    dropped = (_NO_INITIAL_LOAD_PATH,) if hf else (_NO_INITIAL_LOAD_PATH, _NO_SAFETENSORS_INDEX)
 
     def keep(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(_NO_INITIAL_LOAD_PATH)
+        return not record.getMessage().startswith(dropped)
 
     root = logging.getLogger()
     root.addFilter(keep)
