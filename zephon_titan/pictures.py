@@ -1,11 +1,14 @@
-"""Pictures drawn as SVG text, with no plotting dependency (and no torch): what `plan --plot` writes, and the
-demo's token_shares.svg.
+"""Pictures drawn as SVG text, with no plotting dependency (and no torch): what `plan --plot` and `validate --plot`
+write, and the demo's token_shares.svg.
 
 shares_svg draws each source's share of the tokens of every step (top panel) and of all steps so far (bottom
 panel) against its target weight, dashed: under a schedule the target moves with the phases (and their ramps),
 so it is drawn per step. Every element a reader (or a test) needs is marked: `class="share"` polylines with
 `data-source` and `data-panel`, `class="target"` polylines, `class="ytick"`/`class="xtick"` lines with
 `data-value`.
+
+draws_svg draws, for each source, its training tokens per epoch (a light bar, `class="epoch"`) and what the run's
+steps draw from it (a dark bar, `class="drawn"`), labelled with the number of epochs that is.
 """
 
 from __future__ import annotations
@@ -154,3 +157,60 @@ def _legend(names: Sequence[str], left: float, top: float) -> list[str]:
     out.append(f'<text x="{at + 30:.1f}" y="2">target weight</text>')
     out.append("</g>")
     return out
+
+
+def _tokens(value: float) -> str:
+    """1.5M, 320K, 12,000."""
+    for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:,.0f}"
+
+
+def draws_svg(names: Sequence[str], drawn: Sequence[float], per_epoch: Sequence[float], title: str) -> str:
+    """Each source's row: its tokens per epoch and the tokens the run draws from it, on one token axis."""
+    row_height, top = 40, 70
+    left = 24 + 7 * max(len(n) for n in names)  # the source names
+    inner_w = WIDTH - left - RIGHT
+    height = top + row_height * len(names) + 50
+    ticks = nice_ticks(0, max([*drawn, *per_epoch, 1.0]), 6)
+    most = ticks[-1] if ticks[-1] >= max([*drawn, *per_epoch]) else ticks[-1] + (ticks[1] - ticks[0])
+    ticks = ticks if ticks[-1] == most else [*ticks, most]
+
+    def x(tokens: float) -> float:
+        return left + inner_w * tokens / most
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="12">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left + inner_w / 2}" y="22" text-anchor="middle" font-size="15">{escape(title)}</text>',
+        f'<g class="legend" transform="translate({left},44)"><rect x="0" y="-9" width="12" height="12" '
+        'fill="#c6dbef"/><text x="17" y="2">one epoch of the source</text><rect x="190" y="-9" width="12" '
+        'height="12" fill="#08519c"/><text x="207" y="2">what the run draws (label: epochs)</text></g>',
+    ]
+    bottom = top + row_height * len(names)
+    for tick in ticks:
+        out.append(
+            f'<line class="xtick" data-value="{tick:g}" x1="{x(tick):.2f}" y1="{top}" x2="{x(tick):.2f}" '
+            f'y2="{bottom + 5}" stroke="#e4e4e4"/>'
+        )
+        out.append(f'<text x="{x(tick):.2f}" y="{bottom + 18}" text-anchor="middle">{_tokens(tick)}</text>')
+    out.append(f'<text x="{left + inner_w / 2}" y="{bottom + 36}" text-anchor="middle">tokens</text>')
+    for s, name in enumerate(names):
+        y = top + row_height * s + 6
+        epochs = drawn[s] / per_epoch[s] if per_epoch[s] else float("inf")
+        out.append(f'<text x="{left - 6}" y="{y + 17}" text-anchor="end">{escape(name)}</text>')
+        out.append(
+            f'<rect class="epoch" data-source="{escape(name)}" data-tokens="{per_epoch[s]:.0f}" x="{left}" '
+            f'y="{y}" width="{x(per_epoch[s]) - left:.2f}" height="26" fill="#c6dbef"/>'
+        )
+        out.append(
+            f'<rect class="drawn" data-source="{escape(name)}" data-tokens="{drawn[s]:.0f}" x="{left}" '
+            f'y="{y + 8}" width="{x(drawn[s]) - left:.2f}" height="10" fill="#08519c"/>'
+        )
+        label = f"{epochs:.2f} epochs" if epochs != float("inf") else "no tokens"
+        out.append(f'<text x="{max(x(drawn[s]), x(per_epoch[s])) + 6:.2f}" y="{y + 17}">{label}</text>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

@@ -118,3 +118,49 @@ def test_pictures_need_nothing_heavy():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     )
     assert not loaded & {"torch", "torchtitan", "numpy"}, loaded & {"torch", "torchtitan", "numpy"}
+
+
+def _draws(out: str) -> dict[str, tuple[float, float]]:
+    """validate's "the run's draw" section: source -> (tokens drawn, tokens per epoch)."""
+    section = out.split("the run's draw", 1)[1].splitlines()[1:]
+    found = {}
+    for line in section:
+        if not line.startswith("  ") or "epochs of its" not in line:
+            break
+        name, rest = line.split(maxsplit=1)
+        drawn, epoch = rest.split(" tokens: ")[0].lstrip("~"), rest.split("epochs of its ")[1].split(";")[0]
+        found[name] = (float(drawn.replace(",", "")), float(epoch.replace(",", "")))
+    return found
+
+
+def test_validate_says_and_draws_what_the_run_reads(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    """Under a 2-phase schedule, with prose partly held out: the draws add up to every token of every step, each is
+    what `plan` finds the run drawing (within the mixing's rounding), the held-out part is not counted as
+    trainable, and the picture's bars stand for the same numbers."""
+    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir, training="steps = 30", source="")
+    text = open(job).read().replace("weight = 0.4\n", "").replace("weight = 0.6\n", "")
+    with open(job, "w") as f:
+        f.write(text.replace("[dataloader.sources.code]", PHASES + "[dataloader.sources.code]"))
+    held = tmp_path / "held.toml"
+    held.write_text(open(job).read().replace("block_bytes = 16384", "block_bytes = 16384\neval_fraction = 0.3"))
+    svg = tmp_path / "draws.svg"
+    assert main(["validate", job, "--plot", str(svg)]) == 0
+    draws = _draws(capsys.readouterr().out)
+    assert sum(d for d, _ in draws.values()) == pytest.approx(30 * 16 * 64, abs=2)
+    assert main(["plan", job, "--steps", "30", "-o", str(tmp_path / "plan.jsonl")]) == 0
+    planned = {name: 0 for name in draws}
+    for entry in read_ledger(str(tmp_path / "plan.jsonl")):
+        for name, tokens in entry.tokens.items():
+            planned[name] += tokens
+    for name, (drawn, _) in draws.items():
+        assert planned[name] == pytest.approx(drawn, rel=0.05), (name, planned, draws)
+    assert main(["validate", str(held)]) == 0
+    held_draws = _draws(capsys.readouterr().out)
+    assert held_draws["prose"][1] < 0.8 * draws["prose"][1] and held_draws["code"] == draws["code"]
+    bars = {(r.get("class"), r.get("data-source")): r for r in ET.parse(svg).getroot().iter(f"{SVG}rect")}
+    for name, (drawn, epoch) in draws.items():
+        d, e = bars["drawn", name], bars["epoch", name]
+        assert float(d.get("data-tokens")) == pytest.approx(drawn, abs=1)
+        assert float(d.get("width")) / float(e.get("width")) == pytest.approx(drawn / epoch, rel=1e-3)
+    assert main(["validate", job, "--plot", str(svg), "--no-count"]) != 0
+    assert "drop --no-count" in capsys.readouterr().err

@@ -5,7 +5,7 @@ zephon-titan plan CONFIG.toml --validation [--json]
 zephon-titan verify A.jsonl B.jsonl
 zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan where CONFIG.toml --source S (--file F --row N | --match TEXT) [--steps A-B] [--json]
-zephon-titan validate CONFIG.toml [--world-sizes 8,16,32]
+zephon-titan validate CONFIG.toml [--world-sizes 8,16,32] [--plot F.svg]
 zephon-titan run [--nproc N] [--cpu] CONFIG.toml [--section.key value ...]
 zephon-titan index CONFIG.toml [--check]
 zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
@@ -136,6 +136,11 @@ def _add_validate(sub) -> None:
         help="data-parallel sizes to check the batch layout for; exit 1 if one is invalid",
     )
     validate.add_argument("--no-count", action="store_true", help="skip reading every document")
+    validate.add_argument(
+        "--plot",
+        metavar="F.svg",
+        help="draw each source's tokens per epoch beside what the run's steps draw from it (an SVG)",
+    )
     validate.add_argument(
         "--check-tokenizer",
         action="store_true",

@@ -17,11 +17,13 @@ from zephon_titan.cli.validate_report import (
     FINGERPRINT,
     SOURCES,
     Counts,
+    Draw,
     EvalSource,
     Exclusion,
     JobSummary,
     Missing,
     Phase,
+    RunDraws,
     Schedule,
     SourceSummary,
     Special,
@@ -54,6 +56,8 @@ def cmd_validate(args) -> int:
     from zephon_titan.job_file import read_job_file
     from zephon_titan.job_record import resolved_job
 
+    if args.plot and args.no_count:
+        raise ZephonError("validate --plot draws the counted tokens of each source: drop --no-count")
     progress.doing(f"reading {args.config}")
     file = read_job_file(args.config)  # the first pass: the file, [model]'s keys, [dataloader], the eval set (no torch)
     # Resolves the job as the trainer does (unknown or mistyped TorchTitan keys, the recipe's model), or as it
@@ -75,6 +79,11 @@ def cmd_validate(args) -> int:
     for index in range(len(job.spec.sources)):
         report.sources.append(source_summary(job, index, count=not args.no_count))
         _show(report.sources[-1].lines())
+    report.draws = run_draws(job, report.sources)
+    if report.draws is not None:
+        _show(report.draws.lines())
+        if args.plot:
+            write_draws_picture(report.draws, job.path, args.plot)
     report.schedule = schedule(job)
     if report.schedule is not None:
         _show(report.schedule.lines())
@@ -181,9 +190,9 @@ def _count(job: LoaderJob, index: int) -> Counts:
             counts.kept += int(documents.keep.sum())
             counts.copies += float(copies.sum())
             counts.tokens_after += float((copies * lengths).sum())
-        counts.held_out += int(
-            held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction).sum()
-        )
+        held = held_out(spec.config.split_seed, documents.file, documents.rows, config.eval_fraction)
+        counts.held_out += int(held.sum())
+        counts.held_out_tokens += int(lengths[held].sum())
         progress.advance(1, counts.tokens - before)
     counts.pipeline_seconds = source.pipeline_seconds
     return counts
@@ -235,6 +244,45 @@ def _excluded_in(exclusion, index: int, documents) -> int:
         exclusion.excludes(index, documents.file, row) or exclusion.lists_text(text)
         for text, row in zip(documents.texts, documents.rows)
     )
+
+
+def run_draws(job: LoaderJob, sources: list[SourceSummary]) -> RunDraws | None:
+    """What the run's [training] steps draw from each source, expected from the weights at each step, the rows
+    and their length, against the source's training tokens per epoch (None: the documents were not counted)."""
+    spec, steps = job.spec, job.training_steps
+    drawn = dict.fromkeys(spec.source_names, 0.0)
+    if job.data.phases:  # weights (and ramps, and row lengths) by step
+        for step in range(1, steps + 1):
+            tokens = job.global_batch_size * spec.era_of(step).seq_len
+            for name, weight in spec.schedule.weights_by_name(step).items():
+                drawn[name] += weight * tokens
+    else:
+        for name, weight in spec.schedule.weights_by_name(1).items():
+            drawn[name] = weight * job.global_batch_size * spec.seq_len * steps
+    draws = []
+    for source in sources:
+        if source.counts is None:
+            return None
+        c = source.counts
+        per_epoch = c.tokens_after if c.copies or c.kept else float(c.tokens)  # keep/repeat: its expected copies
+        per_epoch *= 1 - c.held_out_tokens / c.tokens if c.tokens else 1.0  # the eval set's part is not trained
+        draws.append(Draw(source.name, drawn[source.name], per_epoch))
+    return RunDraws(steps, job.data.exhaustion, draws)
+
+
+def write_draws_picture(draws: RunDraws, job_path: str, path: str) -> None:
+    """`validate --plot`: each source's epoch beside what the run draws from it (pictures.py)."""
+    from zephon_titan.pictures import draws_svg
+
+    names = [d.name for d in draws.draws]
+    title = f"{os.path.basename(job_path)}: tokens per source, {draws.steps:,} steps"
+    svg = draws_svg(names, [d.drawn for d in draws.draws], [d.per_epoch for d in draws.draws], title)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(svg)
+    except OSError as e:
+        raise ZephonError(f"--plot {path}: cannot write the picture ({e.strerror})") from None
+    print(f"  (drawn in {path})")
 
 
 def schedule(job: LoaderJob) -> Schedule | None:

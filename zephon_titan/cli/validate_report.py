@@ -68,6 +68,7 @@ class Counts:
     tokens: int
     excluded: int  # skipped by the `[dataloader] exclude` list
     held_out: int  # the eval set's part (eval_fraction)
+    held_out_tokens: int = 0  # and its tokens
     kept: int = 0  # with keep or repeat: documents its keep condition holds for
     copies: float = 0.0  # and the copies a pass trains of them, expected (sum of the repeat values)
     tokens_after: float = 0.0  # and the tokens those copies hold, expected
@@ -232,6 +233,41 @@ class Schedule:
 
 
 @dataclass
+class Draw:
+    """What the run's steps draw from a source, expected from the weights, against its tokens per epoch."""
+
+    name: str
+    drawn: float  # weight x rows x row length, step by step, summed over [training] steps
+    per_epoch: float  # its training tokens in one epoch (held-out ones out; keep and repeat's expected copies in)
+
+    @property
+    def epochs(self) -> float:
+        return self.drawn / self.per_epoch if self.per_epoch else float("inf")
+
+
+@dataclass
+class RunDraws:
+    """Each source's draw over the run."""
+
+    steps: int
+    exhaustion: str
+    draws: list[Draw]
+
+    def lines(self) -> Iterator[str]:
+        yield f"the run's draw ([training] steps = {self.steps:,}; expected from the weights, rows and row lengths):"
+        for d in self.draws:
+            note = ""
+            if d.epochs > 1:
+                note = (
+                    "; read once (exhaustion = redistribute): it runs out before the last step and the others "
+                    "take its share"
+                    if self.exhaustion == "redistribute"
+                    else "; each epoch in a new order"
+                )
+            yield f"  {d.name:<12} ~{d.drawn:,.0f} tokens: {d.epochs:.2f} epochs of its {d.per_epoch:,.0f}{note}"
+
+
+@dataclass
 class Missing:
     """A line of the exclusion list that names no document of the sources."""
 
@@ -345,6 +381,7 @@ class ValidateReport:
     fingerprint: dict[str, str] = field(default_factory=dict)
     weight_notes: list[str] = field(default_factory=list)
     sources: list[SourceSummary] = field(default_factory=list)
+    draws: RunDraws | None = None
     schedule: Schedule | None = None
     exclusion: Exclusion | None = None
     validation: Validation | None = None
