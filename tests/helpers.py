@@ -206,12 +206,12 @@ LINES = formats.Format(
 
 @contextlib.contextmanager
 def registered_format(fmt: formats.Format):
-    """`fmt` in the format registry for the duration (the package has no way to remove one: it needs none)."""
+    """`fmt` in the format registry for the duration."""
     formats.register_format(fmt)
     try:
         yield fmt
     finally:
-        formats._FORMATS.pop(fmt.name, None)
+        formats.unregister_format(fmt.name)
 
 
 @contextlib.contextmanager

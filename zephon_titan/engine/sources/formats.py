@@ -9,6 +9,7 @@ size, so a doctored index cannot drop documents or read past a file's end; and, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,6 +62,8 @@ class Format:
 
 
 _FORMATS: dict[str, Format] = {}
+# Bumped when a format is registered or removed: format_of_name's cached answers are per version.
+_REGISTRY_VERSION = [0]
 SNIFF_BYTES = 4096
 
 
@@ -68,7 +71,14 @@ def register_format(fmt: Format) -> Format:
     if fmt.name in _FORMATS or fmt.name == "auto":
         raise ValueError(f"source format {fmt.name!r} is registered already")
     _FORMATS[fmt.name] = fmt
+    _REGISTRY_VERSION[0] += 1
     return fmt
+
+
+def unregister_format(name: str) -> None:
+    """Remove a registered format (a test's own)."""
+    _FORMATS.pop(name, None)
+    _REGISTRY_VERSION[0] += 1
 
 
 def format_names() -> list[str]:
@@ -105,14 +115,41 @@ def format_of_file(source: SourceConfig, path: str, options: StorageOptions = St
 def format_of_name(path: str, options: StorageOptions = StorageOptions()) -> Format | None:
     """The format `format = "auto"` picks for a file (None: none): a sniffing format whose names it has and which
     recognizes its first bytes, else the first format whose names it has."""
-    sniffing = [f for f in _FORMATS.values() if f.sniff is not None and path.endswith(f.extensions)]
+    sniffing, plain = _formats_named(path)
     if sniffing:
         with storage.open_own_file(path, options) as handle:
             head = storage.read_range(handle, path, 0, min(handle.size(), SNIFF_BYTES), "its first bytes")
         for fmt in sniffing:
             if fmt.sniff is not None and fmt.sniff(head):
                 return fmt
-    return next((f for f in _FORMATS.values() if f.sniff is None and path.endswith(f.extensions)), None)
+    return plain
+
+
+def _formats_named(path: str) -> tuple[list[Format], Format | None]:
+    """The sniffing formats whose names `path` has, and the first other one (None: none), in registry order.
+    Whether a path ends with an extension that starts with "." (and has no "/") depends only on its name from
+    the name's first "."; the few other extensions (a dataset's `index.json`) are tested as they are. 100,000
+    files of a source then share a handful of answers."""
+    name = path.rpartition("/")[2]
+    dotted = name[name.find(".") :] if "." in name else ""
+    others = tuple(path.endswith(e) for e in _undotted(_REGISTRY_VERSION[0]))
+    return _formats_of_ending(dotted, others, _REGISTRY_VERSION[0])
+
+
+@functools.lru_cache(maxsize=4)
+def _undotted(_version: int) -> tuple[str, ...]:
+    return tuple(e for f in _FORMATS.values() for e in f.extensions if not e.startswith(".") or "/" in e)
+
+
+@functools.lru_cache(maxsize=1024)
+def _formats_of_ending(dotted: str, others: tuple[bool, ...], version: int) -> tuple[list[Format], Format | None]:
+    undotted = dict(zip(_undotted(version), others))
+
+    def has(fmt: Format) -> bool:
+        return any(undotted[e] if e in undotted else dotted.endswith(e) for e in fmt.extensions)
+
+    named = [f for f in _FORMATS.values() if has(f)]
+    return [f for f in named if f.sniff is not None], next((f for f in named if f.sniff is None), None)
 
 
 def dataset_format(source: SourceConfig) -> Format | None:

@@ -9,6 +9,7 @@ because it is pure pattern logic, checked against glob.glob by a property test.
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -67,6 +68,7 @@ def glob_each_directory_once(pattern: str) -> list[str]:
     return found
 
 
+@functools.lru_cache(maxsize=256)  # an index's every record is checked against its source's few patterns
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """The standard library's glob as a regex where it has one (Python 3.13+), else ours; the property
     test checks whichever runs against glob.glob on disk."""

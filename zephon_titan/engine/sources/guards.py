@@ -89,10 +89,11 @@ def open_bounded(path: str, max_bytes: int, what: str, error: type[ZephonError] 
 def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "matched paths") -> None:
     """Refuse local paths that resolve to the same file (each copy would be read as data)."""
     by_target: defaultdict[str, list[str]] = defaultdict(list)
+    real_folders: dict[str, str] = {}
     for path in paths:
         if "://" not in path:
-            by_target[os.path.realpath(path)].append(path)
-    for target, same in sorted(by_target.items()):
+            by_target[_realpath(path, real_folders)].append(path)
+    for target, same in sorted((t, same) for t, same in by_target.items() if len(same) > 1):
         if len(same) > 1:
             same = sorted(same, key=lambda p: (len(p), p))
             shown = ", ".join(same[:3]) + (f", ... ({len(same) - 3} more)" if len(same) > 3 else "")
@@ -101,6 +102,23 @@ def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "ma
                 "symlink loop under `**`) reaches it more than once, and each copy would be read as data; remove "
                 "the symlink or narrow the glob"
             )
+
+
+def _realpath(path: str, real_folders: dict[str, str]) -> str:
+    """os.path.realpath(path), resolving each folder once (`real_folders`): 100,000 files of a few folders cost one
+    lstat each (is the file itself a symlink?) instead of one per component of every path."""
+    absolute = path if path.startswith("/") else os.path.abspath(path)
+    folder, _, name = absolute.rpartition("/")
+    try:
+        linked = stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        linked = True  # missing or unreadable: the full resolution decides, as before
+    if linked or name in ("", ".", ".."):
+        return os.path.realpath(path)
+    real = real_folders.get(folder)
+    if real is None:
+        real = real_folders[folder] = os.path.realpath(folder or "/")
+    return f"{real.rstrip('/')}/{name}"
 
 
 def refuse_credentials_in_path(path: str, where: str) -> None:

@@ -7,7 +7,6 @@ it stands apart from jsonl.py, which reads a block's lines for the lanes.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pyarrow as pa
@@ -29,7 +28,9 @@ def num_blocks(path: str, size: int, block_bytes: int) -> int:
 
 def compression(path: str) -> str | None:
     """The codec of a compressed JSONL file, by its ending (None: not compressed)."""
-    return _COMPRESSION.get(os.path.splitext(path)[1])
+    name = path[path.rfind("/") + 1 :].lstrip(".")  # os.path.splitext's extension, without its per-call cost
+    dot = name.rfind(".")
+    return _COMPRESSION.get(name[dot:]) if dot != -1 else None
 
 
 def check_record(f: FileBlocks, source: SourceConfig) -> str:

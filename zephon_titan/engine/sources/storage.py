@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
@@ -200,12 +201,23 @@ def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> lis
 
 def matches(pattern: str, path: str) -> bool:
     """Whether `expand(pattern)` could list `path` (checks an index record without listing)."""
+    return _matcher(pattern)(path)
+
+
+@lru_cache(maxsize=256)  # an index's every record is checked against its source's few patterns
+def _matcher(pattern: str) -> Callable[[str], bool]:
     pattern = pattern.rstrip("/") if is_uri(pattern) else os.path.normpath(pattern)
-    if path == pattern:
-        return True
-    if globs.GLOB_CHARS.search(pattern):
-        return globs.glob_regex(pattern).fullmatch(path) is not None
-    return is_uri(pattern) and path.startswith(pattern + "/")  # an object-store prefix lists all under it
+    regex = globs.glob_regex(pattern) if globs.GLOB_CHARS.search(pattern) else None
+    prefix = pattern + "/" if is_uri(pattern) else None  # an object-store prefix lists all under it
+
+    def match(path: str) -> bool:
+        if path == pattern:
+            return True
+        if regex is not None:
+            return regex.fullmatch(path) is not None
+        return prefix is not None and path.startswith(prefix)
+
+    return match
 
 
 @lru_cache(maxsize=64)
