@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -16,7 +18,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import corpus  # noqa: E402
 
 # Remembered job resolutions (job_record.py) stay in this session's own folder, never in the user's cache.
-os.environ.setdefault("ZEPHON_TITAN_CACHE", tempfile.mkdtemp(prefix="zephon-titan-cache-"))
+if "ZEPHON_TITAN_CACHE" not in os.environ:
+    os.environ["ZEPHON_TITAN_CACHE"] = tempfile.mkdtemp(prefix="zephon-titan-cache-")
+    atexit.register(shutil.rmtree, os.environ["ZEPHON_TITAN_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
