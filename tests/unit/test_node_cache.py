@@ -204,3 +204,17 @@ def test_a_full_disk_is_one_warning_and_the_bytes_still_come(tmp_path, caplog, m
     warnings = [r.message for r in caplog.records if "node cache" in r.message]
     assert len(warnings) == 1 and "it is full" in warnings[0], warnings
     assert cache.off and not list(tmp_path.glob("c/*.tmp*")) and not list(tmp_path.glob("c/*.data"))
+
+
+def test_readers_racing_for_one_object_download_it_once(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache, downloads = node_cache.NodeCache(str(tmp_path / "c"), max_bytes=1 << 20), []
+
+    def slow(name):  # long enough that every reader arrives while the first downloads
+        time.sleep(0.2)
+        return _fake(100, downloads, name)()
+
+    with ThreadPoolExecutor(8) as pool:  # each thread opens the lock file itself, as a process does
+        got = list(pool.map(lambda _: cache.fetch("s3://b/x", 100, 1, lambda: slow("x")), range(8)))
+    assert downloads == ["x"] and len(set(got)) == 1 and cache.stats["hits"] == 7

@@ -109,10 +109,10 @@ class NodeCache:
         return entry, data
 
     def _store(self, key: str, data: bytes) -> None:
-        for stale in glob.glob(glob.escape(self._path(key, "tmp")) + ".*"):  # a writer that died (the lock is ours)
-            _remove(stale)
         tmp = f"{self._path(key, 'tmp')}.{os.getpid()}.{threading.get_ident()}"
         try:
+            for stale in glob.glob(glob.escape(self._path(key, "tmp")) + ".*"):  # a writer that died (the lock is ours)
+                _remove(stale)
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, self._path(key, "data"))
