@@ -177,6 +177,10 @@ CHANGES: dict[str, Callable[[Job], tuple[dict, dict]]] = {
     "DataConfig.s3_endpoint_url": lambda job: _same(job, "s3_endpoint_url", "http://127.0.0.1:9"),
     "DataConfig.s3_region": lambda job: _same(job, "s3_region", "eu-west-1"),
     "DataConfig.s3_anonymous": lambda job: _same(job, "s3_anonymous", True),
+    # The node cache holds copies of objects under their listed size and mtime (test_node_cache.py); local files
+    # never go through it.
+    "DataConfig.cache_dir": lambda job: _same(job, "cache_dir", job.extra["index"] + ".cache"),
+    "DataConfig.cache_max_bytes": lambda job: _same(job, "cache_max_bytes", 1 << 20),
     "DataConfig.resume_allow": lambda job: _same(job, "resume_allow", ["mtimes", "locations"]),
     "SourceConfig.name": lambda job: (job.table(), _renamed_prose(job.table())),
     "SourceConfig.paths": lambda job: _same(
@@ -296,7 +300,7 @@ _TRAINING = {
     "add_bos": False, "add_eos": True, "tokenizer_backend": "tokenizers", "num_workers": 2, "prefetch_factor": 3,
     "max_document_chars": 1000, "s3_endpoint_url": "http://host", "s3_region": "r", "s3_anonymous": True,
     "resume_allow": ["mtimes"], "exclude": "list.txt", "exclude_from_step": 3, "pipeline_from_step": 4,
-    "homogeneous_rows": True, "mix_by": "targets",
+    "homogeneous_rows": True, "mix_by": "targets", "cache_dir": "/tmp/cache", "cache_max_bytes": 1 << 30,
 }  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from zephon_titan.config import schema
 from zephon_titan.config.phases import PhaseConfig, validate_phases
 from zephon_titan.config.schema import Eval, Renamed, check_settings, not_empty, refused, setting, settings, short_repr
 from zephon_titan.config.sources import THE_SPLIT, SourceConfig
@@ -46,6 +47,7 @@ def _check_resume_allow(allow: Any, what: str) -> None:
             )
 
 
+_CACHE = "where a node keeps copies of objects, not what they hold: a copy is keyed by its object's size and mtime"
 _THE_TOKENIZER = "the tokenizer component (a digest of the tokenizer's vocabulary, merges and BOS/EOS ids)"
 _IN_PROCESS = "the eval set is produced in the training process"
 _S3 = "used only for s3:// paths; where the files are is fingerprinted as their locations (resume_allow)"
@@ -291,6 +293,14 @@ class DataConfig:
 
     s3_anonymous: bool = setting(False, rows=False, rows_note=_S3)
     """Read s3:// paths without credentials (public buckets)."""
+
+    cache_dir: str = setting("", rows=False, rows_note=_CACHE, check=schema.local_path)
+    """A node-local folder where a node's ranks share the whole objects they read from object storage (compressed
+    JSONL: one block each), downloaded once per node; empty: no cache. One that cannot be written: one warning."""
+
+    cache_max_bytes: int = setting(64 << 30, rows=False, rows_note=_CACHE, bounds=(1 << 20, 1 << 50, "a node's disk"))
+    """The most bytes cache_dir holds, least recently used evicted first (a larger object is not cached); one log
+    line says when evicted objects are fetched again soon after (the working set does not fit)."""
 
     resume_allow: list[str] = setting(
         factory=list,

@@ -101,6 +101,12 @@ def not_empty(fix: str = "") -> Callable[[Any, str], None]:
     return check
 
 
+def local_path(value: str, what: str) -> None:
+    """A `check` for a path that must be on the machine itself (a folder of each node), not a URI."""
+    if "://" in value:
+        raise ConfigError(f"{what} must be a local path (a folder on each node), got the URI {value!r}")
+
+
 _KINDS: dict[type, dict[str, tuple[type, bool]]] = {}
 
 

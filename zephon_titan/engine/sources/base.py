@@ -300,12 +300,13 @@ class Source(BlockPipeline, ABC):
             "mtimes": _sha([f[2] for f in files]),
         }
 
-    def _same_object(self, f: FileBlocks) -> None:
-        """After a retried read: the object still has the listed size and last-modified time (to the second:
-        a listing and a HEAD give it at different precisions), so the retry read the same generation."""
+    def _same_object(self, f: FileBlocks, when: str = "while a read of it was retried") -> None:
+        """After a retried read (or a download for the node's cache): the object still has the listed size and
+        last-modified time (to the second: a listing and a HEAD give it at different precisions), so the read got
+        the generation listed."""
         size, mtime_ns = storage.remote_version(f.path, self.storage_options)
         if size != f.size or (mtime_ns and f.mtime_ns and mtime_ns // 10**9 != f.mtime_ns // 10**9):
-            raise self.changed_file(f, "it was replaced while a read of it was retried")
+            raise self.changed_file(f, f"it was replaced {when}")
 
     def check_unchanged(self, f: FileBlocks, handle: pa.NativeFile) -> None:
         """Refuse to read a file that is not the one listed (or indexed): its blocks would differ."""

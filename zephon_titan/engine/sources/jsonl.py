@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from zephon_titan.engine.sources import storage
+from zephon_titan.engine.sources import node_cache, storage
 from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
 from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
@@ -220,8 +220,11 @@ class JsonlSource(Source):
 
     def _decompressed(self, f: FileBlocks, codec: str) -> tuple[bytes, int]:
         """A compressed file is one block: all of it, decompressed."""
-        handle = self._open_checked(f)
-        compressed = self._read_exactly(handle, f, 0, f.size)
+        cache = node_cache.for_path(f.path, self.storage_options)
+        if cache is None:
+            compressed = self._read_exactly(self._open_checked(f), f, 0, f.size)
+        else:
+            compressed = cache.fetch(f.path, f.size, f.mtime_ns, lambda: self._download(f))
         chunks: list[bytes] = []
         total = line = 0  # line: bytes of the unfinished last line so far
         try:
@@ -238,6 +241,13 @@ class JsonlSource(Source):
         except (pa.ArrowInvalid, OSError) as e:
             raise DataError(f"{f.path}: cannot decompress as {codec} ({e}); check the file") from None
         return b"".join(chunks), 0
+
+    def _download(self, f: FileBlocks) -> bytes:
+        """A whole object for the node's cache: checked, after it is read, to be the one listed (the node's other
+        processes will read these bytes without asking the object store)."""
+        data = self._read_exactly(self._open_checked(f), f, 0, f.size)
+        self._same_object(f, "since it was listed")
+        return data
 
     def _line_number(self, f: FileBlocks, offset: int) -> int:
         """The line starting at byte `offset` of an uncompressed file (for errors: reads the bytes

@@ -38,11 +38,16 @@ class StorageOptions:
     s3_endpoint_url: str = ""
     s3_region: str = ""
     s3_anonymous: bool = False
+    cache_dir: str = ""
+    """A node-local folder for whole objects read from object storage (node_cache.py); empty: no cache."""
+    cache_max_bytes: int = 64 << 30
 
     @classmethod
     def of(cls, config: DataConfig) -> StorageOptions:
         """The options of a DataConfig."""
-        return cls(config.s3_endpoint_url, config.s3_region, config.s3_anonymous)
+        return cls(
+            config.s3_endpoint_url, config.s3_region, config.s3_anonymous, config.cache_dir, config.cache_max_bytes
+        )
 
 
 @dataclass(frozen=True)
