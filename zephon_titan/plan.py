@@ -9,6 +9,7 @@ the lanes start from the states saved in its DCP `dataloader` entries.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from zephon_titan.engine import (
     open_lane_group,
     rows_per_lane,
 )
+from zephon_titan.engine.cores import procs_note
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.lane_digests import PlanProcesses, step_digests
 from zephon_titan.engine.ledger import (
@@ -85,6 +87,8 @@ def plan_ledger(
     progress.doing(f"simulating {spec.num_lanes} lanes of {len(names)} sources ({files:,} files)", steps - start)
     with contextlib.ExitStack() as stack:
         if min(procs, spec.num_lanes) > 1:
+            if note := procs_note(min(procs, spec.num_lanes)):
+                print(f"plan: {note}", file=sys.stderr, flush=True)
             digests = stack.enter_context(PlanProcesses(spec, rows_per_lane, states or {}, start, steps, procs)).steps()
         else:
             workers, prefetch = job.data.num_workers, job.data.prefetch_factor

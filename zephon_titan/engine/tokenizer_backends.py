@@ -37,6 +37,8 @@ from typing import Any, Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from zephon_titan.engine.cores import usable_cores
+
 # The first documents each process checks against the reference on the fast backend (a safety net: on a
 # difference the run stops; the rows never change): up to VERIFY_DOCUMENTS documents, and no more once
 # VERIFY_CHARS characters are checked (the document that reaches it is checked whole). The reference
@@ -303,7 +305,7 @@ def default_threads(num_workers: int) -> int:
     process tokenizes). A worker gets at least 2: it alternates between tokenizing and packing, and
     a second thread uses the core it leaves idle meanwhile (measured on 2 cores with 2 workers:
     1 thread each is 23 % slower), so the pools oversubscribe the cores at most twice."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
     share = max(1, cores // (ranks * max(num_workers, 1)))
     return share if num_workers == 0 else max(2, share)

@@ -13,12 +13,14 @@ shapes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from zephon_titan.config import DataConfig
 from zephon_titan.engine import LaneState, Row, fingerprint, lane_digest, open_lane_group, tally
+from zephon_titan.engine.cores import workers_note
 from zephon_titan.engine.document_counts import PER_SOURCE, count_documents
 from zephon_titan.engine.resume import HEADER_CAPACITY, HEADER_VERSION, Header, LaneEntry, Restored, read_state
 from zephon_titan.engine.rows import step_tally
@@ -117,6 +119,8 @@ class RankSteps:
         # and loads a checkpoint; their lanes start at the first batch, from the consumed state.
         self._warm: Any = None
         if data.num_workers:
+            if crowded := workers_note(data.num_workers, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)):
+                log.warning(f"zephon_titan: {crowded}")
             self._warm = open_lane_group(
                 self.spec, self.lane_ids, self.rows_per_lane, data.num_workers, data.prefetch_factor, deferred=True
             )
