@@ -123,6 +123,7 @@ def _build_pipeline(
     seq_len: int,
     num_lanes: int,
     seed: int,
+    integration: bool = False,
 ) -> Any:
     from zephon import Dataset, Pipeline, StaticMixtureWorkSource
     from zephon.work import TokenEstimation
@@ -163,6 +164,9 @@ def _build_pipeline(
             # Zephon's default, stated because it is what we compare against:
             # output independent of thread timing (no latency flushes).
             deterministic=True,
+            # How Zephon's own TorchTitan and Megatron integrations run it: stages in worker processes and the
+            # engine in a subprocess of its own (MTP mode), so the trainer's thread only dequeues rows.
+            **({"runner": "process", "mtp_mode": True} if integration else {}),
         )
         .tokenize(
             tokenizer,
@@ -192,6 +196,7 @@ def run_zephon(
     num_lanes: int,
     rows: int,
     seed: int = 0,
+    integration: bool = False,
 ) -> dict:
     """Run Zephon for ``rows`` packed rows and measure it (see module docstring)."""
     if set(paths) != set(weights):
@@ -202,7 +207,7 @@ def run_zephon(
         t_build = time.perf_counter()
         dirs = {name: _as_dataset_dir(p, scratch, name) for name, p in paths.items()}
         tokenizer = _TokenizersAdapter(tokenizer_path)
-        pipe = _build_pipeline(dirs, weights, tokenizer, seq_len, num_lanes, seed)
+        pipe = _build_pipeline(dirs, weights, tokenizer, seq_len, num_lanes, seed, integration)
 
         it = iter(pipe)
         try:
@@ -233,7 +238,7 @@ def run_zephon(
         # Restore: a fresh pipeline (new Dataset discovery, new engine) fed
         # the state, up to its next row.
         t_restore = time.perf_counter()
-        pipe2 = _build_pipeline(dirs, weights, tokenizer, seq_len, num_lanes, seed)
+        pipe2 = _build_pipeline(dirs, weights, tokenizer, seq_len, num_lanes, seed, integration)
         pipe2.restore(json.loads(state_json))
         it2 = iter(pipe2)
         try:
@@ -273,9 +278,14 @@ def run_zephon(
             f"-> tokenize(tokenizers.json adapter, special_tokens='eos') "
             f"-> ensure_mixture() -> pack_flat({row_len}, algorithm='wrap'); "
             f"options world_size=1, canonical_replicas={num_lanes}, chunk_size=256; "
-            f"Engine in-process (mtp_mode off), Zephon's default plan: one "
-            f"thread stage (fetch x4, tokenize x4 threads); token-ratio "
-            f"calibration runs in a spawned process pool before the first row"
+            + (
+                "runner='process', mtp_mode=True (its TorchTitan/Megatron integrations' setting): stages in "
+                "worker processes, the engine in a subprocess"
+                if integration
+                else "Engine in-process (mtp_mode off), Zephon's default plan: one thread stage (fetch x4, "
+                "tokenize x4 threads)"
+            )
+            + "; token-ratio calibration runs in a spawned process pool before the first row"
         ),
         # Lets a reader see the rows are real text, EOS between documents.
         "first_row_preview": tokenizer.decode(_row_tokens(produced[0])[:48]),
