@@ -30,7 +30,7 @@ def free_port() -> int:
 
 def replica(group: int, groups: int, lighthouse: str, steps: int, step_sleep: float, barrier: str) -> None:
     import torch
-    from torch.distributed import TCPStore
+    from torch.distributed import ReduceOp, TCPStore
     from torchft import Manager, ProcessGroupGloo
 
     torch.manual_seed(0)  # identical initial weights: init_sync is not needed for the first quorum
@@ -82,11 +82,18 @@ def replica(group: int, groups: int, lighthouse: str, steps: int, step_sleep: fl
         for p in model.parameters():
             assert p.grad is not None
             manager.allreduce(p.grad).wait()
+        # Option 1 of docs/fault-tolerance.md: end-of-step lane states as an int64 table summed over the groups by
+        # the Manager's own all-reduce (each lane owned by one participant, zeros elsewhere): does SUM on int64 work?
+        table = torch.zeros((participants, 4), dtype=torch.int64)
+        if rank is not None:
+            table[rank] = step * 1000 + group
+        manager.allreduce(table, reduce_op=ReduceOp.SUM).wait()
         commit = manager.should_commit()
         if commit:
             optim.step()
         line = {"group": group, "event": "end", "step": step, "participants": participants, "rank": rank}
         line |= {"commit": commit, "seconds": round(time.monotonic() - start, 2)}
+        line["table"] = table[:, 0].tolist()  # each participant's row: step * 1000 + its group
         line["weight0"] = round(float(model.weight[0, 0].detach()), 6)  # equal on every group after a commit
         print(json.dumps(line), flush=True)
     manager.shutdown(wait=False)
