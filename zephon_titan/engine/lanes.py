@@ -55,10 +55,19 @@ def rank_rows(num_lanes: int, global_batch_size: int, dp_world_size: int, dp_ran
     if not 0 <= dp_rank < dp_world_size:
         raise ConfigError(f"dp_rank must be in [0, {dp_world_size}), got {dp_rank}")
     take = global_batch_size // dp_world_size
-    first, last = dp_rank * take, (dp_rank + 1) * take - 1  # the rank's rows of the step's global batch
+    return row_range(per_lane, dp_rank * take, take)
+
+
+def row_range(per_lane: int, first: int, count: int) -> RankRows:
+    """Rows [first, first + count) of a step's global batch (R = per_lane rows per lane) as RankRows: the lanes
+    they fall on, the rows to skip in the first, how many to take, the lanes whose row 0 of the step they hold.
+    A rank's rows under rank_rows, a live rank's under torchft (participants.py); no rows: no lanes."""
+    if count == 0:
+        return RankRows(range(0), 0, 0, range(0))
+    last = first + count - 1
     lanes = range(first // per_lane, last // per_lane + 1)
     owned = range(-(-first // per_lane), last // per_lane + 1)  # lanes whose row 0 (at l * R) is in its rows
-    return RankRows(lanes, first - lanes.start * per_lane, take, owned)
+    return RankRows(lanes, first - lanes.start * per_lane, count, owned)
 
 
 def lanes_of_rank(num_lanes: int, dp_world_size: int, dp_rank: int) -> range:
