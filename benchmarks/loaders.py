@@ -181,7 +181,9 @@ def run_zephon_titan(args, workers: int, backend: str = "tokenizers") -> dict:
 WARM_UP_S = 2.0
 
 
-def run_zephon_peer(args) -> dict:
+def run_zephon_peer(args, integration: bool = False) -> dict:
+    """Zephon 0.2.0 by its defaults (threads, the engine in process), or (`integration`) as its TorchTitan and
+    Megatron integrations configure it: runner="process", mtp_mode=True."""
     sys.path.insert(0, HERE)
     from peer_zephon import run_zephon
 
@@ -192,6 +194,7 @@ def run_zephon_peer(args) -> dict:
         args.seq_len,
         args.lanes,
         args.rows,
+        integration=integration,
     )
     per_input = args.seq_len / (args.seq_len + 1)  # it counts seq_len + 1 tokens per row
     return {
@@ -253,6 +256,7 @@ CHILDREN = {
     "zephon_titan_fast_1w": lambda a: run_zephon_titan(a, 1, "fastokens"),
     "zephon_titan_fast_2w": lambda a: run_zephon_titan(a, 2, "fastokens"),
     "zephon-0.2": run_zephon_peer,
+    "zephon-0.2-process-mtp": lambda a: run_zephon_peer(a, integration=True),
     "titan": run_titan,
 }
 
