@@ -230,3 +230,30 @@ def test_inflate_stops_one_byte_past_the_stated_size(monkeypatch):
         shard_codecs.inflate(bomb, "zstd", 1000, "f frame 3", "it states", "rewrite it")
     assert sum(reads) <= 1001, reads
     assert shard_codecs.inflate(bomb, "zstd", 16 << 20, "f", "", "") == b"\0" * (16 << 20)  # negative control
+
+
+@pytest.mark.parametrize("dataset", ["mds/zstd", "mds/snappy", "litdata/zstd"])
+def test_a_shard_compressed_whole_comes_through_the_node_cache(s3, tmp_path, dataset):
+    """From object storage with `cache_dir`, a shard compressed whole is one download per node: a second source
+    (another process of the node) reads the node's copy, asking the object store nothing about the shards."""
+    from zephon_titan.engine.sources import storage
+    from zephon_titan.engine.sources.storage import StorageOptions
+
+    uri = s3.upload(os.path.join(FIXTURE, dataset), f"shard_cache_{dataset.replace('/', '_')}")
+    want = _texts()
+
+    def read(cache_dir: str) -> list[dict]:
+        storage.open_input_file.cache_clear()
+        s3.clear_requests()
+        source = open_source(
+            SourceConfig(name="web", paths=[f"{uri}/index.json"]), options=StorageOptions(cache_dir=cache_dir)
+        )
+        assert [t for b in range(source.num_blocks) for t in source.read_block(b).texts] == want
+        return [r for r in s3.requests() if "/shard." in r["key"] or "/chunk-" in r["key"]]
+
+    cache = str(tmp_path / "cache")
+    first = read(cache)
+    assert len([r for r in first if r["method"] == "GET"]) == 3, first  # each shard downloaded once
+    assert read(cache) == []  # the node's copies: no request for a shard
+    assert len(os.listdir(cache)) >= 3
+    assert len([r for r in read("") if r["method"] == "GET"]) == 3  # negative control: without the cache, read again

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine.sources import guards, storage
+from zephon_titan.engine.sources import guards, node_cache, storage
 from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
 from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
@@ -180,15 +180,16 @@ class ShardsSource(Source):
         path = shard_path(f.path, shard.basename)
         first = (local_block - int(starts[k])) * self.block_rows
         stop = samples if shard.codec else min(first + self.block_rows, samples)
-        handle = storage.open_input_file(path, (size, mtime_ns), self.storage_options)
-        now_size, now_mtime = storage.current_version(path, handle)
-        if now_size != size or (now_mtime is not None and now_mtime != mtime_ns):
-            raise DataError(
-                f"{path}: the shard changed since it was listed ({size:,} bytes then, {now_size:,} now); restore "
-                "it, or start a new run (and rebuild the index with `zephon-titan index`)"
-            )
         position, decode = self._column(f.path, index)
-        data, offsets = read_samples(handle, path, size, shard, first, stop, self.fmt.rewrite)
+        # A shard compressed whole is read whole: from object storage once per node, through its cache (as a
+        # compressed JSONL file is); a hit costs no request.
+        cache = node_cache.for_path(path, self.storage_options) if shard.codec else None
+        if cache is not None:
+            whole = cache.fetch(path, size, mtime_ns, lambda: self._download(path, size, mtime_ns))
+            data, offsets = read_samples(None, path, size, shard, first, stop, self.fmt.rewrite, whole)
+        else:
+            handle = self._open_shard(path, size, mtime_ns)
+            data, offsets = read_samples(handle, path, size, shard, first, stop, self.fmt.rewrite)
         base = int(offsets[0])
         layout, rewrite = index.columns, self.fmt.rewrite
 
@@ -209,6 +210,28 @@ class ShardsSource(Source):
 
         rows = range(first, stop)  # token ids or texts, each decoded when its document is due
         return BlockDocuments(path, LazyTexts(len(rows), document), rows)
+
+    def _open_shard(self, path: str, size: int, mtime_ns: int) -> pa.NativeFile:
+        handle = storage.open_input_file(path, (size, mtime_ns), self.storage_options)
+        now_size, now_mtime = storage.current_version(path, handle)
+        if now_size != size or (now_mtime is not None and now_mtime != mtime_ns):
+            raise DataError(
+                f"{path}: the shard changed since it was listed ({size:,} bytes then, {now_size:,} now); restore "
+                "it, or start a new run (and rebuild the index with `zephon-titan index`)"
+            )
+        return handle
+
+    def _download(self, path: str, size: int, mtime_ns: int) -> bytes:
+        """A whole shard for the node's cache: checked, after it is read, to be the object listed (the node's other
+        processes will read these bytes without asking the object store); mtimes to the second, as base.py's."""
+        data = storage.read_range(self._open_shard(path, size, mtime_ns), path, 0, size, "the compressed shard")
+        now_size, now_mtime = storage.remote_version(path, self.storage_options)
+        if now_size != size or (now_mtime and mtime_ns and now_mtime // 10**9 != mtime_ns // 10**9):
+            raise DataError(
+                f"{path}: the shard was replaced while it was read ({size:,} bytes listed, {now_size:,} now); "
+                "restore it, or start a new run (and rebuild the index with `zephon-titan index`)"
+            )
+        return data
 
 
 def _records(f: FileBlocks) -> list[tuple[int, int, int, int]]:
@@ -240,21 +263,27 @@ def field(data: bytes, start: int, end: int, columns: tuple[Column, ...], positi
     return data[at : at + lengths[position]]
 
 
-def decompress(handle: pa.NativeFile, path: str, size: int, shard: Shard, rewrite: str) -> bytes:
-    """A shard compressed whole: never more than the size its index states is inflated."""
-    assert shard.codec is not None
-    compressed = storage.read_range(handle, path, 0, size, "the compressed shard")
-    return inflate(compressed, shard.codec, shard.raw_bytes, path, "its index.json states", rewrite)
-
-
 def read_samples(
-    handle: pa.NativeFile, path: str, size: int, shard: Shard, first: int, stop: int, rewrite: str
+    handle: pa.NativeFile | None,
+    path: str,
+    size: int,
+    shard: Shard,
+    first: int,
+    stop: int,
+    rewrite: str,
+    whole: bytes | None = None,
 ) -> tuple[bytes, np.ndarray]:
     """Samples [first, stop) of a shard of `size` bytes, uncompressed: their bytes and offsets (those of a
-    shard compressed whole, or of a framed one, in its bytes uncompressed)."""
+    shard compressed whole, or of a framed one, in its bytes uncompressed). `whole`: the shard's bytes, when
+    they were read already (the node cache's copy); else they are read through `handle`."""
     if shard.codec:
-        raw = decompress(handle, path, size, shard, rewrite)
+        if whole is None:
+            assert handle is not None
+            whole = storage.read_range(handle, path, 0, size, "the compressed shard")
+        # Never more than the size the index states is inflated.
+        raw = inflate(whole, shard.codec, shard.raw_bytes, path, "its index.json states", rewrite)
         return samples_of(lambda at, n, what: _slice(raw, path, at, n, what), path, shard.samples, first, stop)
+    assert handle is not None
     read = lambda at, n, what: storage.read_range(handle, path, at, n, what)  # noqa: E731
     if shard.framing == "batch":
         return framed_samples(read, path, size, shard.samples, first, stop, rewrite)
