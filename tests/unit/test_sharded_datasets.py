@@ -1,5 +1,5 @@
 """Mosaic Streaming (MDS) and LitData datasets as sources, read from shards the real writers wrote
-(tests/fixtures/mds_litdata: streaming.MDSWriter and litdata.optimize, uncompressed and zstd): the same documents
+(tests/fixtures/mds_litdata: streaming.MDSWriter and litdata.optimize, uncompressed and compressed): the same documents
 stored as JSONL (and their token ids as Parquet) give equal rows and ledgers, locally and from the S3 server;
 `format = "auto"` tells them from JSONL by the index.json's first bytes; a changed shard or index is a named change
 at resume; every doctored index.json and damaged shard is one line naming the file."""
@@ -23,7 +23,8 @@ from zephon_titan.engine.sources import open_source, storage
 from zephon_titan.errors import ConfigError, ResumeError
 
 FIXTURE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fixtures", "mds_litdata")
-DATASETS = ["mds/plain", "mds/zstd", "litdata/plain", "litdata/zstd"]
+DATASETS = ["mds/plain", "mds/zstd", "mds/snappy", "litdata/plain", "litdata/zstd", "litdata/batch", "litdata/sample"]
+WHOLE = {"mds/zstd", "mds/snappy", "litdata/zstd"}  # compressed whole; litdata/batch and /sample: zstd inside
 
 
 def _documents() -> list[dict]:
@@ -111,7 +112,7 @@ def test_rows_and_ledger_equal_the_same_documents_as_jsonl(tmp_path, corpus_dir,
 def test_blocks_of_block_rows_samples_hold_each_document_once_in_order(dataset):
     docs = _documents()
     source = _open(os.path.join(FIXTURE, dataset, "index.json"), block_rows=7)
-    compressed = dataset.endswith("zstd")  # a compressed shard is one block: it cannot be read from its middle
+    compressed = dataset in WHOLE  # a shard compressed whole is one block: it cannot be read from its middle
     per_shard = [1 if compressed else -(-n // 7) for n in _shard_samples(dataset)]
     assert source.num_blocks == sum(per_shard)
     blocks = [source.read_block(b) for b in range(source.num_blocks)]
@@ -246,13 +247,14 @@ HOSTILE_INDEXES = [
     ("mds/plain", _mds_shard("column_names", "text"), r"must be lists"),
     ("mds/plain", _mds_shard("column_names", ["a", "b", "c"]), r"shard 1 has other columns than shard 0"),
     ("mds/plain", _mds_shard("format", "jsonl"), r"format is 'jsonl'; zephon reads Streaming's 'mds'"),
-    ("mds/zstd", _mds_shard("compression", "snappy"), r"compression 'snappy' is not read"),
+    ("mds/zstd", _mds_shard("compression", "lz4"), r"compression 'lz4' is not read \(zstd, gz, bz2, br, snappy"),
     ("mds/plain", lambda d: d.update(shards={}), r"not an MDS index"),
     ("litdata/plain", _lit_chunk("chunk_size", 10**9), r"chunk 1: 1,000,000,000 samples cannot fit"),
     ("litdata/plain", _lit_chunk("filename", None), r"chunk 1: a shard's name must be a relative path, got None"),
     ("litdata/plain", lambda d: d["config"].update(item_loader="TokensLoader"), r"item_loader is 'TokensLoader'"),
     ("litdata/plain", lambda d: d["config"].update(data_spec="[1, 2]"), r"data_spec is not a pytree"),
-    ("litdata/zstd", lambda d: d["config"].update(compression_level="batch"), r"compression_level 'batch' is not"),
+    ("litdata/zstd", lambda d: d["config"].update(compression_level="frame"), r"compression_level 'frame' is not"),
+    ("litdata/batch", lambda d: d["config"].update(compression="lz4"), r"compression 'lz4' is not read"),
 ]
 
 
@@ -391,9 +393,9 @@ def test_datasets_in_the_bucket_equal_them_on_disk_read_by_ranges(s3, tmp_path, 
             mine, theirs = remote.read_block(block), local.read_block(block)
             assert list(mine.texts) == list(theirs.texts) and mine.rows == theirs.rows
             gets = [r for r in s3.requests() if r["method"] == "GET" and not r["query"]]
-            if dataset.endswith("plain"):  # an uncompressed shard's block: range requests only
+            if dataset not in WHOLE:  # an uncompressed or framed shard's block: range requests only
                 assert gets and all(r["range"] for r in gets), gets
-                assert sum(r["bytes"] for r in gets) < 3000, gets
+                assert sum(r["bytes"] for r in gets) < (1000 if dataset == "litdata/batch" else 3000), gets
         sources = {"web": {"paths": [os.path.join(FIXTURE, dataset, "index.json")]}}
         on_disk = fingerprint(make_spec(corpus_dir, tokenizer_dir, sources=sources))
         sources = {"web": {"paths": [f"{uri}/{dataset}/index.json"]}}

@@ -296,7 +296,8 @@ class DataConfig:
 
     cache_dir: str = setting("", rows=False, rows_note=_CACHE, check=schema.local_path)
     """A node-local folder where a node's ranks share the whole objects they read from object storage (compressed
-    JSONL: one block each), downloaded once per node; empty: no cache. One that cannot be written: one warning."""
+    JSONL, MDS and LitData shards compressed whole: one block each), downloaded once per node; empty: no cache.
+    One that cannot be written: one warning."""
 
     cache_max_bytes: int = setting(64 << 30, rows=False, rows_note=_CACHE, bounds=(1 << 20, 1 << 50, "a node's disk"))
     """The most bytes cache_dir holds, least recently used evicted first (a larger object is not cached); one log

@@ -109,7 +109,8 @@ class SourceConfig:
     )
     """Lance: rows per block (each fragment is cut into blocks of this many rows). Megatron: documents per
     block (each `.bin` is cut into blocks of this many documents). MDS and LitData: samples per block (each
-    uncompressed shard is cut into blocks of this many samples; a compressed one is one block)."""
+    uncompressed shard, or LitData chunk with zstd inside, is cut into blocks of this many samples; a shard
+    compressed whole is one block)."""
 
     token_dtype: str = setting(
         "uint16",

@@ -6,8 +6,10 @@ The index (`{"chunks": [...], "config": {...}}`) gives per chunk its `filename`,
 and `data_spec` (the pytree, as JSON: a flat dict's keys are the column names). Every leaf's size is in each
 sample's header. A text column is `str` (or `text`); a token column `no_header_numpy:<n>`,
 `no_header_tensor:<n>` or `numpy`, 1-D integers. Chunks compressed whole (`compression="zstd"` with
-`compression_level="chunk"`: `.zstd.bin`) are one block each; the framed zstd of `compression_level="batch"` or
-`"sample"` (litdata's default for zstd), encryption and other item loaders are refused by name.
+`compression_level="chunk"`, or no level in the index: `.zstd.bin`) are one block each; zstd inside the chunk
+(`compression_level="batch"`, litdata's default for zstd, and `"sample"`: `.bin` whose `chunk_bytes` is the file's
+size) is read by ranges, blocks of samples as an uncompressed chunk's (shard_codecs.py). Encryption and other item
+loaders are refused by name.
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ def _parse(document: Any) -> ShardIndex:
     compression, level = config.get("compression"), config.get("compression_level")
     if compression is not None and not (isinstance(compression, str) and compression.split(":")[0] == "zstd"):
         raise BadIndex(f"compression {show(compression)} is not read (zstd is)")
-    if compression is not None and level not in (None, "chunk"):
-        raise BadIndex(f"compression_level {show(level)} is not read; re-optimize with compression_level='chunk'")
+    if compression is not None and level not in (None, "chunk", "batch", "sample"):
+        raise BadIndex(f"compression_level {show(level)} is not read (chunk, batch and sample are)")
+    # litdata reads an index without a level as "chunk" (framed_zstd.parse_compression_level), as zephon does.
+    framing = level if compression is not None and level in ("batch", "sample") else None
     formats, names = config.get("data_format"), _names(config.get("data_spec"))
     if not isinstance(formats, list) or len(formats) != len(names) or not all(isinstance(f, str) for f in formats):
         raise BadIndex("data_format must list one serializer per leaf of data_spec")
     columns = tuple(Column(name, encoding, None, True) for name, encoding in zip(names, formats))
-    codec = "zstd" if compression is not None else None
+    codec = "zstd" if compression is not None and framing is None else None
     shards = []
     for n, chunk in enumerate(document["chunks"]):
         if not isinstance(chunk, dict):
@@ -77,7 +81,8 @@ def _parse(document: Any) -> ShardIndex:
             name = check_basename(chunk.get("filename"))
         except BadIndex as e:
             raise BadIndex(f"chunk {n}: {e}") from None
-        shards.append(Shard(name, samples, None if codec else raw_bytes, raw_bytes, codec))
+        # chunk_bytes: the file's size, uncompressed or framed (the writer's len(data)); not stated when whole.
+        shards.append(Shard(name, samples, None if codec else raw_bytes, raw_bytes, codec, framing))
     return ShardIndex(columns, tuple(shards))
 
 

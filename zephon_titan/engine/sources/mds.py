@@ -1,11 +1,12 @@
-"""Mosaic Streaming's MDS datasets: `index.json` + `shard.NNNNN.mds` (or `.mds.zstd`, `.gz`, `.bz2`, `.br`), as
-`streaming.MDSWriter` writes them. A source lists the `index.json` files; shards.py reads the shards.
+"""Mosaic Streaming's MDS datasets: `index.json` + `shard.NNNNN.mds` (or `.mds.zstd`, `.gz`, `.bz2`, `.br`,
+`.snappy`), as `streaming.MDSWriter` writes them. A source lists the `index.json` files; shards.py reads the shards.
 
 The index (`{"shards": [...], "version": 2}`, keys sorted) gives per shard its columns (`column_names`,
 `column_encodings`, `column_sizes`: a size for fixed-size encodings, null for the others, whose sizes each
 sample's header holds), `samples`, `raw_data` (basename, bytes) and, when compressed, `zip_data` (the file
-written instead) and `compression` (`zstd`, `zstd:<level>`, `gz`, `bz2`, `br`; `snappy` is not read). A text
-column is encoded `str`; a token column `ndarray`, `ndarray:<int dtype>` or `ndarray:<int dtype>:<length>`, 1-D.
+written instead) and `compression` (`zstd`, `zstd:<level>`, `gz`, `bz2`, `br`, `snappy`: python-snappy's raw
+format, inflated by pyarrow's codec to the size `raw_data` states). A text column is encoded `str`; a token
+column `ndarray`, `ndarray:<int dtype>` or `ndarray:<int dtype>:<length>`, 1-D.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from zephon_titan.engine.sources.shard_index import (
 )
 from zephon_titan.engine.sources.shards import sharded_format
 
-_CODECS = {"zstd": "zstd", "gz": "gzip", "bz2": "bz2", "br": "brotli"}
+_CODECS = {"zstd": "zstd", "gz": "gzip", "bz2": "bz2", "br": "brotli", "snappy": "snappy"}
 # NDArray's dtype codes (streaming/base/format/mds/encodings.py): the integer ones; floats are not token ids.
 _VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 32: "uint32", 33: "int32", 64: "uint64", 65: "int64"}
 _SHAPE_DTYPES = {0: "<u1", 1: "<u2", 2: "<u4", 3: "<u8"}
@@ -74,7 +75,7 @@ def _shard(entry: object) -> tuple[tuple[Column, ...], Shard]:
     if packed is not None:
         algorithm = compression.split(":")[0] if isinstance(compression, str) else compression
         if algorithm not in _CODECS:
-            raise BadIndex(f"compression {show(compression)} is not read (zstd, gz, bz2, br are)")
+            raise BadIndex(f"compression {show(compression)} is not read (zstd, gz, bz2, br, snappy are)")
         codec = _CODECS[algorithm]
     stored = packed if packed is not None else raw
     name = check_basename(stored.get("basename"))

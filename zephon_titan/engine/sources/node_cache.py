@@ -1,5 +1,6 @@
-"""A node-local cache of whole objects read from object storage (a compressed JSONL file is one block, read whole),
-shared by the processes of a node through a folder and file locks: no service.
+"""A node-local cache of whole objects read from object storage (a compressed JSONL file, or an MDS or LitData
+shard compressed whole, is one block, read whole), shared by the processes of a node through a folder and file
+locks: no service.
 
 `<key>.data` holds an object's bytes, key = a digest of (URI, size, mtime_ns) as listed, the identity the loader
 already checks (the fingerprint's `mtimes`): an object rewritten since has another key, so its old bytes are never

@@ -50,7 +50,9 @@ class Shard:
     raw_bytes: int
     """Its size uncompressed."""
     codec: str | None
-    """pyarrow's name of its compression (None: uncompressed)."""
+    """pyarrow's name of its compression when compressed whole (None: not so)."""
+    framing: str | None = None
+    """LitData's zstd inside the file (shard_codecs.py): "batch" (frames of samples) or "sample" (one each)."""
 
 
 @dataclass(frozen=True)

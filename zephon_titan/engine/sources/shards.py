@@ -12,9 +12,11 @@ A shard (both formats, all little-endian):
 
 A column's size is in each sample's header, or fixed by its encoding (MDS writes sizes only for columns of no
 fixed size; LitData for every leaf). Block k of an uncompressed shard is samples [k * block_rows, (k + 1) *
-block_rows): one range read of its offsets and one of its samples, never the whole shard. A compressed shard
-cannot be read from its middle: it is one block, read whole and decompressed within the size its index states
-(a shard that inflates past it is refused, not held). Startup reads each `index.json` (bounded) and lists the
+block_rows): one range read of its offsets and one of its samples, never the whole shard. A shard compressed
+whole cannot be read from its middle: it is one block, read whole and decompressed within the size its index
+states (a shard that inflates past it is refused, not held). LitData's zstd inside the chunk (framed by batches
+of samples, or per sample) is read by ranges as an uncompressed shard is, inflating only the block's frames
+(shard_codecs.py). Startup reads each `index.json` (bounded) and lists the
 shards' sizes (locally a stat each, on object storage one listing of the folder); no shard is read. Rows are
 sample numbers in the shard.
 """
@@ -33,14 +35,14 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_titan.config import SourceConfig
-from zephon_titan.engine.sources import guards, storage
+from zephon_titan.engine.sources import guards, node_cache, storage
 from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
 from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import SAMPLE_ROWS, InitSampling, Sample
+from zephon_titan.engine.sources.shard_codecs import framed_samples, inflate, samples_of, zstd_samples
 from zephon_titan.engine.sources.shard_index import (
     SHARD_RECORD,
-    U32,
     Column,
     Shard,
     ShardFormat,
@@ -178,20 +180,16 @@ class ShardsSource(Source):
         path = shard_path(f.path, shard.basename)
         first = (local_block - int(starts[k])) * self.block_rows
         stop = samples if shard.codec else min(first + self.block_rows, samples)
-        handle = storage.open_input_file(path, (size, mtime_ns), self.storage_options)
-        now_size, now_mtime = storage.current_version(path, handle)
-        if now_size != size or (now_mtime is not None and now_mtime != mtime_ns):
-            raise DataError(
-                f"{path}: the shard changed since it was listed ({size:,} bytes then, {now_size:,} now); restore "
-                "it, or start a new run (and rebuild the index with `zephon-titan index`)"
-            )
         position, decode = self._column(f.path, index)
-        if shard.codec:
-            raw = decompress(handle, path, size, shard, self.fmt.rewrite)
-            data, offsets = samples_of(lambda at, n, what: _slice(raw, path, at, n, what), path, samples, 0, samples)
+        # A shard compressed whole is read whole: from object storage once per node, through its cache (as a
+        # compressed JSONL file is); a hit costs no request.
+        cache = node_cache.for_path(path, self.storage_options) if shard.codec else None
+        if cache is not None:
+            whole = cache.fetch(path, size, mtime_ns, lambda: self._download(path, size, mtime_ns))
+            data, offsets = read_samples(None, path, size, shard, first, stop, self.fmt.rewrite, whole)
         else:
-            read = lambda at, n, what: storage.read_range(handle, path, at, n, what)  # noqa: E731
-            data, offsets = samples_of(read, path, samples, first, stop)
+            handle = self._open_shard(path, size, mtime_ns)
+            data, offsets = read_samples(handle, path, size, shard, first, stop, self.fmt.rewrite)
         base = int(offsets[0])
         layout, rewrite = index.columns, self.fmt.rewrite
 
@@ -213,6 +211,28 @@ class ShardsSource(Source):
         rows = range(first, stop)  # token ids or texts, each decoded when its document is due
         return BlockDocuments(path, LazyTexts(len(rows), document), rows)
 
+    def _open_shard(self, path: str, size: int, mtime_ns: int) -> pa.NativeFile:
+        handle = storage.open_input_file(path, (size, mtime_ns), self.storage_options)
+        now_size, now_mtime = storage.current_version(path, handle)
+        if now_size != size or (now_mtime is not None and now_mtime != mtime_ns):
+            raise DataError(
+                f"{path}: the shard changed since it was listed ({size:,} bytes then, {now_size:,} now); restore "
+                "it, or start a new run (and rebuild the index with `zephon-titan index`)"
+            )
+        return handle
+
+    def _download(self, path: str, size: int, mtime_ns: int) -> bytes:
+        """A whole shard for the node's cache: checked, after it is read, to be the object listed (the node's other
+        processes will read these bytes without asking the object store); mtimes to the second, as base.py's."""
+        data = storage.read_range(self._open_shard(path, size, mtime_ns), path, 0, size, "the compressed shard")
+        now_size, now_mtime = storage.remote_version(path, self.storage_options)
+        if now_size != size or (now_mtime and mtime_ns and now_mtime // 10**9 != mtime_ns // 10**9):
+            raise DataError(
+                f"{path}: the shard was replaced while it was read ({size:,} bytes listed, {now_size:,} now); "
+                "restore it, or start a new run (and rebuild the index with `zephon-titan index`)"
+            )
+        return data
+
 
 def _records(f: FileBlocks) -> list[tuple[int, int, int, int]]:
     rows = f.block_rows
@@ -229,22 +249,6 @@ def _slice(data: bytes, path: str, at: int, n: int, what: str) -> bytes:
     return data[at : at + n]
 
 
-def samples_of(
-    read: Callable[[int, int, str], bytes], path: str, samples: int, first: int, stop: int
-) -> tuple[bytes, np.ndarray]:
-    """Samples [first, stop) of a shard: their bytes (one read) and offsets (relative to the shard)."""
-    (count,) = U32.unpack(read(0, 4, "the sample count"))
-    if count != samples:
-        raise DataError(
-            f"{path}: holds {count:,} samples, its index.json says {samples:,}; the two do not belong together"
-        )
-    offsets = np.frombuffer(read(4 + 4 * first, 4 * (stop - first + 1), "the sample offsets"), "<u4").astype(np.int64)
-    if np.any(np.diff(offsets) < 0) or offsets[0] < 4 + 4 * (count + 1):
-        raise DataError(f"{path}: the offsets of samples {first}..{stop - 1} are out of order; the shard is damaged")
-    data = read(int(offsets[0]), int(offsets[-1] - offsets[0]), f"samples {first}..{stop - 1}")
-    return data, offsets
-
-
 def field(data: bytes, start: int, end: int, columns: tuple[Column, ...], position: int) -> bytes | None:
     """Column `position` of the sample data[start:end] (None: the sample's sizes do not add up to its bytes)."""
     sized = sum(c.sized for c in columns)
@@ -259,28 +263,34 @@ def field(data: bytes, start: int, end: int, columns: tuple[Column, ...], positi
     return data[at : at + lengths[position]]
 
 
-def decompress(handle: pa.NativeFile, path: str, size: int, shard: Shard, rewrite: str) -> bytes:
-    """A compressed shard, whole: never more than the size its index states is inflated."""
-    assert shard.codec is not None
-    compressed = storage.read_range(handle, path, 0, size, "the compressed shard")
-    chunks, total = [], 0
-    try:
-        with pa.input_stream(pa.py_buffer(compressed), compression=shard.codec) as stream:
-            while chunk := stream.read(min(16 << 20, shard.raw_bytes - total + 1)):
-                total += len(chunk)
-                if total > shard.raw_bytes:
-                    break
-                chunks.append(chunk)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise DataError(f"{path}: cannot decompress as {shard.codec} ({str(e)[:120]}); {rewrite}") from None
-    if total != shard.raw_bytes:
-        what = (
-            f"more than the {shard.raw_bytes:,}"
-            if total > shard.raw_bytes
-            else f"{total:,}, not the {shard.raw_bytes:,}"
-        )
-        raise DataError(f"{path}: decompresses to {what} bytes its index.json states; {rewrite}")
-    return b"".join(chunks)
+def read_samples(
+    handle: pa.NativeFile | None,
+    path: str,
+    size: int,
+    shard: Shard,
+    first: int,
+    stop: int,
+    rewrite: str,
+    whole: bytes | None = None,
+) -> tuple[bytes, np.ndarray]:
+    """Samples [first, stop) of a shard of `size` bytes, uncompressed: their bytes and offsets (those of a
+    shard compressed whole, or of a framed one, in its bytes uncompressed). `whole`: the shard's bytes, when
+    they were read already (the node cache's copy); else they are read through `handle`."""
+    if shard.codec:
+        if whole is None:
+            assert handle is not None
+            whole = storage.read_range(handle, path, 0, size, "the compressed shard")
+        # Never more than the size the index states is inflated.
+        raw = inflate(whole, shard.codec, shard.raw_bytes, path, "its index.json states", rewrite)
+        return samples_of(lambda at, n, what: _slice(raw, path, at, n, what), path, shard.samples, first, stop)
+    assert handle is not None
+    read = lambda at, n, what: storage.read_range(handle, path, at, n, what)  # noqa: E731
+    if shard.framing == "batch":
+        return framed_samples(read, path, size, shard.samples, first, stop, rewrite)
+    data, offsets = samples_of(read, path, shard.samples, first, stop)
+    if shard.framing == "sample":
+        return zstd_samples(data, offsets, path, first, rewrite)
+    return data, offsets
 
 
 def check_record(f: FileBlocks, source: SourceConfig) -> str:
@@ -314,14 +324,8 @@ def init_sampler(fmt: ShardFormat) -> Callable[[FileStat], Sample]:
         shard = index.shards[0]
         path = shard_path(file.path, shard.basename)
         with storage.open_own_file(path) as handle:
-            size = handle.size()
-            if shard.codec:
-                raw = decompress(handle, path, size, shard, fmt.rewrite)
-                read = lambda at, n, what: _slice(raw, path, at, n, what)  # noqa: E731
-            else:
-                read = lambda at, n, what: storage.read_range(handle, path, at, n, what)  # noqa: E731
             stop = min(shard.samples, SAMPLE_ROWS)
-            data, offsets = samples_of(read, path, shard.samples, 0, stop)
+            data, offsets = read_samples(handle, path, handle.size(), shard, 0, stop, fmt.rewrite)
         texts: dict[str, list[str]] = {}
         others = {c.name: c.encoding for c in index.columns if c.encoding not in fmt.text_encodings}
         for position, column in enumerate(index.columns):
