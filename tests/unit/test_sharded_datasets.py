@@ -434,3 +434,26 @@ def test_keep_on_a_column_is_refused_in_one_line_and_a_numeric_repeat_reads(corp
     assert "\n" not in str(e.value) and "only token ids" not in str(e.value)
     repeated = _spec(corpus_dir, tokenizer_dir, [index], repeat="2")
     assert repeated.sources[0].slots == 2 and _ledger(repeated)  # two slots per document, read as any format's
+
+
+def _documents_read(spec) -> list[str]:
+    """Every document of the source's blocks, in block order."""
+    source = spec.sources[0]
+    return [str(t) for b in range(source.num_blocks) for t in source.read_block(b).texts]
+
+
+def test_a_merged_root_index_reads_its_parts_once_and_both_together_are_refused(corpus_dir, tokenizer_dir):
+    """Mosaic's merge_index writes a root index.json (its keys not sorted: "version" first) naming the shards of the
+    per-rank folders, each with its own index.json. The root alone and the parts alone read every document once;
+    `**/index.json` lists both, which would read every sample twice: one line naming a shard and both indexes."""
+    merged = os.path.join(FIXTURE, "mds/merged")
+    texts = sorted(d["text"] for d in _documents())
+    root = _spec(corpus_dir, tokenizer_dir, [os.path.join(merged, "index.json")])
+    parts = _spec(corpus_dir, tokenizer_dir, [os.path.join(merged, "*", "index.json")])
+    assert root.sources[0].format_name == parts.sources[0].format_name == "mds"
+    assert sorted(_documents_read(root)) == sorted(_documents_read(parts)) == texts
+    with pytest.raises(ConfigError) as refused:
+        _spec(corpus_dir, tokenizer_dir, [os.path.join(merged, "**", "index.json")])
+    message = str(refused.value)
+    assert "is named by both" in message and os.path.join(merged, "index.json") in message
+    assert "read twice" in message and len(message.splitlines()) == 1

@@ -51,7 +51,7 @@ from zephon_titan.engine.sources.shard_index import (
     shard_path,
 )
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
-from zephon_titan.errors import DataError
+from zephon_titan.errors import ConfigError, DataError
 
 
 def shard_blocks(shard: Shard, block_rows: int) -> int:
@@ -131,6 +131,28 @@ class ShardsSource(Source):
         both = json.dumps([out["mtimes"], [r[2] for f in self.files for r in _records(f)]]).encode()
         out["mtimes"] = hashlib.sha256(both).hexdigest()[:16]
         return out
+
+    def _scan_all(self, files: Listing) -> list[FileBlocks]:
+        scanned = super()._scan_all(files)
+        if any(isinstance(f, FileStat) for f in files):  # listed now (an index's records were checked when written)
+            self._refuse_shared_shards(scanned)
+        return scanned
+
+    def _refuse_shared_shards(self, scanned: list[FileBlocks]) -> None:
+        """Two listed index.json files naming one shard would read its samples twice: a merged root index (Mosaic's
+        `merge_index`) listed beside the per-rank indexes it merges (`**/index.json`)."""
+        named: dict[str, str] = {}
+        for f in scanned:
+            index = read_index(self.fmt, f.path, f.size, f.mtime_ns, self.storage_options)  # cached by _scan
+            for shard in index.shards:
+                path = shard_path(f.path, shard.basename)
+                first = named.setdefault(os.path.realpath(path) if not storage.is_uri(path) else path, f.path)
+                if first != f.path:
+                    raise ConfigError(
+                        f"[dataloader.sources.{self.name}]: {path} is named by both {first} and {f.path}, so its "
+                        "samples would be read twice (a merged root index.json beside the indexes it merges?); list "
+                        "the root index alone or the parts alone"
+                    )
 
     def _scan(self, file: FileStat) -> FileBlocks:
         index = read_index(self.fmt, file.path, file.size, file.mtime_ns, self.storage_options)
@@ -309,10 +331,11 @@ def check_record(f: FileBlocks, source: SourceConfig) -> str:
 
 
 def sniffer(first_key: bytes) -> Callable[[bytes], bool]:
-    """Whether an index.json's first bytes open a JSON object with `first_key` (the writers sort their keys)."""
+    """Whether an index.json's first bytes open a JSON object with `first_key`: the writers sort their keys, and
+    Mosaic's `merge_index` (a root index over the indexes of a writer per rank) writes `"version"` before it."""
     import re
 
-    pattern = re.compile(rb'\s*\{\s*"' + re.escape(first_key) + rb'"\s*:')
+    pattern = re.compile(rb'\s*\{\s*(?:"version"\s*:\s*\d+\s*,\s*)?"' + re.escape(first_key) + rb'"\s*:')
     return lambda head: pattern.match(head) is not None
 
 
