@@ -55,6 +55,21 @@ def test_glob_matching_nothing_names_source_and_pattern(tmp_path, monkeypatch):
         open_source(SourceConfig(name="web", paths=["nope/*.jsonl"]))
 
 
+def test_a_folder_path_says_how_to_name_its_files(tmp_path):
+    """A folder (a dataset's, as Mosaic and LitData users name theirs) lists no file: the line says it is one and
+    how to name its files or its index.json; a missing path still says it matches nothing."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.jsonl").write_text('{"text": "x"}\n')
+    for folder in (str(tmp_path / "data"), str(tmp_path / "data") + "/"):
+        with pytest.raises(ConfigError) as refused:
+            open_source(SourceConfig(name="web", paths=[folder]))
+        assert f"path {folder!r} is a folder; name its files with a glob" in str(refused.value)
+        assert f"'{tmp_path / 'data'}/index.json'" in str(refused.value)
+    assert len(open_source(SourceConfig(name="web", paths=[str(tmp_path / "data" / "*.jsonl")])).files) == 1
+    with pytest.raises(ConfigError, match="matches no file"):
+        open_source(SourceConfig(name="web", paths=[str(tmp_path / "other")]))
+
+
 def test_missing_text_field_names_file_offset_and_fields(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text('{"text": "ok"}\n{"body": "x", "id": 1}\n')

@@ -341,6 +341,13 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         relative = not (os.path.isabs(pattern) or storage.is_uri(pattern))
         matches = storage.expand(pattern, options)
         if not matches:
+            if not storage.is_uri(pattern) and os.path.isdir(pattern):
+                folder = pattern.rstrip("/")
+                raise ConfigError(
+                    f"source {source_name!r}: path {pattern!r} is a folder; name its files with a glob "
+                    f"({folder + '/*.jsonl'!r}, {folder + '/**/*.parquet'!r}) or, for an MDS or LitData dataset, its "
+                    f"index.json ({folder + '/index.json'!r})"
+                )
             raise ConfigError(
                 f"source {source_name!r}: path {pattern!r} matches no file"
                 + (f" (relative to the current directory: {os.path.abspath(pattern)})" if relative else "")
