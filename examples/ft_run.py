@@ -163,7 +163,10 @@ def replica(args) -> None:
             step, tried = manager.current_step() + 1, 0
             batch = [rows[i] for i in next(batch_iter).tolist()]
         emit({"event": "start", "step": step})
-        time.sleep(args.step_sleep)  # long enough for the launcher to kill a group inside the step
+        # The victim's step --kill-step is long, so that the launcher's SIGKILL surely lands inside it (before its
+        # all-reduce) even when this machine is busy; the peers wait for it in their all-reduce (PG timeout 5 s).
+        victim_step = args.group == GROUPS - 1 and step == args.kill_step and not os.path.exists(f"{args.barrier}.go")
+        time.sleep(2.0 if victim_step else args.step_sleep)
         if batch:
             inputs = torch.from_numpy(np.stack([r.inputs for r in batch]).astype(np.int64))
             labels = torch.from_numpy(np.stack([r.labels for r in batch]).astype(np.int64))
@@ -252,7 +255,7 @@ def launch(args) -> dict:
                     and event["event"] == "start"
                     and event["step"] == args.kill_step
                 ):
-                    time.sleep(args.step_sleep / 2)  # inside the step: after its quorum, before its all-reduce
+                    time.sleep(0.3)  # inside the step (2 s long): after its quorum, before its all-reduce
                     os.kill(procs[victim].pid, signal.SIGKILL)
                     killed = True
                 elif killed and not restarted and event["event"] == "end" and event["commit"]:
@@ -340,7 +343,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--kill-step", type=int, default=5)
     parser.add_argument("--restart-step", type=int, default=9)
-    parser.add_argument("--step-sleep", type=float, default=0.4)
+    parser.add_argument("--step-sleep", type=float, default=0.1)
     parser.add_argument("--barrier", default="")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--out", default="")

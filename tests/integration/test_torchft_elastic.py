@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def run(loader: str, out: str) -> dict:
     args = argparse.Namespace(
-        loader=loader, steps=14, kill_step=5, restart_step=9, step_sleep=0.4, timeout=240, out=out
+        loader=loader, steps=14, kill_step=5, restart_step=9, step_sleep=0.1, timeout=240, out=out
     )
     return ft_run.launch(args)
 
