@@ -194,3 +194,23 @@ def test_the_state_words_fit_a_lane_state(spec, planned):
     encoded = table.encode({0: LaneReport(states[13][0], bytes(32), [0] * table.tally_width)}, 1, 0, 0, 1)
     assert encoded.dtype == np.int64 and encoded[0, 5 + table.tally_width] < table.state_words * 8 / 2
     assert LaneState.from_dict(states[13][0].to_dict()) == states[13][0]
+
+
+def test_survivors_that_do_not_divide_the_step_pad_and_still_train_it_whole(spec):
+    """G = 8 in microbatches of 2 (M = 4) over 3 groups: shares of 1, 1 and 2 microbatches, 2 slots each (the short
+    ones end in a padding slot); over 2 groups 2 each, no padding. The rows are the step's either way."""
+    with open_lane_group(spec, range(LANES), rows_per_lane(8, LANES)) as group:
+        plan = [[row.to_bytes() for lane in group.next_step() for row in lane] for _ in range(3)]
+    groups = {
+        g: (FtSteps(spec, global_batch_size=8, local_batch_size=LOCAL, manager=m, group=g), m)
+        for g in range(3)
+        for m in [Collective()]
+    }
+    rows, attempts = attempt_step(groups, [0, 1, 2])
+    assert rows == plan[0]
+    assert [[slot is None for slot in a.microbatches()] for a in attempts.values()] == [[False, True]] * 2 + [
+        [False, False]
+    ]
+    del groups[1]
+    rows, attempts = attempt_step(groups, [0, 2])
+    assert rows == plan[1] and all(a.share.padding == 0 for a in attempts.values())

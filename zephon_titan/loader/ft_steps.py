@@ -100,7 +100,11 @@ class LaneTable:
         given = table[:, 0]
         if not (given == 1).all():
             missing = [int(i) for i in np.flatnonzero(given != 1)]
-            raise DataError(f"the summed lane table has rows {missing[:8]} given {set(given[missing].tolist())} times")
+            raise DataError(
+                f"the summed lane table has rows {missing[:8]} given {sorted(set(given[missing].tolist()))} times, "
+                "not once: a committed step's table holds every lane and participant once (torchft's all-reduce "
+                "must sum the participants' tables and zero a non-participant's)"
+            )
         lanes = []
         t = self.tally_width
         for lane in range(self.num_lanes):
