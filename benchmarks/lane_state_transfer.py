@@ -47,14 +47,7 @@ def main() -> None:
     tokenizer = corpus.train_tokenizer(prose + code, os.path.join(root, "tokenizer"), vocab_size=2000)
     corpus.write_jsonl(prose, os.path.join(root, "prose"), num_files=3)
     corpus.write_parquet(code, os.path.join(root, "code"), num_files=3, row_group_size=4)
-    table = {
-        "tokenizer_path": tokenizer,
-        "num_lanes": args.lanes,
-        "sources": {
-            "prose": {"paths": [f"{root}/prose/*.jsonl"], "weight": 0.7},
-            "code": {"paths": [f"{root}/code/*.parquet"], "weight": 0.3},
-        },
-    }
+    table = corpus.two_source_table(root, tokenizer, args.lanes)
     spec = spec_from_table(table, seq_len=args.seq_len)
     r = args.rows_per_lane
     sizes: list[int] = []

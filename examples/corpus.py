@@ -85,3 +85,17 @@ def train_tokenizer(texts: list[str], directory: str, vocab_size: int = 2000) ->
     with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, f)
     return directory
+
+
+def two_source_table(root: str, tokenizer: str, num_lanes: int, seed: int | None = None) -> dict[str, object]:
+    """The [dataloader] table of the prose (JSONL, 0.7) and code (Parquet, 0.3) corpus written under `root` (as the
+    tests' corpus_dir fixture and the benchmarks write it)."""
+    table: dict[str, object] = {
+        "tokenizer_path": tokenizer,
+        "num_lanes": num_lanes,
+        "sources": {
+            "prose": {"paths": [f"{root}/prose/*.jsonl"], "weight": 0.7},
+            "code": {"paths": [f"{root}/code/*.parquet"], "weight": 0.3},
+        },
+    }
+    return table if seed is None else {**table, "seed": seed}

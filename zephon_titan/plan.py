@@ -24,14 +24,7 @@ from zephon_titan.engine import (
 from zephon_titan.engine.cores import procs_note
 from zephon_titan.engine.eval_set import eval_set_digest, eval_steps, label_counts
 from zephon_titan.engine.lane_digests import PlanProcesses, step_digests
-from zephon_titan.engine.ledger import (
-    LedgerEntry,
-    step_exclusion,
-    step_mixing,
-    step_pipeline,
-    step_seq_len,
-    step_weights,
-)
+from zephon_titan.engine.ledger import LedgerEntry, step_entry
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ConfigError
 from zephon_titan.job_file import check_eval_data, eval_message, read_job_file
@@ -98,22 +91,7 @@ def plan_ledger(
             )
             digests = step_digests(group, len(names), start, steps)
         for step, lane_digests, counts in digests:
-            weights, seq_len = step_weights(spec, step), step_seq_len(spec, step)
-            excluded, mixing = step_exclusion(spec, step), step_mixing(spec)
-            entry = LedgerEntry.of(
-                step,
-                batch_digest(lane_digests),
-                job.global_batch_size,
-                names,
-                counts,
-                weights,
-                seq_len,
-                excluded,
-                mixing,
-                step_pipeline(spec, step),
-                spec.counts_documents_at(step),
-                spec.counts_targets,
-            )
+            entry = step_entry(spec, step, batch_digest(lane_digests), job.global_batch_size, counts)
             progress.advance(1, sum(entry.tokens.values()))
             yield entry
 

@@ -180,7 +180,9 @@ _COMPARED = (
 
 def _comparable(a: LedgerEntry, b: LedgerEntry) -> tuple[LedgerEntry, LedgerEntry]:
     """The entries as compared: a ledger written before releases counted documents has no `documents`; the other's
-    are then not compared (everything else still is)."""
+    are then not compared (everything else still is). `membership` (torchft: who trained the step) is never
+    compared: the same rows trained by 2 groups or 3 are the same step."""
+    a, b = dataclasses.replace(a, membership=None), dataclasses.replace(b, membership=None)
     if (a.documents is None) != (b.documents is None):
         return dataclasses.replace(a, documents=None), dataclasses.replace(b, documents=None)
     return a, b

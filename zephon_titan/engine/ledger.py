@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from zephon_titan.engine.document_counts import COUNTS, PER_SOURCE, by_source
 from zephon_titan.engine.jsonl_log import AppendOnlyLog, RecordFormat, read_entries
@@ -37,6 +37,9 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # pipeline: runs whose keep, repeat or transforms change by step (pipeline_from_step), the SHA-256 of those in
 # force, at each step from the first change.
 # targets: runs with chat sources, the step's trained targets per source (labels other than -100).
+# membership: runs under torchft (loader/ft_steps.py), who trained the committed step: {"participants": n,
+# "groups": replica groups in participating order, "attempt": the attempt that committed}. A record of the run,
+# not of its data: `verify` ignores it, so a run with deaths compares equal to its plan.
 # documents: runs that may drop or repeat documents (EngineSpec.counts_documents), per source what the step's rows
 # read, repeated and dropped (engine/document_counts.py).
 _OPTIONAL = {
@@ -47,6 +50,7 @@ _OPTIONAL = {
     "pipeline": str,
     "documents": dict,
     "targets": dict,
+    "membership": dict,
 }
 
 
@@ -64,6 +68,7 @@ class LedgerEntry:
     pipeline: str | None = None
     documents: dict[str, dict[str, int]] | None = None
     targets: dict[str, int] | None = None
+    membership: dict[str, object] | None = None
 
     @classmethod
     def of(
@@ -106,6 +111,28 @@ class LedgerEntry:
             if data[key] is None:
                 del data[key]
         return json.dumps(data, sort_keys=True)
+
+
+def step_entry(
+    spec: EngineSpec, step: int, sha256: str, rows: int, counts: list[int], membership: dict[str, object] | None = None
+) -> LedgerEntry:
+    """Step `step`'s entry from its global-batch digest and step_tally counts, with every optional field the spec
+    calls for at that step: the one recipe of `plan` and of the loaders, so a prediction and a run compare."""
+    entry = LedgerEntry.of(
+        step,
+        sha256,
+        rows,
+        spec.source_names,
+        counts,
+        step_weights(spec, step),
+        step_seq_len(spec, step),
+        step_exclusion(spec, step),
+        step_mixing(spec),
+        step_pipeline(spec, step),
+        spec.counts_documents_at(step),
+        spec.counts_targets,
+    )
+    return entry if membership is None else replace(entry, membership=membership)
 
 
 def step_weights(spec: EngineSpec, step: int) -> dict[str, float] | None:
@@ -164,6 +191,9 @@ def _entry(raw: bytes) -> LedgerEntry:
         raise ValueError("weights must map source names to numbers")
     if not all(isinstance(k, str) and type(v) is int for k, v in data.get("targets", {}).items()):
         raise ValueError("targets must map source names to integers")
+    membership = data.get("membership", {})
+    if not all(type(v) is int or (type(v) is list and all(type(x) is int for x in v)) for v in membership.values()):
+        raise ValueError("membership must map names to integers or lists of integers")
     for name, counts in data.get("documents", {}).items():
         if (
             not isinstance(counts, dict)

@@ -11,16 +11,7 @@ import torch.distributed as dist
 
 from zephon_titan.engine import batch_digest
 from zephon_titan.engine.jsonl_log import read_entries
-from zephon_titan.engine.ledger import (
-    LEDGER,
-    LedgerEntry,
-    LedgerWriter,
-    step_exclusion,
-    step_mixing,
-    step_pipeline,
-    step_seq_len,
-    step_weights,
-)
+from zephon_titan.engine.ledger import LEDGER, LedgerEntry, LedgerWriter, step_entry
 from zephon_titan.loader.rank_lanes import digest_table, lane_table
 from zephon_titan.loader.rank_steps import RankSteps
 
@@ -42,23 +33,7 @@ def gather_ledger_entry(
         return None
     lane_bytes = digests.cpu().numpy().tobytes()
     sha256 = batch_digest(lane_bytes[i : i + 32] for i in range(0, len(lane_bytes), 32))
-    spec = loader.spec
-    weights = step_weights(spec, step)
-    seq_len = step_seq_len(spec, step)
-    return LedgerEntry.of(
-        step,
-        sha256,
-        loader.global_batch_size,
-        spec.source_names,
-        tokens.tolist(),
-        weights,
-        seq_len,
-        step_exclusion(spec, step),
-        step_mixing(spec),
-        step_pipeline(spec, step),
-        spec.counts_documents_at(step),
-        spec.counts_targets,
-    )
+    return step_entry(loader.spec, step, sha256, loader.global_batch_size, tokens.tolist())
 
 
 def open_ledger(path: str, resume_step: int) -> LedgerWriter:

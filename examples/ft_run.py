@@ -1,0 +1,360 @@
+"""Elastic while running, no row lost or repeated: torchft's lighthouse and 3 replica groups on CPU/gloo (issue 49).
+
+    PYTHONPATH=.:/tmp/tfpkg python examples/ft_run.py [--loader zephon|sampler] [--steps 14] [--out DIR]
+
+An example, not a benchmark: it is how a loop wires loader/ft_steps.py to torchft's Manager, and its output is a
+proof, not a figure. A tiny model (an embedding and a linear layer over the rows' token ids) trains on the test
+corpus (examples/corpus.py: prose JSONL and code Parquet, a BPE trained on them); TorchTitan's FT trainer is not
+used: it builds a Llama and its FT path on CPU takes minutes per process here, and what is proven is the data.
+
+The launcher starts the lighthouse, then 3 replica groups of 1 rank. It SIGKILLs group 2 inside step
+--kill-step (after its quorum, before its all-reduce), starts it again once a survivor has committed
+--restart-step (it heals from a live peer: model, optimizer and the loader's lane table), and the run goes on to
+--steps. Each group writes one line per attempt (step, attempt, participants, its rank, commit, the SHA-256 of
+each row it trained) and, with --loader zephon, its ledger of committed steps (out/ledger.groupG.jsonl).
+Then the launcher compares with the plan (the same job's lanes simulated in one process): per committed step,
+the rows trained by its participants against the plan's rows of that step, and the ledger's SHA-256 against the
+plan's. --loader sampler is the negative control: torchft's own torchft.data.DistributedSampler over the same
+rows (the plan's, in global order), one batch of G/3 rows per group and attempt, as torchft's examples use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import hashlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "examples")]
+
+GROUPS, LANES, GLOBAL_BATCH, LOCAL_BATCH, SEQ_LEN, VOCAB = 3, 4, 12, 2, 64, 2048
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_job(root: str) -> str:
+    """The corpus and tokenizer of the tests, and the [dataloader] table as JSON (path returned)."""
+    import corpus
+
+    prose, code = corpus.prose_documents(), corpus.code_documents(max_files=40)
+    tokenizer = corpus.train_tokenizer(prose + code, os.path.join(root, "tokenizer"), vocab_size=2000)
+    corpus.write_jsonl(prose, os.path.join(root, "prose"), num_files=3)
+    corpus.write_parquet(code, os.path.join(root, "code"), num_files=3, row_group_size=4)
+    table = corpus.two_source_table(root, tokenizer, LANES, seed=7)
+    path = os.path.join(root, "table.json")
+    with open(path, "w") as f:
+        json.dump(table, f)
+    return path
+
+
+def job_spec(table_path: str):
+    from zephon_titan.testing import spec_from_table
+
+    with open(table_path) as f:
+        return spec_from_table(json.load(f), seq_len=SEQ_LEN)
+
+
+def row_id(row) -> str:
+    return hashlib.sha256(row.to_bytes()).hexdigest()[:16]
+
+
+def plan(spec, steps: int):
+    """Per step: the plan's rows (global order) and its ledger entry, from every lane simulated here."""
+    from zephon_titan.engine import batch_digest, lane_digest, open_lane_group, rows_per_lane
+    from zephon_titan.engine.ledger import step_entry
+    from zephon_titan.engine.rows import step_tally
+
+    rows, entries = [], []
+    with open_lane_group(spec, range(LANES), rows_per_lane(GLOBAL_BATCH, LANES)) as group:
+        for step in range(1, steps + 1):
+            lanes = group.next_step()
+            rows.append([row for lane in lanes for row in lane])
+            counts = step_tally(rows[-1], len(spec.sources))
+            entries.append(step_entry(spec, step, batch_digest(lane_digest(r) for r in lanes), GLOBAL_BATCH, counts))
+    return rows, entries
+
+
+def replica(args) -> None:
+    import numpy as np
+    import torch
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    torch.manual_seed(0)  # identical initial weights on every group: the first quorum needs no sync
+    store_port = free_port()
+    store = TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
+    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
+        load_state_dict=lambda s: (model.load_state_dict(s["model"]), optim.load_state_dict(s["optim"])),
+        state_dict=lambda: {"model": model.state_dict(), "optim": optim.state_dict()},
+        min_replica_size=1,
+        use_async_quorum=False,  # heal before the forward pass: a healed group takes part in that very step
+        timeout=timedelta(seconds=5),
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=10),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=store_port,
+        lighthouse_addr=args.lighthouse,
+        replica_id=f"group{args.group}",
+    )
+    spec = job_spec(args.table)
+    if args.loader == "zephon":
+        from zephon_titan.loader.ft_steps import FtSteps
+
+        source = FtSteps(
+            spec, global_batch_size=GLOBAL_BATCH, local_batch_size=LOCAL_BATCH, manager=manager, group=args.group
+        )
+    else:
+        from torchft.data import DistributedSampler
+
+        rows = [row for step in plan(spec, args.steps + 8)[0] for row in step]  # the plan's rows, global order
+        sampler = DistributedSampler(
+            range(len(rows)), replica_rank=args.group, num_replica_groups=GROUPS, group_rank=0, num_replicas=1
+        )
+        sampler.shuffle = False  # the plan's order: a step's rows are G consecutive indices
+        batches = torch.utils.data.DataLoader(range(len(rows)), batch_size=GLOBAL_BATCH // GROUPS, sampler=sampler)
+        batch_iter = iter(batches)
+    out = open(os.path.join(args.out, f"attempts.group{args.group}.jsonl"), "a")
+    ledger = open(os.path.join(args.out, f"ledger.group{args.group}.jsonl"), "a")
+
+    def emit(line: dict) -> None:
+        line["group"] = args.group
+        print(json.dumps(line), flush=True)
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+
+    open(f"{args.barrier}.{args.group}", "w").close()  # the first quorum waits for every group (see feasibility)
+    while not all(os.path.exists(f"{args.barrier}.{g}") for g in range(GROUPS)) and not os.path.exists(
+        f"{args.barrier}.go"
+    ):
+        time.sleep(0.05)
+    open(f"{args.barrier}.ready.{args.group}.{os.getpid()}", "w").close()
+    while manager.current_step() < args.steps and store is not None:  # `store` is the group's server: keep it
+        # The harness's pause, not the loader's: once the launcher restarts a group, the survivors wait for it to
+        # be up (its imports take seconds here) so that it rejoins before the run ends.
+        while os.path.exists(f"{args.barrier}.hold") and not os.path.exists(f"{args.barrier}.rejoined"):
+            time.sleep(0.05)
+        optim.zero_grad()
+        if args.loader == "zephon":
+            attempt = source.begin()
+            step, tried = attempt.step, attempt.attempt
+            batch = [row for slot in attempt.microbatches() if slot is not None for row in slot]
+        else:
+            manager.start_quorum()
+            step, tried = manager.current_step() + 1, 0
+            batch = [rows[i] for i in next(batch_iter).tolist()]
+        emit({"event": "start", "step": step})
+        # The victim's step --kill-step is long, so that the launcher's SIGKILL surely lands inside it (before its
+        # all-reduce) even when this machine is busy; the peers wait for it in their all-reduce (PG timeout 5 s).
+        victim_step = args.group == GROUPS - 1 and step == args.kill_step and not os.path.exists(f"{args.barrier}.go")
+        time.sleep(2.0 if victim_step else args.step_sleep)
+        if batch:
+            inputs = torch.from_numpy(np.stack([r.inputs for r in batch]).astype(np.int64))
+            labels = torch.from_numpy(np.stack([r.labels for r in batch]).astype(np.int64))
+            logits = model(inputs)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
+            loss.backward()
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            manager.allreduce(p.grad).wait()
+        if args.loader == "zephon":
+            commit = source.finish(attempt)
+        else:
+            commit = manager.should_commit()
+        if commit:
+            optim.step()
+            if args.loader == "zephon":
+                ledger.write(source.entries[-1].to_json() + "\n")
+                ledger.flush()
+        emit(
+            {
+                "event": "end",
+                "step": step,
+                "attempt": tried,
+                "participants": manager.num_participants(),
+                "rank": manager.participating_rank(),
+                "commit": commit,
+                "rows": [row_id(r) for r in batch],
+                "weight": round(float(model[1].weight[0, 0].detach()), 6),
+            }
+        )
+    manager.shutdown(wait=False)
+
+
+def lighthouse_main(port_file: str) -> None:
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(
+        bind="[::]:0", min_replicas=2, join_timeout_ms=1000, quorum_tick_ms=50, heartbeat_timeout_ms=1000
+    )
+    with open(port_file + ".tmp", "w") as f:
+        f.write(server.address())
+    os.rename(port_file + ".tmp", port_file)
+    while True:
+        time.sleep(60)
+
+
+def launch(args) -> dict:
+    """The run (lighthouse, groups, the kill and the restart); returns the comparison with the plan."""
+    os.makedirs(args.out, exist_ok=True)
+    table = build_job(tempfile.mkdtemp(prefix="ft-run-job-", dir=args.out))
+    base = os.path.join(args.out, "lighthouse")
+    me = [sys.executable, os.path.abspath(__file__)]
+    house = subprocess.Popen([*me, "--role", "lighthouse", "--lighthouse", base], stderr=open(f"{base}.err", "w"))
+    while not os.path.exists(base):
+        if house.poll() is not None:
+            raise SystemExit(f"the lighthouse exited ({house.returncode}); see {base}.err")
+        time.sleep(0.1)
+    address = open(base).read()
+
+    def start(group: int) -> subprocess.Popen:
+        cmd = [*me, "--role", "replica", "--group", str(group), "--lighthouse", address, "--steps", str(args.steps)]
+        cmd += ["--step-sleep", str(args.step_sleep), "--barrier", base, "--table", table, "--out", args.out]
+        cmd += ["--loader", args.loader]
+        err = open(os.path.join(args.out, f"group{group}.err"), "a")  # torchft's own lines: why a step failed
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+
+    procs = {g: start(g) for g in range(GROUPS)}
+    victim, killed, restarted = GROUPS - 1, False, False
+    began = time.monotonic()
+    try:
+        while any(p.poll() is None for p in procs.values()):
+            if time.monotonic() - began > args.timeout:
+                raise SystemExit(f"the run took over {args.timeout} s; see {args.out}/group*.err")
+            ready, _, _ = select.select([p.stdout for p in procs.values() if p.stdout], [], [], 1.0)
+            if restarted and glob.glob(f"{base}.ready.{victim}.{procs[victim].pid}"):
+                open(f"{base}.rejoined", "w").close()
+            for stream in ready:
+                text = stream.readline()
+                if not text:
+                    continue
+                event = json.loads(text)
+                if (
+                    not killed
+                    and event["group"] == victim
+                    and event["event"] == "start"
+                    and event["step"] == args.kill_step
+                ):
+                    time.sleep(0.3)  # inside the step (2 s long): after its quorum, before its all-reduce
+                    os.kill(procs[victim].pid, signal.SIGKILL)
+                    killed = True
+                elif killed and not restarted and event["event"] == "end" and event["commit"]:
+                    if event["step"] >= args.restart_step:
+                        procs[victim].wait()
+                        open(f"{base}.go", "w").close()  # a restarted group joins a running quorum: no barrier
+                        open(f"{base}.hold", "w").close()
+                        procs[victim] = start(victim)
+                        restarted = True
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+        house.kill()
+    if any(p.returncode for g, p in procs.items()):
+        raise SystemExit(f"a replica group failed; see {args.out}/group*.err")
+    return compare(args, job_spec(table))
+
+
+def compare(args, spec) -> dict:
+    """Every group's committed attempts against the plan."""
+    plan_rows, plan_entries = plan(spec, args.steps + 8)
+    index = {row_id(row): (step + 1, i) for step, rows in enumerate(plan_rows) for i, row in enumerate(rows)}
+    attempts = []
+    for g in range(GROUPS):
+        with open(os.path.join(args.out, f"attempts.group{g}.jsonl")) as f:
+            attempts += [json.loads(line) for line in f if '"end"' in line]
+    committed: dict[int, list[dict]] = collections.defaultdict(list)
+    for a in attempts:
+        if a["commit"]:
+            committed[a["step"]].append(a)
+    trained = collections.Counter(r for step in committed.values() for a in step for r in a["rows"])
+    expected = collections.Counter(row_id(r) for step in sorted(committed) for r in plan_rows[step - 1])
+    per_step = {}
+    for step in sorted(committed):
+        groups = sorted(committed[step], key=lambda a: a["rank"] if a["rank"] is not None else 99)
+        got = [r for a in groups for r in a["rows"]]
+        per_step[step] = {
+            "participants": [a["group"] for a in groups],
+            "same_rows_as_plan": collections.Counter(got)
+            == collections.Counter(row_id(r) for r in plan_rows[step - 1]),
+            "in_plan_order": got == [row_id(r) for r in plan_rows[step - 1]],
+            "failed_attempts": sum(1 for a in attempts if a["step"] == step and not a["commit"]),
+        }
+    failed_rows = {
+        (a["step"], a["group"]): a["rows"] for a in attempts if not a["commit"] and a["rows"]
+    }  # what a failed attempt trained: the retry of its step must train the same rows
+    retried_same = all(
+        set(rows) <= {r for c in committed[step] for r in c["rows"]} for (step, _), rows in failed_rows.items()
+    )
+    result = {
+        "loader": args.loader,
+        "committed_steps": sorted(committed),
+        "steps": per_step,
+        "lost_rows": sum((expected - trained).values()),
+        "repeated_rows": sum(n - 1 for n in trained.values() if n > 1),
+        "rows_not_of_their_step": sum(
+            1 for step, c in committed.items() for a in c for r in a["rows"] if index.get(r, (0,))[0] != step
+        ),
+        "retried_rows_equal_first_attempt": retried_same,
+        "failed_attempts": sorted({(a["step"], a["group"]) for a in attempts if not a["commit"]}),
+    }
+    if args.loader == "zephon":
+        with open(os.path.join(args.out, "plan.jsonl"), "w") as f:
+            f.writelines(e.to_json() + "\n" for e in plan_entries[: args.steps])
+        matches, mismatches = 0, []
+        for g in range(GROUPS):
+            with open(os.path.join(args.out, f"ledger.group{g}.jsonl")) as f:
+                for line in f:
+                    entry = json.loads(line)
+                    ok = entry["sha256"] == plan_entries[entry["step"] - 1].sha256
+                    matches += ok
+                    mismatches += [] if ok else [(g, entry["step"])]
+        result |= {"ledger_sha_matches": matches, "ledger_sha_mismatches": mismatches}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--role", default="launcher", choices=["launcher", "replica", "lighthouse"])
+    parser.add_argument("--loader", default="zephon", choices=["zephon", "sampler"])
+    parser.add_argument("--group", type=int, default=0)
+    parser.add_argument("--lighthouse", default="")
+    parser.add_argument("--table", default="")
+    parser.add_argument("--steps", type=int, default=14)
+    parser.add_argument("--kill-step", type=int, default=5)
+    parser.add_argument("--restart-step", type=int, default=9)
+    parser.add_argument("--step-sleep", type=float, default=0.1)
+    parser.add_argument("--barrier", default="")
+    parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    if args.role == "replica":
+        return replica(args)
+    if args.role == "lighthouse":
+        return lighthouse_main(args.lighthouse)
+    args.out = args.out or tempfile.mkdtemp(prefix=f"ft-run-{args.loader}-")
+    print(json.dumps(launch(args), indent=1))
+
+
+if __name__ == "__main__":
+    main()

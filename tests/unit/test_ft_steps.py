@@ -1,0 +1,216 @@
+"""The torchft step source (loader/ft_steps.py) without torchft: its lane table and its steps against the plan.
+
+The Manager is replaced by the collective it stands for, done by the test: every participant's table is encoded,
+the test sums them (a SUM all-reduce over the step's participants) and hands each participant the sum; a failed
+attempt hands each its own table only (what torchft's all-reduce leaves when a peer died inside the step, as
+benchmarks/torchft_feasibility.py saw) and should_commit() says False. The real thing, with torchft's lighthouse
+and a SIGKILL, is tests/integration/test_torchft_elastic.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import corpus
+import numpy as np
+import pytest
+import torch
+
+from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_group, rows_per_lane
+from zephon_titan.engine.ledger import LedgerEntry, step_entry
+from zephon_titan.engine.rows import step_tally
+from zephon_titan.errors import DataError
+from zephon_titan.loader.ft_steps import STATE_KEY, FtSteps, LaneReport, LaneTable
+from zephon_titan.testing import spec_from_table
+
+LANES, G, LOCAL = 4, 12, 2
+
+
+@pytest.fixture(scope="module")
+def spec(corpus_dir, tokenizer_dir):
+    table = corpus.two_source_table(corpus_dir, tokenizer_dir, LANES, seed=3)
+    return spec_from_table(table, seq_len=64)
+
+
+@pytest.fixture(scope="module")
+def planned(spec):
+    """Per step: the plan's rows (global order), end-of-step states and ledger entry."""
+    rows, states, entries = [], [], []
+    with open_lane_group(spec, range(LANES), rows_per_lane(G, LANES)) as group:
+        for step in range(1, 15):
+            lanes = group.next_step_with_states()
+            plain = [[row for row, _ in lane] for lane in lanes]
+            rows.append([row.to_bytes() for lane in plain for row in lane])
+            states.append({i: lane[-1][1] for i, lane in enumerate(lanes)})
+            counts = step_tally((row for lane in plain for row in lane), len(spec.sources))
+            entries.append(step_entry(spec, step, batch_digest(lane_digest(r) for r in plain), G, counts))
+    return rows, states, entries
+
+
+class Collective:
+    """One group's Manager, whose all-reduce result the test decides (see the module's docstring)."""
+
+    def __init__(self, step: int = 0):
+        self.n, self.rank, self.step, self.result, self.commit = 1, 0, step, None, True
+        self.fns: dict = {}
+
+    def start_quorum(self) -> None:
+        pass
+
+    def num_participants(self) -> int:
+        return self.n
+
+    def participating_rank(self) -> int | None:
+        return self.rank
+
+    def current_step(self) -> int:
+        return self.step
+
+    def allreduce(self, tensor, should_quantize=False, reduce_op=None):
+        tensor.copy_(torch.from_numpy(self.result))
+        return self
+
+    def wait(self) -> None:
+        pass
+
+    def should_commit(self) -> bool:
+        self.step += self.commit
+        return self.commit
+
+    def register_state_dict_fn(self, key, load, save) -> None:
+        self.fns[key] = (load, save)
+
+
+def attempt_step(groups: dict[int, tuple[FtSteps, Collective]], alive: list[int], commit: bool = True):
+    """One attempt by the `alive` groups (participating ranks in their order): the rows each trained."""
+    attempts = {}
+    for rank, g in enumerate(alive):
+        source, manager = groups[g]
+        manager.n, manager.rank, manager.commit = len(alive), rank, commit
+        attempts[g] = source.begin()
+    tables = {g: groups[g][0].table.encode(a.owned, a.participants, a.rank, g, a.attempt) for g, a in attempts.items()}
+    total = sum(tables.values())
+    for g, a in attempts.items():
+        groups[g][1].result = total if commit else tables[g]
+        assert groups[g][0].finish(a) is commit
+    return [row.to_bytes() for g in alive for row in attempts[g].rows], attempts
+
+
+def test_the_table_round_trips_states_digests_and_tallies(spec, planned):
+    _, states, _ = planned
+    table = LaneTable(LANES, len(spec.sources))
+    reports = {
+        lane: LaneReport(states[5][lane], bytes(range(lane, lane + 32)), [lane] * table.tally_width)
+        for lane in range(LANES)
+    }
+    # Two participants, each owning two lanes: the sum of their tables is every lane once.
+    total = table.encode({0: reports[0], 1: reports[1]}, 2, 0, 7, 1) + table.encode(
+        {2: reports[2], 3: reports[3]}, 2, 1, 4, 2
+    )
+    summed = table.decode(total)
+    assert summed.lanes == [reports[lane] for lane in range(LANES)]
+    assert summed.members == [(7, 1), (4, 2)]
+
+
+def test_a_table_that_did_not_commit_is_refused(spec, planned):
+    """Negative control: after a peer died inside the step the all-reduce leaves a rank its own lanes only."""
+    _, states, _ = planned
+    table = LaneTable(LANES, len(spec.sources))
+    own = table.encode({0: LaneReport(states[1][0], bytes(32), [0] * table.tally_width)}, 3, 0, 0, 1)
+    with pytest.raises(DataError, match="given"):
+        table.decode(own)
+    doubled = own + own  # two ranks owning one lane
+    with pytest.raises(DataError, match="given"):
+        table.decode(doubled)
+
+
+def test_a_run_with_a_death_a_retry_and_a_rejoin_trains_the_plan(spec, planned):
+    """3 groups; group 2 dies inside step 5 (the attempt fails), steps 5-9 by 2, group 2 heals from group 0's
+    state dict and steps 10-14 by 3: every committed step trains the plan's rows in order, each ledger SHA-256 is
+    the plan's, and the failed attempt's rows are its retry's."""
+    rows, _, entries = planned
+    groups = {
+        g: (FtSteps(spec, global_batch_size=G, local_batch_size=LOCAL, manager=m, group=g), m)
+        for g in range(3)
+        for m in [Collective()]
+    }
+    for step in range(1, 5):
+        assert attempt_step(groups, [0, 1, 2])[0] == rows[step - 1]
+    failed, attempts = attempt_step(groups, [0, 1, 2], commit=False)
+    assert groups[0][0].steps_done == 4 and len(groups[0][0].entries) == 4
+    del groups[2]
+    retried, again = attempt_step(groups, [0, 1])
+    assert retried == rows[4] and set(failed) <= set(retried)
+    assert again[0].attempt == 2 and again[0].share.slots == 3 and attempts[0].share.slots == 2
+    for step in range(6, 10):
+        assert attempt_step(groups, [0, 1])[0] == rows[step - 1]
+    reborn = FtSteps(spec, global_batch_size=G, local_batch_size=LOCAL, manager=(m := Collective(step=9)), group=2)
+    m.fns[STATE_KEY][0](groups[0][0].state_dict())  # what torchft's healing hands the rejoining group
+    groups[2] = (reborn, m)
+    for step in range(10, 15):
+        assert attempt_step(groups, [0, 1, 2])[0] == rows[step - 1]
+    for g in (0, 1):
+        got = groups[g][0].entries
+        assert [e.step for e in got] == list(range(1, 15))
+        assert [dataclasses.replace(e, membership=None) for e in got] == entries
+        assert [e.membership["participants"] for e in got] == [3] * 4 + [2] * 5 + [3] * 5
+        assert got[4].membership == {"participants": 2, "groups": [0, 1], "attempt": 2}
+    assert [e.sha256 for e in reborn.entries] == [e.sha256 for e in entries[9:]]
+
+
+def test_a_rank_behind_torchft_refuses_to_guess(spec):
+    """A group whose Manager is ahead of its loader (healed without the loader's entry) stops in one line."""
+    source = FtSteps(spec, global_batch_size=G, local_batch_size=LOCAL, manager=Collective(step=3), group=0)
+    with pytest.raises(Exception, match="torchft is at step 3 but the loader at 0"):
+        source.begin()
+
+
+def test_membership_is_recorded_and_ignored_by_verify(tmp_path, planned, capsys):
+    from zephon_titan.cli.ledgers import cmd_verify
+    from zephon_titan.engine.ledger import read_ledger
+
+    entries: list[LedgerEntry] = planned[2]
+    run = [dataclasses.replace(e, membership={"participants": 2, "groups": [0, 1], "attempt": 1}) for e in entries]
+    (tmp_path / "plan.jsonl").write_text("".join(e.to_json() + "\n" for e in entries))
+    (tmp_path / "run.jsonl").write_text("".join(e.to_json() + "\n" for e in run))
+    assert read_ledger(str(tmp_path / "run.jsonl")) == run
+    args = type(
+        "Args",
+        (),
+        {"a": str(tmp_path / "plan.jsonl"), "b": str(tmp_path / "run.jsonl"), "steps": None, "prefix": False},
+    )
+    assert cmd_verify(args) == 0
+    # Negative control: a step's SHA-256 changed is still a difference.
+    run[3] = dataclasses.replace(run[3], sha256="0" * 64)
+    (tmp_path / "run.jsonl").write_text("".join(e.to_json() + "\n" for e in run))
+    assert cmd_verify(args) == 1
+    assert "first difference at step 4" in capsys.readouterr().out
+
+
+def test_the_state_words_fit_a_lane_state(spec, planned):
+    """The slot is resume.lane_capacity (the checkpoint's): a lane's state JSON fits it with room to spare."""
+    _, states, _ = planned
+    table = LaneTable(LANES, len(spec.sources))
+    encoded = table.encode({0: LaneReport(states[13][0], bytes(32), [0] * table.tally_width)}, 1, 0, 0, 1)
+    assert encoded.dtype == np.int64 and encoded[0, 5 + table.tally_width] < table.state_words * 8 / 2
+    assert LaneState.from_dict(states[13][0].to_dict()) == states[13][0]
+
+
+def test_survivors_that_do_not_divide_the_step_pad_and_still_train_it_whole(spec):
+    """G = 8 in microbatches of 2 (M = 4) over 3 groups: shares of 1, 1 and 2 microbatches, 2 slots each (the short
+    ones end in a padding slot); over 2 groups 2 each, no padding. The rows are the step's either way."""
+    with open_lane_group(spec, range(LANES), rows_per_lane(8, LANES)) as group:
+        plan = [[row.to_bytes() for lane in group.next_step() for row in lane] for _ in range(3)]
+    groups = {
+        g: (FtSteps(spec, global_batch_size=8, local_batch_size=LOCAL, manager=m, group=g), m)
+        for g in range(3)
+        for m in [Collective()]
+    }
+    rows, attempts = attempt_step(groups, [0, 1, 2])
+    assert rows == plan[0]
+    assert [[slot is None for slot in a.microbatches()] for a in attempts.values()] == [[False, True]] * 2 + [
+        [False, False]
+    ]
+    del groups[1]
+    rows, attempts = attempt_step(groups, [0, 2])
+    assert rows == plan[1] and all(a.share.padding == 0 for a in attempts.values())
