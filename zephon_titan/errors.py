@@ -52,6 +52,8 @@ def report_once(error: BaseException, prefix: str = "zephon_titan: error: ") -> 
         folder = os.path.join(tempfile.gettempdir(), f"zephon_titan-errors-{os.getuid()}-{run_id}"[:200])
         marker = os.path.join(folder, hashlib.sha256(message.encode()).hexdigest()[:32])
         try:
+            if not os.path.isdir(folder):
+                _forget_old_runs()
             os.makedirs(folder, exist_ok=True)
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:
@@ -59,6 +61,26 @@ def report_once(error: BaseException, prefix: str = "zephon_titan: error: ") -> 
         except OSError:
             pass  # no usable temp folder: printing twice beats not printing
     print(message, file=sys.stderr, flush=True)
+
+
+# The marker folders of jobs that failed more than this long ago are removed when a new job's is made: every failed
+# job leaves one in the temporary folder, and no rank knows when the others are done with it.
+MARKERS_KEPT_SECONDS = 24 * 3600
+
+
+def _forget_old_runs() -> None:
+    import shutil
+    import tempfile
+    import time
+
+    prefix = f"zephon_titan-errors-{os.getuid()}-"
+    try:
+        entries = [e for e in os.scandir(tempfile.gettempdir()) if e.name.startswith(prefix)]
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False) and time.time() - entry.stat().st_mtime > MARKERS_KEPT_SECONDS:
+                shutil.rmtree(entry.path, ignore_errors=True)
+    except OSError:
+        pass  # tidying the temporary folder never stands in the way of the message
 
 
 def _write_torchrun_error_file(message: str) -> None:
