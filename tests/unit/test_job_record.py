@@ -120,6 +120,7 @@ _PROBE = (
 )
 
 
+@pytest.mark.slow  # three validate processes (~17 s): the gate keeps the in-process checks above
 def test_a_changed_recipe_is_resolved_again(tmp_path, corpus_dir, tokenizer_dir):
     """A user's recipe module (the job states no seq_len or batch sizes: plan reads them from the recipe too).
     The first validate resolves and records, the second reads the record without importing TorchTitan's trainer; after the
