@@ -77,6 +77,9 @@ class DocumentFeed:
         self.pruning = False
         """The open unit was drawn in an earlier pipeline era: its documents this era's keep drops are left out
         (stream.py sets it; the packers ask `dropped`, as for an exclusion)."""
+        self._run_source = -1
+        """The source of the piece next_document returned last when that piece was a whole document (following()
+        may go on from it); -1: none."""
         self._restore_drawing(state)
         for reader, cursor, weight in zip(self.readers, self.cursors, self.weights):
             if weight > 0:  # lanes created together fetch their first windows together (next_document's)
@@ -107,10 +110,11 @@ class DocumentFeed:
                 self.spec.source_names, self.lane_id, self.spec.num_lanes, self.spec.phase_offsets
             )
 
-    def state(self) -> FeedState:
-        """Where the feed stands, and how a unit drawn from here is drawn (the packers keep it for their unit)."""
+    def state(self, cursors: tuple[SourceCursor, ...] | None = None) -> FeedState:
+        """Where the feed stands, and how a unit drawn from here is drawn (the packers keep it for their unit);
+        `cursors`: where it stood before the last piece of a run (following())."""
         return FeedState(
-            tuple(self.cursors),
+            tuple(self.cursors) if cursors is None else cursors,
             self.mix if self._scheduled else None,
             self.replay,
             self.excluding,
@@ -209,6 +213,7 @@ class DocumentFeed:
     def next_document(self) -> Document | None:
         """The lane's next piece (at most `mix_chunk_tokens` tokens of one document, never empty),
         or None when every source with a weight in the current segment is exhausted."""
+        self._run_source = -1
         while True:
             # Keep normalized cursors so no finished window is ever read again; only a cursor that moved to
             # another document since is normalized again. In place: a list made per document would live until
@@ -255,7 +260,74 @@ class DocumentFeed:
                 offset=0 if done else stop,
             )
             if n:  # an empty text without BOS/EOS has nothing to emit
+                if done and cursor.offset == 0:
+                    self._run_source = s
                 return Document(doc.source, doc.tokens, doc.file, doc.row, cursor.offset, stop)
+
+    def following(self, slots: int, pairs: bool) -> tuple[list[Document], FeedState | None]:
+        """The whole documents next_document would return next, one call after it returned a whole document, until
+        they hold `slots` slots (a document of n tokens is n - 1 slots with `pairs`, else n) or the run ends, and the
+        feed's state before the last of them (None: none).
+
+        The same pieces and the same state, drawn without next_document's general bookkeeping (issue 47: on short
+        documents that bookkeeping, not the tokenizer, was most of a lane's time): the run goes on only while
+        nothing can differ from it, i.e. documents of the same source, each one whole piece (no longer than the
+        piece size, enough tokens to place), in the reader's batch already tokenized, no document left out
+        (exclusions, pruning, dropped slots), no chat source, and the mixer choosing that source again by its own
+        rule (the same float expressions). Anything else ends the run; next_document takes it from there."""
+        s = self._run_source
+        self._run_source = -1
+        if s < 0 or self.leaving_out or self._by_targets[s]:
+            return [], None
+        reader = self.readers[s]
+        if reader.chat is not None or self._barren_since[s] is not None or reader.barren:
+            return [], None
+        cursor = self.cursors[s]
+        found = reader.batch_at(cursor)
+        if found is None:
+            return [], None
+        window, i, (_, tokens, files, rows) = found
+        # The mixer takes source s again while its due is below every other active source's (ties: the lower
+        # index), exactly as choose_source compares them; only s's tokens move during the run.
+        chunk, weights, bases, phases, has = self.chunk, self.weights, self.mix.bases, self.phases, self._has_document
+        below, at_most = float("inf"), float("inf")  # s must be below the earlier sources, at most the later ones
+        for r, (c, weight) in enumerate(zip(self.cursors, weights)):
+            if r != s and weight > 0 and has[r]:
+                due = (c.tokens - bases[r] + phases[r] * chunk) / weight
+                if r < s:
+                    below = min(below, due)
+                else:
+                    at_most = min(at_most, due)
+        weight, base, lead = weights[s], bases[s], phases[s] * chunk
+        placeable, least = self.placeable, 1 if pairs else 0
+        copies, order, documents = window.copies, window.order, window.documents
+        counted, at = self.counted, s * PER_SOURCE
+        position, taken = cursor.position, cursor.tokens
+        run: list[Document] = []
+        got, last = 0, (position, taken)
+        while got < slots and i < len(tokens):
+            ids = tokens[i]
+            if ids is DROPPED:
+                break
+            n = len(ids)
+            if n < placeable or n > chunk:
+                break
+            due = (taken - base + lead) / weight
+            if not (due < below and due <= at_most):
+                break
+            if copies == 1 or order[position] // documents == 0:
+                counted[at + READ] += 1
+            else:
+                counted[at + REPEATED] += 1
+            run.append(Document(s, ids, files[i], rows[i], 0, n))
+            last = (position, taken)
+            position, taken, got, i = position + 1, taken + n, got + n - least, i + 1
+        if not run:
+            return [], None
+        self.cursors[s] = SourceCursor(window=cursor.window, position=position, tokens=taken)
+        before = list(self.cursors)
+        before[s] = SourceCursor(window=cursor.window, position=last[0], tokens=last[1])
+        return run, self.state(tuple(before))
 
 
 def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:

@@ -82,6 +82,9 @@ class WrapPacker:
 
     name: ClassVar[str] = "wrap"
     boundary: Callable[[], int | None] | None = None  # one document at a time: nothing drawn ahead
+    draws_runs: ClassVar[bool] = True
+    """Whole short documents that follow one another drawn in one go (DocumentFeed.following): a speed knob, rows
+    never depend on it (tests/unit/test_document_runs.py draws both ways)."""
 
     @classmethod
     def from_spec(cls, feed: DocumentFeed, spec: EngineSpec) -> WrapPacker:
@@ -142,9 +145,28 @@ class WrapPacker:
                 parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, start, n)))
             self._offset += n
             need -= n
+            if need and self.draws_runs and self._offset == self.shape.piece_slots(doc):
+                need = self._place_following(parts, need)
         if not parts:
             raise LaneExhausted
         return self.shape.make_row(parts)
+
+    def _place_following(self, parts: list[tuple[np.ndarray, Piece]], need: int) -> int:
+        """The whole documents that follow the one just placed, drawn in one go (DocumentFeed.following): the
+        pieces and the open unit next_row would have made drawing them one by one."""
+        run, before_last = self.feed.following(need, self.shape.within_document)
+        if not run:
+            return need
+        pairs = self.shape.within_document
+        for doc in run[:-1]:
+            parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, 0, doc.stop - pairs)))
+            need -= doc.stop - pairs
+        doc = run[-1]
+        n = min(need, doc.stop - pairs)
+        parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, 0, n)))
+        assert before_last is not None, "a run's state before its last document"
+        self._doc, self._doc_start, self._offset = doc, before_last, n
+        return need - n
 
 
 def _continues(last: Piece, doc: Document, start: int) -> bool:

@@ -133,13 +133,23 @@ class RowShape:
         # step's rows are thousands of buffers, held ahead and freed together (issue 28).
         inputs, labels, positions = lasting_array(3 * self.slots, _ROW_DTYPE).reshape(3, self.slots)
         ramp = _ramp(self.slots)
-        at = 0
-        for tokens, p in parts:
-            inputs[at : at + p.length] = tokens[p.doc_offset : p.doc_offset + p.length]
+        at = used
+        if len(parts) > 2:  # one copy call per array over the pieces' views, not one per piece (issue 47)
+            np.concatenate(
+                [t[p.doc_offset : p.doc_offset + p.length] for t, p in parts], out=inputs[:at], casting="unsafe"
+            )
             if self.within_document:
-                labels[at : at + p.length] = tokens[p.doc_offset + 1 : p.doc_offset + p.length + 1]
-            positions[at : at + p.length] = ramp[: p.length]
-            at += p.length
+                labels_of = [t[p.doc_offset + 1 : p.doc_offset + p.length + 1] for t, p in parts]
+                np.concatenate(labels_of, out=labels[:at], casting="unsafe")
+            np.concatenate([ramp[: p.length] for _, p in parts], out=positions[:at])
+        else:
+            at = 0
+            for tokens, p in parts:
+                inputs[at : at + p.length] = tokens[p.doc_offset : p.doc_offset + p.length]
+                if self.within_document:
+                    labels[at : at + p.length] = tokens[p.doc_offset + 1 : p.doc_offset + p.length + 1]
+                positions[at : at + p.length] = ramp[: p.length]
+                at += p.length
         inputs[at:] = self.pad_id
         positions[at:] = ramp[:padding]
         pieces = tuple(p for _, p in parts)

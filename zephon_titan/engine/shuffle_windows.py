@@ -38,7 +38,7 @@ import numpy as np
 
 from zephon_titan.engine.document_counts import DROPPED_BY_KEEP, DROPPED_BY_REPEAT, DROPPED_BY_TRANSFORM
 from zephon_titan.engine.shuffle import Permutation, derive_key
-from zephon_titan.engine.sources.block_documents import BlockDocuments
+from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.split import kept
 
@@ -81,6 +81,23 @@ class Window:
         block, j = self._locate(slot % self.documents if self.copies > 1 else slot)
         texts = block.era_texts[era] if block.era_texts else block.texts
         return texts[j], block.file, block.rows[j]
+
+    def read_documents(self, slots: list[int], era: int) -> list[tuple[str | np.ndarray, str, int]]:
+        """[self.document(slot, era) for slot in slots], each block's documents read in one call (LazyTexts.many)."""
+        n = self.documents
+        indices = [slot % n for slot in slots] if self.copies > 1 else slots
+        by_block: dict[int, list[int]] = {}  # block -> the places in `slots` of its documents
+        for k, b in enumerate(np.searchsorted(self.ends, indices, side="right").tolist()):
+            by_block.setdefault(b, []).append(k)
+        out: list[tuple[str | np.ndarray, str, int]] = [("", "", -1)] * len(slots)
+        for b, places in by_block.items():
+            block, kept, first = self.blocks[b], self.kept[b], self.ends[b - 1] if b else 0
+            js = [int(kept[indices[k] - first]) for k in places]
+            texts = block.era_texts[era] if block.era_texts else block.texts
+            read = texts.many(js) if isinstance(texts, LazyTexts) else [texts[j] for j in js]
+            for k, j, text in zip(places, js, read):
+                out[k] = (text, block.file, block.rows[j])
+        return out
 
     def _locate(self, i: int) -> tuple[BlockDocuments, int]:
         """Document i of the window (block order): its block and its index there."""

@@ -272,6 +272,15 @@ class LaneSourceReader:
         _, tokens, files, rows = self._current
         return Document(self.source_index, tokens[i], files[i], rows[i], 0, len(tokens[i]))
 
+    def batch_at(self, cursor: SourceCursor) -> tuple[Window, int, _Batch] | None:
+        """The open window, the batch of documents already read and tokenized that holds the one at the cursor,
+        and its index there; None when that batch is not the current one (DocumentFeed.following)."""
+        window, batch = self._window, self._current
+        i = _index_in(batch, cursor.position)
+        if window is None or window.index != cursor.window or i < 0:
+            return None
+        return window, i, batch
+
     def fate(self, cursor: SourceCursor, dropped: bool) -> tuple[int, int]:
         """The copy of the slot at a normalized cursor and, for a dropped first copy, the stage that dropped it."""
         window = self.window(cursor.window)
@@ -289,14 +298,26 @@ class LaneSourceReader:
         reader tokenizes at a time."""
         stop = min(p + self._batch, len(window))
         self._batch = min(2 * self._batch, TOKENIZE_BATCH)
-        docs = []
+        docs: list[_Text] = []
         chars, most = 0, tokenize_batch_chars()
-        for i in range(p, stop):
-            slot = window.order[i]
-            docs.append(window.document(slot, self.era) if window.trained(slot) else (DROPPED, "", -1))
-            chars += len(docs[-1][0])
-            if chars >= most:
-                break
+        # The batch ends at the document that reaches `most` characters; documents are read a few at a time (each
+        # block's in one call), as many as the characters per document so far say fit, so at most a few are read
+        # past that end and dropped.
+        i = p
+        while i < stop and chars < most:
+            fit = (most - chars) * len(docs) // chars if chars else 1
+            slots = [window.order[q] for q in range(i, min(stop, i + max(1, fit)))]
+            trained = [slot for slot in slots if window.trained(slot)]
+            try:
+                texts = iter(window.read_documents(trained, self.era))
+            except DataError:  # the first bad document in window order raises, as one by one
+                texts = iter([window.document(slot, self.era) for slot in trained])
+            for slot in slots:
+                docs.append(next(texts) if window.trained(slot) else (DROPPED, "", -1))
+                chars += len(docs[-1][0])
+                i += 1
+                if chars >= most:
+                    break
         for item, file, row in docs:  # a listed text is noted when read (a set: reading ahead changes nothing)
             if isinstance(item, str) and self._texts and text_sha256(item) in self._texts:
                 self.listed_by_text.add((file, row))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from zephon_titan.engine.encode_calls import EncodeBatcher
@@ -119,7 +118,11 @@ class LaneStream:
             self._unit_start, self._unit_era = self.packer.unit()[0], self.feed.era
         self.rows += 1
         counted = self.feed.counted
-        row = dataclasses.replace(row, documents=tuple(a - b for a, b in zip(counted, self._counted)))
+        documents = tuple(a - b for a, b in zip(counted, self._counted))
+        # Row(...), not dataclasses.replace: the same row, without replace's per-call field walk (per row: issue 47).
+        row = Row(
+            row.inputs, row.labels, row.positions, row.pieces, row.padding, documents=documents, targets=row.targets
+        )
         self._counted = list(counted)
         return row
 
