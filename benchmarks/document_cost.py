@@ -1,15 +1,18 @@
 """The cost per document: the in-process loader's tokens per CPU-second against the tokenizer's own bound on the
 same documents, short or long (issue 47).
 
-    python benchmarks/document_cost.py [--docs short|long] [--tokenizer DIR] [--steps 300] [--profile]
+    python benchmarks/document_cost.py [--docs short|long] [--tokenizer DIR] [--steps 300] [--profile] [--plan]
 
-The corpus is text every Python has: `short`, the pydoc topics and the standard library's modules cut into
-paragraphs (tens to a few hundred tokens each, like short web pages and passages); `long`, the modules whole. One JSONL
-source in 4 files, 8 lanes on one rank, rows of 2,048 tokens, wrap packing, the fastokens backend. The bound is
+The corpus is text every Python has, its files split in two: the measured half, and the other half that warms the
+tokenizer. `short`: the pydoc topics and the standard library's modules (packages too) cut into paragraphs of
+more than 80 characters (~150 tokens each, like short web pages and passages); `long`: the modules of 2-60 KB
+whole. One JSONL source in 4 files, 8 lanes on one rank, rows of 2,048 tokens, wrap packing, the fastokens
+backend; at most one pass over the documents (a document read twice would meet fastokens' warm cache). The bound is
 fastokens' `encode_batch_flat` over the same documents in one pass, after it was loaded and warmed on other text
 (the same cores, the same process). Both are per CPU-second (all threads), beside the loader's wall time: on a
 noisy machine compare two checkouts by running this with each on PYTHONPATH, in turn, several times.
-`--profile` prints the loader's 25 most expensive functions (their own time).
+`--profile` prints the loader's 25 most expensive functions (their own time); `--plan` times what `plan` computes of
+the same lanes (each step's lane digests and tallies) instead of the rows alone.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def main() -> int:
     p.add_argument("--tokenizer", help="a tokenizer folder (default: a BPE trained here on the corpus)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--plan", action="store_true", help="what `plan` computes: each step's lane digests and tallies")
     args = p.parse_args()
 
     from zephon_titan.engine.lanes import LaneGroup
@@ -106,13 +110,18 @@ def main() -> int:
     cpu, wall, tokens = time.process_time(), time.perf_counter(), 0
     if profile:
         profile.enable()
-    for _ in range(steps):
+    if args.plan:  # the plan's per-step work on the same lanes (engine/lane_digests.py), no trainer
+        from zephon_titan.engine.lane_digests import step_digests
+
+        for _ in step_digests(group, len(spec.sources), 3, 3 + steps):
+            tokens += 8 * 2048
+    for _ in range(0 if args.plan else steps):
         tokens += sum(len(row.inputs) for lane in group.next_step() for row in lane)
     if profile:
         profile.disable()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     print(
-        f"{args.docs} documents ({len(docs):,}, {bound_tokens / len(docs):,.0f} tokens each): bound "
+        f"{'plan, ' if args.plan else ''}{args.docs} documents ({len(docs):,}, {bound_tokens / len(docs):,.0f} tokens each): bound "
         f"{bound / 1e6:.2f} M tokens per CPU-second; loader {tokens / cpu / 1e6:.2f} M per CPU-second "
         f"({tokens / wall / 1e6:.2f} M per wall second) = {tokens / cpu / bound:.3f} of the bound ({steps} steps)"
     )
