@@ -10,6 +10,8 @@ out the documents the new keep drops (`pruning`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from zephon_titan.engine.chat import MASKED, REFUSED
@@ -264,10 +266,10 @@ class DocumentFeed:
                     self._run_source = s
                 return Document(doc.source, doc.tokens, doc.file, doc.row, cursor.offset, stop)
 
-    def following(self, slots: int, pairs: bool) -> tuple[list[Document], FeedState | None]:
+    def following(self, slots: int, pairs: bool) -> Run | None:
         """The whole documents next_document would return next, one call after it returned a whole document, until
-        they hold `slots` slots (a document of n tokens is n - 1 slots with `pairs`, else n) or the run ends, and the
-        feed's state before the last of them (None: none).
+        they hold `slots` slots (a document of n tokens is n - 1 slots with `pairs`, else n) or the run ends, with the
+        feed's state before the last of them; None: no document.
 
         The same pieces and the same state, drawn without next_document's general bookkeeping (issue 47: on short
         documents that bookkeeping, not the tokenizer, was most of a lane's time): the run goes on only while
@@ -278,15 +280,15 @@ class DocumentFeed:
         s = self._run_source
         self._run_source = -1
         if s < 0 or self.leaving_out or self._by_targets[s]:
-            return [], None
+            return None
         reader = self.readers[s]
         if reader.chat is not None or self._barren_since[s] is not None or reader.barren:
-            return [], None
+            return None
         cursor = self.cursors[s]
         found = reader.batch_at(cursor)
         if found is None:
-            return [], None
-        window, i, (_, tokens, files, rows) = found
+            return None
+        window, first, (_, tokens, files, rows) = found
         # The mixer takes source s again while its due is below every other active source's (ties: the lower
         # index), exactly as choose_source compares them; only s's tokens move during the run.
         chunk, weights, bases, phases, has = self.chunk, self.weights, self.mix.bases, self.phases, self._has_document
@@ -303,8 +305,7 @@ class DocumentFeed:
         copies, order, documents = window.copies, window.order, window.documents
         counted, at = self.counted, s * PER_SOURCE
         position, taken = cursor.position, cursor.tokens
-        run: list[Document] = []
-        got, last = 0, (position, taken)
+        got, last, i = 0, (position, taken), first
         while got < slots and i < len(tokens):
             ids = tokens[i]
             if ids is DROPPED:
@@ -319,15 +320,26 @@ class DocumentFeed:
                 counted[at + READ] += 1
             else:
                 counted[at + REPEATED] += 1
-            run.append(Document(s, ids, files[i], rows[i], 0, n))
             last = (position, taken)
             position, taken, got, i = position + 1, taken + n, got + n - least, i + 1
-        if not run:
-            return [], None
+        if i == first:
+            return None
         self.cursors[s] = SourceCursor(window=cursor.window, position=position, tokens=taken)
         before = list(self.cursors)
         before[s] = SourceCursor(window=cursor.window, position=last[0], tokens=last[1])
-        return run, self.state(tuple(before))
+        return Run(s, tokens[first:i], files[first:i], rows[first:i], self.state(tuple(before)))
+
+
+class Run(NamedTuple):
+    """Whole documents of one source that follow one another (DocumentFeed.following): each one's tokens, file and
+    row, as tuples (no object per document: on short documents those were a tenth of a lane's time)."""
+
+    source: int
+    tokens: tuple[np.ndarray, ...]
+    files: tuple[str, ...]
+    rows: tuple[int, ...]
+    before_last: FeedState
+    """The feed's state before the last document (a packer's open unit when that one is not placed whole)."""
 
 
 def _replay_phases(replay: Replay, lane_id: int, num_lanes: int) -> tuple[float, ...]:

@@ -154,18 +154,23 @@ class WrapPacker:
     def _place_following(self, parts: list[tuple[np.ndarray, Piece]], need: int) -> int:
         """The whole documents that follow the one just placed, drawn in one go (DocumentFeed.following): the
         pieces and the open unit next_row would have made drawing them one by one."""
-        run, before_last = self.feed.following(need, self.shape.within_document)
-        if not run:
+        run = self.feed.following(need, self.shape.within_document)
+        if run is None:
             return need
         pairs = self.shape.within_document
-        for doc in run[:-1]:
-            parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, 0, doc.stop - pairs)))
-            need -= doc.stop - pairs
-        doc = run[-1]
-        n = min(need, doc.stop - pairs)
-        parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, 0, n)))
-        assert before_last is not None, "a run's state before its last document"
-        self._doc, self._doc_start, self._offset = doc, before_last, n
+        source, last = run.source, len(run.tokens) - 1
+        for tokens, file, row in zip(run.tokens[:last], run.files, run.rows):
+            n = len(tokens) - pairs
+            parts.append((tokens, Piece(source, file, row, 0, n)))
+            need -= n
+        tokens, file, row = run.tokens[last], run.files[last], run.rows[last]
+        n = min(need, len(tokens) - pairs)
+        parts.append((tokens, Piece(source, file, row, 0, n)))
+        self._doc, self._doc_start, self._offset = (
+            Document(source, tokens, file, row, 0, len(tokens)),
+            run.before_last,
+            n,
+        )
         return need - n
 
 

@@ -307,13 +307,14 @@ class LaneSourceReader:
         while i < stop and chars < most:
             fit = (most - chars) * len(docs) // chars if chars else 1
             slots = [window.order[q] for q in range(i, min(stop, i + max(1, fit)))]
-            trained = [slot for slot in slots if window.trained(slot)]
+            every = window.counts is None  # no keep or repeat: every slot is trained
+            trained = slots if every else [slot for slot in slots if window.trained(slot)]
             try:
                 texts = iter(window.read_documents(trained, self.era))
             except DataError:  # the first bad document in window order raises, as one by one
                 texts = iter([window.document(slot, self.era) for slot in trained])
             for slot in slots:
-                docs.append(next(texts) if window.trained(slot) else (DROPPED, "", -1))
+                docs.append(next(texts) if every or window.trained(slot) else (DROPPED, "", -1))
                 chars += len(docs[-1][0])
                 i += 1
                 if chars >= most:
