@@ -184,3 +184,33 @@ def test_a_blocks_documents_read_together_are_those_read_one_by_one(tmp_path_fac
         assert f"error: {e}" == first_bad
     else:
         assert together == [expected[i] for i in order]
+
+
+def _lines_by_split(data: bytes, offset: int, most: int) -> tuple[int | None, list[int], list[int]]:
+    """_document_lines' contract written out: data.split(b"\\n"), a line of only white space is no document."""
+    rows, lengths, at = [], [], offset
+    for line in data.split(b"\n"):
+        if len(line) > most:
+            return at, [], []
+        if line.strip():
+            rows.append(at)
+            lengths.append(len(line))
+        at += len(line) + 1
+    return None, rows, lengths
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(st.sampled_from([b"", b" ", b"\t \r", b"\x0b", b"{}", b' {"a": 1}', b"x" * 9, b"\xff\x00", b"\r"])),
+    offset=st.integers(0, 1 << 40),
+    most=st.integers(0, 10),
+)
+def test_a_blocks_lines_are_found_as_split_finds_them(lines, offset, most):
+    from zephon_titan.engine.sources.jsonl import _document_lines
+
+    data = b"\n".join(lines)
+    assert _document_lines(data, offset, most) == _lines_by_split(data, offset, most)
+    if any(line.strip() and b" " in line for line in lines) and all(len(line) <= most for line in lines):
+        # Control: a rule that takes white space for blank wherever it starts a line finds fewer documents.
+        found = _document_lines(data, offset, most)[1]
+        assert len(found) > len([line for line in lines if line and line[:1] not in b" \t\r\x0b\x0c"])
