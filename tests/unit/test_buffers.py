@@ -9,7 +9,6 @@ import numpy as np
 from helpers import make_spec
 
 from zephon_titan.engine.buffers import POOL, lasting_array
-from zephon_titan.engine.encode_calls import _own_buffer
 from zephon_titan.engine.rows import Piece, RowShape
 
 
@@ -49,7 +48,10 @@ def test_rows_and_token_batches_live_in_arrows_pool(corpus_dir, tokenizer_dir):
     spec.tokenizer.encode(texts[:1])  # the backend loaded (its memory is not a batch's)
     encoded = spec.tokenizer.encode(texts)
     assert _pool_bytes_held_by(lambda: spec.tokenizer.encode(texts)) >= sum(d.nbytes for d in encoded)
-    assert _pool_bytes_held_by(lambda: _own_buffer(encoded)) >= sum(d.nbytes for d in encoded)
+    grouped = spec.tokenizer.encode(texts, groups=[1, 1])  # readers of a shared call: a buffer each
+    assert _pool_bytes_held_by(lambda: spec.tokenizer.encode(texts, groups=[1, 1])) >= sum(d.nbytes for d in encoded)
+    assert [d.tolist() for d in grouped] == [d.tolist() for d in encoded]
+    assert grouped[0].base is not grouped[1].base and encoded[0].base is encoded[1].base  # control: one group, one
     shape = RowShape.of(spec)
     row_bytes = 3 * shape.slots * 4
     assert _pool_bytes_held_by(lambda: shape.make_row([(encoded[1], Piece(0, "f", 0, 0, 5))])) >= row_bytes

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from itertools import accumulate
 from typing import Any, Protocol
 
 import numpy as np
-
-from zephon_titan.engine.buffers import lasting_array
-from zephon_titan.engine.pipeline import DROPPED
 
 
 class Reader(Protocol):
@@ -109,16 +105,3 @@ def _index_in(batch: _Batch, p: int) -> int:
     """Where window position p is in the batch, or -1."""
     i = p - batch[0]
     return i if 0 <= i < len(batch[1]) else -1
-
-
-def _own_buffer(documents: list[np.ndarray]) -> list[np.ndarray]:
-    """The documents as views into a buffer of their own. An encode call's documents are views into one buffer
-    (tokenize.py), which lives while any of them does: a shared call's buffer would stay while the slowest of
-    its readers holds a document, tens of times the tokens held ahead at thousands of lanes."""
-    real = [d for d in documents if d is not DROPPED]
-    if not real:
-        return documents
-    bounds = [0, *accumulate(len(d) for d in real)]
-    buffer = np.concatenate(real, out=lasting_array(bounds[-1], real[0].dtype))
-    views = iter([buffer[a:b] for a, b in zip(bounds, bounds[1:])])
-    return [DROPPED if d is DROPPED else next(views) for d in documents]

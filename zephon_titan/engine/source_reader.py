@@ -14,6 +14,7 @@ import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -28,7 +29,6 @@ from zephon_titan.engine.encode_calls import (
     _batch_of,
     _index_in,
     _live_readers,
-    _own_buffer,
     _Text,
     tokenize_batch_chars,
 )
@@ -352,33 +352,36 @@ class LaneSourceReader:
         shared = self.source.chat is None and all(_textual(d[0]) for d in docs)  # conversations encode apart
         others = self.batcher.join(self, docs) if shared else []
         texts = [item for item, _, _ in docs] + [item for _, _, more in others for item, _, _ in more]
+        groups = [len(docs), *(len(more) for _, _, more in others)] if others else []
         try:
-            encoded = self._encode(texts)
+            encoded = self._encode(texts, groups)
         except BackendMismatch as e:  # the e.index-th text of the batch, not counting dropped slots
             if e.index < sum(item is not DROPPED for item, _, _ in docs) or not others:  # one of this reader's
                 raise self._mismatch(e, docs) from None
             encoded = self._encode([item for item, _, _ in docs])
             others = []  # the other readers meet their document when it is due
         at = len(docs)
-        for reader, start, more in others:
-            reader.take_ahead(start, more, _own_buffer(encoded[at : at + len(more)]))
+        for reader, start, more in others:  # each reader's documents in a buffer of its own (groups)
+            reader.take_ahead(start, more, encoded[at : at + len(more)])
             at += len(more)
-        if others:
-            encoded = _own_buffer(encoded[: len(docs)])
-        return _batch_of(p, docs, encoded)
+        return _batch_of(p, docs, encoded[: len(docs)])
 
-    def _encode(self, items: list[str | np.ndarray]) -> list[np.ndarray]:
+    def _encode(self, items: list[str | np.ndarray], groups: list[int] | None = None) -> list[np.ndarray]:
         """Each document's ids; a dropped slot stays DROPPED (never encoded). A chat source's conversations carry
-        their masks (chat.py), REFUSED where a mask cannot be exact."""
+        their masks (chat.py), REFUSED where a mask cannot be exact. `groups`: how many of the items, in order,
+        belong to each reader of a shared call (each reader's ids in a buffer of its own: a shared buffer would live
+        while the slowest of them holds a document, tens of times the tokens held ahead at thousands of lanes)."""
         if self.source.chat is not None:
             tokenizer = self.spec.tokenizer
             conversations = [i for i in items if i is not DROPPED]
             ids = iter(chat.encode(tokenizer.tokenizer, conversations, tokenizer.bos_id, tokenizer.eos_id))  # type: ignore[arg-type]
             return [DROPPED if item is DROPPED else next(ids) for item in items]
+        cuts = [0, *accumulate(groups or [])]
+        strings = [sum(item is not DROPPED for item in items[a:b]) for a, b in zip(cuts, cuts[1:])]
         if not any(item is DROPPED for item in items):
-            return self.spec.tokenizer.encode(items, self.source.specials_in_tokens)
+            return self.spec.tokenizer.encode(items, self.source.specials_in_tokens, strings)
         encoded = iter(
-            self.spec.tokenizer.encode([i for i in items if i is not DROPPED], self.source.specials_in_tokens)
+            self.spec.tokenizer.encode([i for i in items if i is not DROPPED], self.source.specials_in_tokens, strings)
         )
         return [DROPPED if item is DROPPED else next(encoded) for item in items]
 
