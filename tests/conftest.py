@@ -21,6 +21,10 @@ import corpus  # noqa: E402
 if "ZEPHON_TITAN_CACHE" not in os.environ:
     os.environ["ZEPHON_TITAN_CACHE"] = tempfile.mkdtemp(prefix="zephon-titan-cache-")
     atexit.register(shutil.rmtree, os.environ["ZEPHON_TITAN_CACHE"], ignore_errors=True)
+# No progress lines unless a test asks for them (test_progress.py sets its own): a loaded machine takes over
+# progress.AFTER seconds to import or resolve a job, and the tests that count a command's stderr lines (one error
+# line) failed at load 5-6 on a "where: importing TorchTitan ..." line.
+os.environ.setdefault("ZEPHON_TITAN_PROGRESS_SECONDS", "600")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,12 @@ from zephon_titan.progress import Waiting
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.fixture(autouse=True)
+def _progress_as_users_get_it(monkeypatch):
+    """These tests check progress itself: its defaults, not the quiet the other tests get (conftest.py)."""
+    monkeypatch.delenv("ZEPHON_TITAN_PROGRESS_SECONDS", raising=False)
+
+
 def test_a_pipe_gets_a_line_per_stage_and_one_every_few_seconds():
     log = io.StringIO()
     w = Waiting("plan", stream=log)  # the defaults: nothing before 2 s, then a line at most every 5 s
