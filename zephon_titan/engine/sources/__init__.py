@@ -9,7 +9,14 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.engine.pipeline import SourcePipeline, slots_needed, source_pipeline
 from zephon_titan.engine.sources.base import FileBlocks, Source, expand_paths
 from zephon_titan.engine.sources.block_documents import BlockDocuments
-from zephon_titan.engine.sources.formats import Format, dataset_format, format_of_file, get_format, register_format
+from zephon_titan.engine.sources.formats import (
+    Format,
+    dataset_format,
+    format_of_file,
+    formats_of_files,
+    get_format,
+    register_format,
+)
 from zephon_titan.engine.sources.index import read_index, save_index_after_first_use
 from zephon_titan.engine.sources.jsonl import JSONL, JsonlSource
 from zephon_titan.engine.sources.lance import LANCE
@@ -115,8 +122,7 @@ def _open_files(
     options: StorageOptions,
 ) -> Source:
     files = listed if listed is not None else expand_paths(source.name, source.paths, options)
-    found = (format_of_file(source, f.path, options) for f in files)
-    formats = {fmt.name: fmt for fmt in found}
+    formats = formats_of_files(source, [f.path for f in files], options)
     if len(formats) > 1:
         raise ConfigError(
             f"[dataloader.sources.{source.name}] mixes formats ({', '.join(sorted(formats))}); "

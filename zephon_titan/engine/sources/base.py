@@ -31,6 +31,7 @@ from zephon_titan.engine.pipeline import SourcePipeline
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.sources.block_pipeline import BlockPipeline
+from zephon_titan.engine.sources.gc_pause import gc_paused
 from zephon_titan.engine.sources.retry import read_with_retries
 from zephon_titan.engine.sources.storage import FileStat, StorageOptions
 from zephon_titan.engine.transforms import Transform
@@ -40,7 +41,23 @@ SCAN_THREADS = 16
 
 
 def _sha(obj: object) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+    # check_circular=False: the same text at half the cost (lists of 100,000 files' records built here, never cyclic)
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, check_circular=False).encode("utf-8")).hexdigest()[:16]
+
+
+def split_paths(paths: list[str]) -> tuple[list[str], list[str]]:
+    """The directories and the names of `paths`, as posixpath.split gives them, each directory worked out once:
+    split's answer for a directory depends only on the path up to its last "/", which 100,000 files share."""
+    heads: dict[str, str] = {}
+    directories, names = [], []
+    for path in paths:
+        head, sep, name = path.rpartition("/")
+        directory = heads.get(head) if head else sep  # "x" has no directory, "/x" the root
+        if directory is None:
+            directory = heads[head] = posixpath.split(head + sep)[0]
+        directories.append(directory)
+        names.append(name)
+    return directories, names
 
 
 FileRecord: TypeAlias = list[Any]
@@ -289,16 +306,17 @@ class Source(BlockPipeline, ABC):
         `locations` (their directories or prefixes) and `mtimes`. A format contributes through describe()
         (its settings that shape rows) or adds kinds of its own here; a resume may allow `locations` and
         `mtimes` to change (data copied or moved)."""
-        d = self.describe()
-        files = d["files"]  # [path, size, mtime_ns, blocks] per file
-        layout = {k: v for k, v in d.items() if k != "files"}
-        where = [posixpath.split(f[0]) for f in files]
-        return {
-            "files": f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {self.num_blocks} blocks",
-            "layout": _sha([layout, [[name, f[1], f[3]] for (_, name), f in zip(where, files)]]),
-            "locations": _sha([directory for directory, _ in where]),
-            "mtimes": _sha([f[2] for f in files]),
-        }
+        with gc_paused():  # lists of 100,000 files' records, all kept until hashed (gc_pause.py)
+            d = self.describe()
+            files = d["files"]  # [path, size, mtime_ns, blocks] per file
+            layout = {k: v for k, v in d.items() if k != "files"}
+            directories, names = split_paths([f[0] for f in files])
+            return {
+                "files": f"{len(files)} files, {sum(f[1] for f in files):,} bytes, {self.num_blocks} blocks",
+                "layout": _sha([layout, [[name, f[1], f[3]] for name, f in zip(names, files)]]),
+                "locations": _sha(directories),
+                "mtimes": _sha([f[2] for f in files]),
+            }
 
     def _same_object(self, f: FileBlocks, when: str = "while a read of it was retried") -> None:
         """After a retried read (or a download for the node's cache): the object still has the listed size and

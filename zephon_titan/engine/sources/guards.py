@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import posixpath
 import stat
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import BinaryIO
 
 from zephon_titan.errors import ConfigError, DataError, ZephonError
@@ -88,20 +90,67 @@ def open_bounded(path: str, max_bytes: int, what: str, error: type[ZephonError] 
 
 def refuse_duplicate_targets(source_name: str, paths: list[str], what: str = "matched paths") -> None:
     """Refuse local paths that resolve to the same file (each copy would be read as data)."""
+    local = [path for path in paths if "://" not in path]
+    targets = real_paths(local)
+    if len(set(targets)) == len(targets):  # each file reached once: the common case, decided by one set
+        return
     by_target: defaultdict[str, list[str]] = defaultdict(list)
-    real_folders: dict[str, str] = {}
-    for path in paths:
-        if "://" not in path:
-            by_target[_realpath(path, real_folders)].append(path)
+    for path, target in zip(local, targets):
+        by_target[target].append(path)
     for target, same in sorted((t, same) for t, same in by_target.items() if len(same) > 1):
-        if len(same) > 1:
-            same = sorted(same, key=lambda p: (len(p), p))
-            shown = ", ".join(same[:3]) + (f", ... ({len(same) - 3} more)" if len(same) > 3 else "")
-            raise ConfigError(
-                f"source {source_name!r}: {len(same)} {what} are one file, {target} ({shown}): a symlink (or a "
-                "symlink loop under `**`) reaches it more than once, and each copy would be read as data; remove "
-                "the symlink or narrow the glob"
-            )
+        same = sorted(same, key=lambda p: (len(p), p))
+        shown = ", ".join(same[:3]) + (f", ... ({len(same) - 3} more)" if len(same) > 3 else "")
+        raise ConfigError(
+            f"source {source_name!r}: {len(same)} {what} are one file, {target} ({shown}): a symlink (or a "
+            "symlink loop under `**`) reaches it more than once, and each copy would be read as data; remove "
+            "the symlink or narrow the glob"
+        )
+
+
+# A folder holding at least this many of the paths is listed once rather than lstat-ed per path; the listing reads at
+# most LISTED_PER_PATH entries per path, so a folder of millions of other files costs no more than the lstats would.
+LIST_FOLDER_AT = 64
+LISTED_PER_PATH = 4
+
+
+def real_paths(paths: list[str], list_folder_at: int = LIST_FOLDER_AT) -> list[str]:
+    """[os.path.realpath(p) for p in paths]: each folder resolved once (_realpath), and whether a file is itself a
+    symlink read from one listing of a folder that holds many of the paths (the entry's type comes with it), not
+    from one lstat per path: 100,000 files of an index cost a set lookup each."""
+    split = [path.rpartition("/") for path in paths]
+    counts = Counter(folder for folder, _, _ in split)
+    real_folders: dict[str, str] = {}
+    listed = {
+        folder: _listed_folder(folder, count, real_folders)
+        for folder, count in counts.items()
+        if count >= list_folder_at and folder and posixpath.normpath(folder) == folder
+    }  # a folder as written: "a/../b" or "a/." would be resolved otherwise by the kernel and by _realpath
+    out = []
+    for path, (folder, _, name) in zip(paths, split):
+        prefix, plain = listed.get(folder, _UNLISTED)
+        out.append(prefix + name if name in plain else _realpath(path, real_folders))
+    return out
+
+
+_UNLISTED: tuple[str, frozenset[str]] = ("", frozenset())
+
+
+def _listed_folder(folder: str, wanted: int, real_folders: dict[str, str]) -> tuple[str, frozenset[str]]:
+    """The real path of `folder` (ending in "/"), as _realpath resolves it for a file in it, and the names in it that
+    are not symlinks: up to LISTED_PER_PATH * `wanted` entries of its listing (the rest are lstat-ed by _realpath)."""
+    absolute = folder if folder.startswith("/") else os.path.abspath(folder)
+    plain = []
+    try:
+        with os.scandir(folder) as entries:
+            for entry in itertools.islice(entries, LISTED_PER_PATH * wanted):
+                if not entry.is_symlink():  # from the listing's entry type; an lstat where the filesystem gives none
+                    plain.append(entry.name)
+    except OSError:  # unreadable or gone: each path is resolved on its own, as before
+        return _UNLISTED
+    real = real_folders.get(absolute)
+    if real is None:
+        real = real_folders[absolute] = os.path.realpath(absolute or "/")
+    return f"{real.rstrip('/')}/", frozenset(plain)
 
 
 def _realpath(path: str, real_folders: dict[str, str]) -> str:

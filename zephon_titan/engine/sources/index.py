@@ -27,6 +27,7 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks, Source
 from zephon_titan.engine.sources.formats import format_names, get_format
+from zephon_titan.engine.sources.gc_pause import gc_paused
 from zephon_titan.engine.sources.index_records import check_records
 from zephon_titan.engine.sources.storage import StorageOptions
 from zephon_titan.errors import ConfigError
@@ -64,6 +65,11 @@ def read_index(source: SourceConfig, options: StorageOptions) -> tuple[str, list
     if data is None:
         return None
     where = f"[dataloader.sources.{source.name}] index {source.index}"
+    with gc_paused():  # 100,000 records make ~300,000 containers, all kept (gc_pause.py)
+        return _parse_index(data, source, where)
+
+
+def _parse_index(data: bytes, source: SourceConfig, where: str) -> tuple[str, list[FileBlocks]]:
     try:
         document = json.loads(data)
         version = document.get("zephon_index")

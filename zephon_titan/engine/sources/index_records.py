@@ -9,6 +9,8 @@ also compared with the file itself when it is read (Source.check_unchanged).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import guards, storage
 from zephon_titan.engine.sources.base import FileBlocks
@@ -25,12 +27,13 @@ def check_records(records: list[object], source: SourceConfig, fmt: str, where: 
     files: list[FileBlocks] = []
     last: tuple[str, int] | None = None
     check_blocks = get_format(fmt, "index").check_record
+    outside = _outside(source, fmt)
     for n, record in enumerate(records):  # 100,000 records: each check inlined, in this order
         problem, f = _parse(record)
         if f is not None:
             if "://" in f.path:
                 guards.refuse_credentials_in_path(f.path, f"{where} record {n} path")
-            problem = check_blocks(f, source) or _outside(f, source, fmt)
+            problem = check_blocks(f, source) or outside(f)
         if problem or f is None:
             raise ConfigError(f"{where} record {n}{f' ({f.path})' if f else ''}: {problem}; {_FIX}")
         key = _order_key(f, fmt) if fmt == "lance" else (f.path, 0)
@@ -56,7 +59,7 @@ def _parse(record: object) -> tuple[str, FileBlocks | None]:
         if (
             type(path) is str and path and type(size) is int and type(mtime_ns) is int and type(blocks) is int
             and size >= 0 and mtime_ns >= 0 and blocks >= 0 and type(rows) is list
-            and all(type(r) is int and r >= 0 for r in rows)
+            and (not rows or all(type(r) is int and r >= 0 for r in rows))
         ):  # fmt: skip
             return "", FileBlocks(path, size, mtime_ns, blocks, tuple(rows))
     return _problem(record)
@@ -77,11 +80,18 @@ def _problem(record: object) -> tuple[str, FileBlocks | None]:
     return "", FileBlocks(path, size, mtime_ns, blocks, tuple(rows))
 
 
-def _outside(f: FileBlocks, source: SourceConfig, fmt: str) -> str:
-    target = f.path.rpartition("?")[0] if get_format(fmt, "index").datasets else f.path
-    if any(storage.matches(pattern, target) for pattern in source.paths):
-        return ""
-    return f"is outside the source's configured paths ({', '.join(source.paths)})"
+def _outside(source: SourceConfig, fmt: str) -> Callable[[FileBlocks], str]:
+    """What is wrong with where a record's file is ("" if it lies inside the source's paths); the patterns'
+    matchers and the format's kind looked up once, not once per record."""
+    datasets = get_format(fmt, "index").datasets
+    matchers = [storage.matcher(pattern) for pattern in source.paths]
+    problem = f"is outside the source's configured paths ({', '.join(source.paths)})"
+
+    def check(f: FileBlocks) -> str:
+        target = f.path.rpartition("?")[0] if datasets else f.path
+        return "" if any(match(target) for match in matchers) else problem
+
+    return check
 
 
 def _order_key(f: FileBlocks, fmt: str) -> tuple[str, int]:

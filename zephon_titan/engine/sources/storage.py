@@ -206,11 +206,12 @@ def _expand_remote(pattern: str, filesystem: pafs.FileSystem, inner: str) -> lis
 
 def matches(pattern: str, path: str) -> bool:
     """Whether `expand(pattern)` could list `path` (checks an index record without listing)."""
-    return _matcher(pattern)(path)
+    return matcher(pattern)(path)
 
 
 @lru_cache(maxsize=256)  # an index's every record is checked against its source's few patterns
-def _matcher(pattern: str) -> Callable[[str], bool]:
+def matcher(pattern: str) -> Callable[[str], bool]:
+    """matches(pattern, path) for any path: `pattern` compiled once."""
     pattern = pattern.rstrip("/") if is_uri(pattern) else os.path.normpath(pattern)
     regex = globs.glob_regex(pattern) if globs.GLOB_CHARS.search(pattern) else None
     prefix = pattern + "/" if is_uri(pattern) else None  # an object-store prefix lists all under it
