@@ -1,6 +1,6 @@
 """Elastic while running, no row lost or repeated: torchft's lighthouse and 3 replica groups on CPU/gloo (issue 49).
 
-    PYTHONPATH=.:/tmp/tfpkg python examples/ft_run.py [--loader zephon|sampler] [--steps 14] [--out DIR]
+    PYTHONPATH=.:/tmp/tfpkg python examples/ft_run.py [--loader zephon|sampler] [--steps 14] [--sit-out 0:12]
 
 An example, not a benchmark: it is how a loop wires loader/ft_steps.py to torchft's Manager, and its output is a
 proof, not a figure. A tiny model (an embedding and a linear layer over the rows' token ids) trains on the test
@@ -11,8 +11,10 @@ The launcher starts the lighthouse, then 3 replica groups of 1 rank. It SIGKILLs
 --kill-step (after its quorum, before its all-reduce), starts it again once a survivor has committed
 --restart-step (it heals from a live peer: model, optimizer and the loader's lane table), and the run goes on to
 --steps. Each group writes one line per attempt (step, attempt, participants, its rank, commit, the SHA-256 of
-each row it trained) and, with --loader zephon, its ledger of committed steps (out/ledger.groupG.jsonl).
-Then the launcher compares with the plan (the same job's lanes simulated in one process): per committed step,
+each row it trained) and, with --loader zephon, its ledger of committed steps (out/ledger.groupG.jsonl); the
+run's ledger is their union (out/ledger.jsonl): a group left out of a step heals past it and lacks it. --sit-out
+GROUP:STEP makes a group late to STEP's quorum (what a busy machine does by chance). Then the launcher compares
+with the plan (the same job's lanes simulated in one process): per committed step,
 the rows trained by its participants against the plan's rows of that step, and the ledger's SHA-256 against the
 plan's. --loader sampler is the negative control: torchft's own torchft.data.DistributedSampler over the same
 rows (the plan's, in global order), one batch of G/3 rows per group and attempt, as torchft's examples use it.
@@ -148,15 +150,24 @@ def replica(args) -> None:
     ):
         time.sleep(0.05)
     open(f"{args.barrier}.ready.{args.group}.{os.getpid()}", "w").close()
+    healed = 0
     while manager.current_step() < args.steps and store is not None:  # `store` is the group's server: keep it
         # The harness's pause, not the loader's: once the launcher restarts a group, the survivors wait for it to
         # be up (its imports take seconds here) so that it rejoins before the run ends.
         while os.path.exists(f"{args.barrier}.hold") and not os.path.exists(f"{args.barrier}.rejoined"):
             time.sleep(0.05)
         optim.zero_grad()
+        if args.sit_out and args.sit_out == (args.group, manager.current_step() + 1):
+            # Late to the quorum by more than the lighthouse's join timeout (what a busy machine does by chance):
+            # the others train the step without this group, which heals past it at its next quorum.
+            while not os.path.exists(f"{args.barrier}.committed.{args.sit_out[1]}"):
+                time.sleep(0.05)
         if args.loader == "zephon":
             attempt = source.begin()
             step, tried = attempt.step, attempt.attempt
+            for was, now in source.healed[healed:]:  # steps this group did not train: not in its ledger
+                emit({"event": "healed", "from": was, "to": now})
+            healed = len(source.healed)
             batch = [row for slot in attempt.microbatches() if slot is not None for row in slot]
         else:
             manager.start_quorum()
@@ -231,6 +242,8 @@ def launch(args) -> dict:
         cmd = [*me, "--role", "replica", "--group", str(group), "--lighthouse", address, "--steps", str(args.steps)]
         cmd += ["--step-sleep", str(args.step_sleep), "--barrier", base, "--table", table, "--out", args.out]
         cmd += ["--loader", args.loader]
+        if args.sit_out:
+            cmd += ["--sit-out", ":".join(map(str, args.sit_out))]
         err = open(os.path.join(args.out, f"group{group}.err"), "a")  # torchft's own lines: why a step failed
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
 
@@ -249,6 +262,8 @@ def launch(args) -> dict:
                 if not text:
                     continue
                 event = json.loads(text)
+                if event["event"] == "end" and event["commit"]:
+                    open(f"{base}.committed.{event['step']}", "w").close()  # for --sit-out
                 if (
                     not killed
                     and event["group"] == victim
@@ -282,7 +297,8 @@ def compare(args, spec) -> dict:
     attempts = []
     for g in range(GROUPS):
         with open(os.path.join(args.out, f"attempts.group{g}.jsonl")) as f:
-            attempts += [json.loads(line) for line in f if '"end"' in line]
+            attempts += [json.loads(line) for line in f if '"start"' not in line]
+    events, attempts = attempts, [a for a in attempts if a["event"] == "end"]
     committed: dict[int, list[dict]] = collections.defaultdict(list)
     for a in attempts:
         if a["commit"]:
@@ -319,18 +335,43 @@ def compare(args, spec) -> dict:
         "failed_attempts": sorted({(a["step"], a["group"]) for a in attempts if not a["commit"]}),
     }
     if args.loader == "zephon":
-        with open(os.path.join(args.out, "plan.jsonl"), "w") as f:
-            f.writelines(e.to_json() + "\n" for e in plan_entries[: args.steps])
-        matches, mismatches = 0, []
-        for g in range(GROUPS):
-            with open(os.path.join(args.out, f"ledger.group{g}.jsonl")) as f:
-                for line in f:
-                    entry = json.loads(line)
-                    ok = entry["sha256"] == plan_entries[entry["step"] - 1].sha256
-                    matches += ok
-                    mismatches += [] if ok else [(g, entry["step"])]
-        result |= {"ledger_sha_matches": matches, "ledger_sha_mismatches": mismatches}
+        result |= ledgers(args, plan_entries, events)
     return result
+
+
+def ledgers(args, plan_entries, events) -> dict:
+    """Each group's ledger against the plan and against what the group committed; the run's ledger (their union,
+    out/ledger.jsonl) for `verify`. A group's ledger holds exactly the steps it committed: a step it was left out
+    of, or healed past, is in the others' (its healed events say which)."""
+    from zephon_titan.engine.ledger import read_ledger
+    from zephon_titan.loader.ft_steps import union_ledger
+
+    with open(os.path.join(args.out, "plan.jsonl"), "w") as f:
+        f.writelines(e.to_json() + "\n" for e in plan_entries[: args.steps])
+    matches, mismatches, per_group, every = 0, [], {}, []
+    for g in range(GROUPS):
+        entries = read_ledger(os.path.join(args.out, f"ledger.group{g}.jsonl"))
+        every.append(entries)
+        for entry in entries:
+            ok = entry.sha256 == plan_entries[entry.step - 1].sha256
+            matches += ok
+            mismatches += [] if ok else [(g, entry.step)]
+        mine = [a for a in events if a["group"] == g]
+        per_group[g] = {
+            "ledger_steps": [e.step for e in entries],
+            "committed_steps": [a["step"] for a in mine if a["event"] == "end" and a["commit"]],
+            "healed_past": sorted(
+                {s for a in mine if a["event"] == "healed" for s in range(a["from"] + 1, a["to"] + 1)}
+            ),
+        }
+    with open(os.path.join(args.out, "ledger.jsonl"), "w") as f:
+        f.writelines(e.to_json() + "\n" for e in union_ledger(every))
+    return {"ledger_sha_matches": matches, "ledger_sha_mismatches": mismatches, "groups": per_group}
+
+
+def sit_out_arg(text: str) -> tuple[int, int]:
+    group, step = text.split(":")
+    return int(group), int(step)
 
 
 def main() -> None:
@@ -347,6 +388,7 @@ def main() -> None:
     parser.add_argument("--barrier", default="")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--out", default="")
+    parser.add_argument("--sit-out", type=sit_out_arg, default=None, help="GROUP:STEP: a group late to STEP's quorum")
     args = parser.parse_args()
     if args.role == "replica":
         return replica(args)

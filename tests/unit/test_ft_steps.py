@@ -20,7 +20,7 @@ from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_
 from zephon_titan.engine.ledger import LedgerEntry, step_entry
 from zephon_titan.engine.rows import step_tally
 from zephon_titan.errors import DataError
-from zephon_titan.loader.ft_steps import STATE_KEY, FtSteps, LaneReport, LaneTable
+from zephon_titan.loader.ft_steps import STATE_KEY, FtSteps, LaneReport, LaneTable, union_ledger
 from zephon_titan.testing import spec_from_table
 
 LANES, G, LOCAL = 4, 12, 2
@@ -156,6 +156,33 @@ def test_a_run_with_a_death_a_retry_and_a_rejoin_trains_the_plan(spec, planned):
         assert [e.membership["participants"] for e in got] == [3] * 4 + [2] * 5 + [3] * 5
         assert got[4].membership == {"participants": 2, "groups": [0, 1], "attempt": 2}
     assert [e.sha256 for e in reborn.entries] == [e.sha256 for e in entries[9:]]
+    assert reborn.healed == [(0, 9)] and groups[0][0].healed == groups[1][0].healed == []
+
+
+def test_a_group_left_out_of_a_step_lacks_it_and_the_union_is_the_plan(spec, planned):
+    """Group 0 is late to step 3's quorum (a busy machine: the CI flake): groups 1 and 2 train it, group 0 heals
+    past it at step 4. Its ledger lacks step 3 and says so in `healed`; the union of the ledgers is the plan.
+    Negative control: two groups recording one step differently are refused."""
+    rows, _, entries = planned
+    groups = {
+        g: (FtSteps(spec, global_batch_size=G, local_batch_size=LOCAL, manager=m, group=g), m)
+        for g in range(3)
+        for m in [Collective()]
+    }
+    for step in (1, 2):
+        assert attempt_step(groups, [0, 1, 2])[0] == rows[step - 1]
+    assert attempt_step({g: groups[g] for g in (1, 2)}, [1, 2])[0] == rows[2]
+    late, manager = groups[0]
+    manager.step = 3
+    manager.fns[STATE_KEY][0](groups[1][0].state_dict())  # torchft heals the late group at its next quorum
+    assert attempt_step(groups, [0, 1, 2])[0] == rows[3]
+    assert [e.step for e in late.entries] == [1, 2, 4] and late.healed == [(2, 3)]
+    union = union_ledger(source.entries for source, _ in groups.values())
+    assert [dataclasses.replace(e, membership=None) for e in union] == entries[:4]
+    assert union[2].membership == {"participants": 2, "groups": [1, 2], "attempt": 1}
+    other = dataclasses.replace(groups[2][0].entries[0], sha256="0" * 64)
+    with pytest.raises(DataError, match="recorded step 1 differently"):
+        union_ledger([late.entries, [other]])
 
 
 def test_a_rank_behind_torchft_refuses_to_guess(spec):

@@ -13,6 +13,10 @@ committed step's table is complete (a failed attempt's holds whatever arrived): 
 torchft's healing state dict (`register_state_dict_fn("dataloader", ...)`). State moves only through the
 Manager: no collective of the loader's own crosses groups.
 
+A group's ledger (`entries`) holds the steps it committed; a group left out of a step (dead, late to the quorum,
+its commit failed where others' did not) heals past it (`healed`), so the run's ledger is the union of the groups'
+(`union_ledger`).
+
 Replica groups of one rank each (DP inside a group would sum the table over the group first: not built).
 torchft is never imported here: the Manager is passed in (ManagerLike is what is used of it).
 """
@@ -20,7 +24,7 @@ torchft is never imported here: the Manager is passed in (ManagerLike is what is
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -167,6 +171,10 @@ class FtSteps:
         self.steps_done = 0
         self.attempts = 0  # attempts of step steps_done + 1 that did not commit
         self.entries: list[LedgerEntry] = []
+        self.healed: list[tuple[int, int]] = []
+        """(from, to): this group healed from a peer at step `to` while at `from`, so steps from+1 .. to are not in
+        `entries`: it did not train them (left out of their quorums, dead, or its commit failed where others'
+        did not: torchft's commit is per replica group). The run's record is the union of the groups' ledgers."""
         self._lanes: tuple[tuple[int, ...], int, Any] | None = None  # (lanes, steps_done, group): reused while valid
         manager.register_state_dict_fn(STATE_KEY, self.load_state_dict, self.state_dict)
 
@@ -180,6 +188,8 @@ class FtSteps:
         if len(lanes) != self.num_lanes:
             raise ResumeError(f"a healing peer sent {len(lanes)} lane states; this job has {self.num_lanes} lanes")
         self.states = {i: LaneState.from_dict(s, f"lane {i} from a healing peer") for i, s in enumerate(lanes)}
+        if int(state["step"]) != self.steps_done:
+            self.healed.append((self.steps_done, int(state["step"])))
         self.steps_done, self.attempts = int(state["step"]), 0
         self._drop_lanes()
 
@@ -262,3 +272,19 @@ class FtSteps:
 
     def close(self) -> None:
         self._drop_lanes()
+
+
+def union_ledger(ledgers: Iterable[Iterable[LedgerEntry]]) -> list[LedgerEntry]:
+    """The run's ledger from the replica groups' ledgers: each step once, in step order. A group's ledger holds the
+    steps it committed, so a group left out of a step (see FtSteps.healed) lacks it while the others hold it; every
+    group that committed a step made the same entry from the same summed table, so two that differ are refused."""
+    steps: dict[int, LedgerEntry] = {}
+    for ledger in ledgers:
+        for entry in ledger:
+            held = steps.setdefault(entry.step, entry)
+            if held != entry:
+                raise DataError(
+                    f"two replica groups recorded step {entry.step} differently (SHA-256 {held.sha256[:12]} and "
+                    f"{entry.sha256[:12]}, membership {held.membership} and {entry.membership})"
+                )
+    return [steps[step] for step in sorted(steps)]
