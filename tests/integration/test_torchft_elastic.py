@@ -1,11 +1,14 @@
 """Elastic while running, no row lost or repeated (issue 49): examples/ft_run.py end to end with torchft 0.2.0.
 
-torchft's lighthouse and 3 replica groups of 1 rank on CPU/gloo train a tiny model through loader/ft_steps.py;
-group 2 is SIGKILLed inside step 5 and started again after step 9, healing from a live peer, and group 0 comes
+torchft's lighthouse and 3 replica groups of 1 rank, then of 2 ranks (DP inside the group: its own gloo group,
+torchft pairing rank r of every group), on CPU/gloo train a tiny model through loader/ft_steps.py; group 2 (every
+rank) is SIGKILLed inside step 5 and started again after step 9, healing from a live peer, and group 0 comes
 to step 12's quorum late (the others train 12 without it; it heals past). Every committed step trains the plan's
-rows of that step, in order, with 3, then 2, then 3 groups; the failed attempt's rows are its retry's; every
+rows of that step, in order, with 3, then 2, then 3 groups (6, 4, 6 live ranks with 2 per group: the step's 6
+microbatches dealt 1 or 2 per rank, padded); the failed attempt's rows are its retry's; the weights agree; every
 ledger SHA-256 is the plan's; each group's ledger holds exactly the steps it committed (a step it sat out or
-healed past is not in it) and `verify` finds the run's ledger (their union) equal to the plan's.
+healed past is not in it; every rank of a group the same ledger) and `verify` finds the run's ledger (their
+union) equal to the plan's.
 Negative control: torchft's own DistributedSampler under the same kill loses and repeats rows.
 """
 
@@ -29,17 +32,27 @@ pytestmark = [pytest.mark.slow]
 STEPS, SIT_OUT = 16, (0, 12)
 
 
-def run(loader: str, out: str) -> dict:
+def run(loader: str, out: str, ranks: int) -> dict:
     args = argparse.Namespace(
-        loader=loader, steps=STEPS, kill_step=5, restart_step=9, step_sleep=0.1, timeout=240, out=out, sit_out=SIT_OUT
+        loader=loader,
+        steps=STEPS,
+        kill_step=5,
+        restart_step=9,
+        step_sleep=0.1,
+        timeout=240,
+        out=out,
+        sit_out=SIT_OUT,
+        ranks=ranks,
     )
     return ft_run.launch(args)
 
 
-def test_a_killed_and_restarted_group_loses_and_repeats_no_row(tmp_path, capsys):
+# 1 rank per group: ~46 s for both runs on the 2-core machine; 2 ranks (7 processes): ~70 s.
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_killed_and_restarted_group_loses_and_repeats_no_row(tmp_path, capsys, ranks):
     from zephon_titan.cli.ledgers import cmd_verify
 
-    result = run("zephon", str(tmp_path / "zephon"))
+    result = run("zephon", str(tmp_path / "zephon"), ranks)
     steps = result["steps"]
     every = list(range(1, STEPS + 1))
     assert result["committed_steps"] == every
@@ -49,7 +62,9 @@ def test_a_killed_and_restarted_group_loses_and_repeats_no_row(tmp_path, capsys)
     assert counts[:4] == [3] * 4 and 2 in counts and counts[-1] == 3, counts  # 3, then 2, then 3 again
     first_two = counts.index(2) + 1
     assert steps[first_two]["failed_attempts"] >= 1  # the step the kill fell in was retried by the survivors
-    assert result["retried_rows_equal_first_attempt"]
+    assert result["retried_rows_equal_first_attempt"] and result["weights_agree"]
+    assert all(s["ranks"] == len(s["participants"]) * ranks for s in steps.values()), steps
+    assert result["dp_ledgers_equal"]
     assert result["ledger_sha_mismatches"] == [] and result["ledger_sha_matches"] >= 2 * STEPS
     groups = result["groups"]
     for g, got in groups.items():  # a group's ledger: exactly the steps it committed, each once
@@ -66,7 +81,7 @@ def test_a_killed_and_restarted_group_loses_and_repeats_no_row(tmp_path, capsys)
     assert f"first difference at step {SIT_OUT[1]}" in capsys.readouterr().out
 
     # Negative control: torchft's DistributedSampler, the same job, the same kill and restart.
-    control = run("sampler", str(tmp_path / "sampler"))
+    control = run("sampler", str(tmp_path / "sampler"), ranks)
     assert control["committed_steps"] == every
     assert control["lost_rows"] > 0 and control["repeated_rows"] > 0, control
     assert not all(s["same_rows_as_plan"] for s in control["steps"].values())
