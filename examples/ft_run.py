@@ -101,8 +101,19 @@ def replica(args) -> None:
 
     torch.manual_seed(0)  # identical initial weights on every group: the first quorum needs no sync
     # The group's store (rank 0 serves it, for the group's life: torchft rendezvouses every quorum's PG in it).
+    # Under `zephon-titan torchft` each group is a torchrun job: its agent serves the store, at MASTER_PORT.
+    torchrun = "REPLICA_GROUP_ID" in os.environ and "RANK" in os.environ
+    if torchrun:
+        args.group, args.groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+        args.dp, args.ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        args.store_port, args.lighthouse = int(os.environ["MASTER_PORT"]), os.environ["TORCHFT_LIGHTHOUSE"]
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1") if torchrun else "127.0.0.1"
     store = TCPStore(
-        "127.0.0.1", args.store_port, is_master=args.dp == 0, wait_for_workers=False, timeout=timedelta(seconds=60)
+        host,
+        args.store_port,
+        is_master=args.dp == 0 and not torchrun,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=60),
     )
     if args.ranks > 1:  # DP inside the group: its own gloo group, beside torchft's cross-group PG
         dist.init_process_group(
@@ -121,7 +132,7 @@ def replica(args) -> None:
         connect_timeout=timedelta(seconds=10),
         rank=args.dp,
         world_size=args.ranks,
-        store_addr="127.0.0.1",
+        store_addr=host,
         store_port=args.store_port,
         lighthouse_addr=args.lighthouse,
         replica_id=f"group{args.group}",
@@ -147,12 +158,12 @@ def replica(args) -> None:
         sampler = DistributedSampler(
             range(len(rows)),
             replica_rank=args.group,
-            num_replica_groups=GROUPS,
+            num_replica_groups=args.groups,
             group_rank=args.dp,
             num_replicas=args.ranks,
         )
         sampler.shuffle = False  # the plan's order: a step's rows are G consecutive indices
-        size = GLOBAL_BATCH // (GROUPS * args.ranks)
+        size = GLOBAL_BATCH // (args.groups * args.ranks)
         batches = torch.utils.data.DataLoader(range(len(rows)), batch_size=size, sampler=sampler)
         batch_iter = iter(batches)
     me = f"group{args.group}" + (f".dp{args.dp}" if args.dp else "")
@@ -166,7 +177,7 @@ def replica(args) -> None:
         out.flush()
 
     open(f"{args.barrier}.{args.group}.{args.dp}", "w").close()  # the first quorum waits for every group
-    everyone = [f"{args.barrier}.{g}.{d}" for g in range(GROUPS) for d in range(args.ranks)]  # (see feasibility)
+    everyone = [f"{args.barrier}.{g}.{d}" for g in range(args.groups) for d in range(args.ranks)]  # (feasibility)
     while not all(map(os.path.exists, everyone)) and not os.path.exists(f"{args.barrier}.go"):
         time.sleep(0.05)
     open(f"{args.barrier}.ready.{args.group}.{os.getpid()}", "w").close()
@@ -199,6 +210,7 @@ def replica(args) -> None:
         # The victim's step --kill-step is long, so that the launcher's SIGKILL surely lands inside it (before its
         # all-reduce) even when this machine is busy; the peers wait for it in their all-reduce (PG timeout 5 s).
         victim_step = args.group == GROUPS - 1 and step == args.kill_step and not os.path.exists(f"{args.barrier}.go")
+        victim_step &= args.groups == GROUPS  # (the launcher's kill: 3 groups)
         time.sleep(2.0 if victim_step else args.step_sleep)
         if batch:
             inputs = torch.from_numpy(np.stack([r.inputs for r in batch]).astype(np.int64))
@@ -430,6 +442,9 @@ def main() -> None:
     parser.add_argument("--loader", default="zephon", choices=["zephon", "sampler"])
     parser.add_argument("--group", type=int, default=0)
     parser.add_argument("--ranks", type=int, default=1, help="ranks per replica group (DP inside the group)")
+    parser.add_argument(
+        "--groups", type=int, default=GROUPS, help="replica groups in the job (a replica role's; the launcher runs 3)"
+    )
     parser.add_argument("--dp", type=int, default=0)
     parser.add_argument("--store-port", type=int, default=0)
     parser.add_argument("--lighthouse", default="")

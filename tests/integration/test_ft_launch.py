@@ -1,0 +1,73 @@
+"""`zephon-titan torchft` (zephon_titan/ft_launch.py) with torchft 0.2.0: its lighthouse and 2 replica groups, each
+a torchrun job of 2 ranks running examples/ft_run.py's replica (a Manager and FtSteps per rank, a gloo group
+inside each group), 4 steps. The union of the groups' ledgers is the plan's, both ranks of a group hold the same
+ledger, and every entry records 2 groups of 4 live ranks. A group whose ranks fail is one line and status 1,
+while the other group's end is reported too. The kill-and-restart proof with its negative control (torchft's
+DistributedSampler) is tests/integration/test_torchft_elastic.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+torchft = pytest.importorskip("torchft", reason="torchft is not installed (the test extra installs torchft==0.2.0)")
+
+import ft_run  # noqa: E402  (examples/, on the path through tests/conftest.py)
+
+from zephon_titan.cli import main  # noqa: E402
+from zephon_titan.engine.ledger import read_ledger  # noqa: E402
+from zephon_titan.loader.ft_steps import union_ledger  # noqa: E402
+
+pytestmark = [pytest.mark.slow]  # ~15 s on the 2-core machine: 2 torchrun agents and 4 ranks importing torch
+
+STEPS = 4
+
+
+def launcher(tmp_path, script: str, *script_args: str) -> list[str]:
+    return [
+        "torchft",
+        "--groups",
+        "2",
+        "--nproc",
+        "2",
+        "--min-replicas",
+        "2",
+        "--join-timeout-ms",
+        "1000",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        script,
+        *script_args,
+    ]
+
+
+def test_two_groups_of_two_ranks_train_the_plan(tmp_path, capsys):
+    table = ft_run.build_job(str(tmp_path))
+    out = tmp_path / "out"
+    out.mkdir()
+    replica = ["--role", "replica", "--table", table, "--barrier", str(out / "barrier"), "--out", str(out)]
+    replica += ["--steps", str(STEPS), "--kill-step", "0"]
+    assert main(launcher(tmp_path, ft_run.__file__, *replica)) == 0, capsys.readouterr()
+    said = capsys.readouterr().out
+    assert "replica group 0 finished" in said and "replica group 1 finished" in said
+    ledgers = {name: read_ledger(str(out / name)) for name in sorted(os.listdir(out)) if name.startswith("ledger.")}
+    assert sorted(ledgers) == [f"ledger.group{g}{dp}.jsonl" for g in (0, 1) for dp in (".dp1", "")]
+    for g in (0, 1):
+        assert ledgers[f"ledger.group{g}.dp1.jsonl"] == ledgers[f"ledger.group{g}.jsonl"]
+    union = union_ledger(ledgers.values())
+    _, plan = ft_run.plan(ft_run.job_spec(table), STEPS)
+    assert [dataclasses.replace(e, membership=None) for e in union] == plan
+    assert all(e.membership == {"participants": 2, "groups": [0, 1], "attempt": 1, "ranks": 4} for e in union)
+
+
+def test_a_failing_group_is_one_line_and_the_status(tmp_path, capsys):
+    script = tmp_path / "fails_in_group_1.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['REPLICA_GROUP_ID'] == '1' else 0)\n")
+    assert main(launcher(tmp_path, str(script))) == 1
+    said = capsys.readouterr().out
+    log = tmp_path / "logs" / "group1.log"
+    assert f"zephon-titan: replica group 1 failed (torchrun exit 1); its output: {log}" in said
+    assert "replica group 0 finished" in said and log.exists()
