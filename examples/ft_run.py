@@ -103,6 +103,7 @@ def replica(args) -> None:
     # The group's store (rank 0 serves it, for the group's life: torchft rendezvouses every quorum's PG in it).
     # Under `zephon-titan torchft` each group is a torchrun job: its agent serves the store, at MASTER_PORT.
     torchrun = "REPLICA_GROUP_ID" in os.environ and "RANK" in os.environ
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's restarts of this group
     if torchrun:
         args.group, args.groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
         args.dp, args.ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -117,7 +118,11 @@ def replica(args) -> None:
     )
     if args.ranks > 1:  # DP inside the group: its own gloo group, beside torchft's cross-group PG
         dist.init_process_group(
-            "gloo", store=PrefixStore("dp", store), rank=args.dp, world_size=args.ranks, timeout=timedelta(seconds=10)
+            "gloo",
+            store=PrefixStore(f"dp{restarts}", store),  # torchrun's store outlives a restart: fresh keys
+            rank=args.dp,
+            world_size=args.ranks,
+            timeout=timedelta(seconds=10),
         )
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -181,12 +186,19 @@ def replica(args) -> None:
     while not all(map(os.path.exists, everyone)) and not os.path.exists(f"{args.barrier}.go"):
         time.sleep(0.05)
     open(f"{args.barrier}.ready.{args.group}.{os.getpid()}", "w").close()
+    if restarts:
+        open(f"{args.barrier}.restarted.{args.group}.{args.dp}", "w").close()
     healed = 0
     while manager.current_step() < args.steps and store is not None:  # `store` is the group's server: keep it
         # The harness's pause, not the loader's: once the launcher restarts a group, the survivors wait for it to
         # be up (its imports take seconds here) so that it rejoins before the run ends.
         while os.path.exists(f"{args.barrier}.hold") and not os.path.exists(f"{args.barrier}.rejoined"):
             time.sleep(0.05)
+        if args.crash and args.group != args.crash[0] and manager.current_step() + 1 == args.crash[1] + 2:
+            # The same pause under torchrun: two steps after the crash, wait for the restarted group.
+            back = [f"{args.barrier}.restarted.{args.crash[0]}.{d}" for d in range(args.ranks)]
+            while not all(map(os.path.exists, back)):
+                time.sleep(0.05)
         optim.zero_grad()
         if args.sit_out and args.sit_out == (args.group, manager.current_step() + 1):
             # Late to the quorum by more than the lighthouse's join timeout (what a busy machine does by chance):
@@ -207,6 +219,8 @@ def replica(args) -> None:
             batch = [rows[i] for i in next(batch_iter).tolist()]
         begin_s = time.perf_counter() - began
         emit({"event": "start", "step": step})
+        if args.crash == (args.group, step) and not restarts:
+            os._exit(1)  # a rank failing inside the step (after its quorum): torchrun restarts the group
         # The victim's step --kill-step is long, so that the launcher's SIGKILL surely lands inside it (before its
         # all-reduce) even when this machine is busy; the peers wait for it in their all-reduce (PG timeout 5 s).
         victim_step = args.group == GROUPS - 1 and step == args.kill_step and not os.path.exists(f"{args.barrier}.go")
@@ -431,7 +445,7 @@ def ledgers(args, plan_entries, events) -> dict:
     }
 
 
-def sit_out_arg(text: str) -> tuple[int, int]:
+def group_step(text: str) -> tuple[int, int]:
     group, step = text.split(":")
     return int(group), int(step)
 
@@ -456,7 +470,10 @@ def main() -> None:
     parser.add_argument("--barrier", default="")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--out", default="")
-    parser.add_argument("--sit-out", type=sit_out_arg, default=None, help="GROUP:STEP: a group late to STEP's quorum")
+    parser.add_argument(
+        "--crash", type=group_step, default=None, help="GROUP:STEP: under torchrun, a rank of GROUP exits in STEP"
+    )
+    parser.add_argument("--sit-out", type=group_step, default=None, help="GROUP:STEP: a group late to STEP's quorum")
     args = parser.parse_args()
     if args.role == "replica":
         return replica(args)

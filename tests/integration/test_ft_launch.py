@@ -1,7 +1,9 @@
 """`zephon-titan torchft` (zephon_titan/ft_launch.py) with torchft 0.2.0: its lighthouse and 2 replica groups, each
 a torchrun job of 2 ranks running examples/ft_run.py's replica (a Manager and FtSteps per rank, a gloo group
 inside each group), 4 steps. The union of the groups' ledgers is the plan's, both ranks of a group hold the same
-ledger, and every entry records 2 groups of 4 live ranks. A group whose ranks fail is one line and status 1,
+ledger, and every entry records 2 groups of 4 live ranks. Then 3 groups of 1 rank, group 1's rank exiting inside
+step 3: torchrun (--max-restarts 1) starts it again, it heals from a live group and trains on; the survivors
+retry step 3 between them; the union is the plan's. A group whose ranks fail for good is one line and status 1,
 while the other group's end is reported too. The kill-and-restart proof with its negative control (torchft's
 DistributedSampler) is tests/integration/test_torchft_elastic.py.
 """
@@ -9,6 +11,7 @@ DistributedSampler) is tests/integration/test_torchft_elastic.py.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import pytest
@@ -26,13 +29,15 @@ pytestmark = [pytest.mark.slow]  # ~15 s on the 2-core machine: 2 torchrun agent
 STEPS = 4
 
 
-def launcher(tmp_path, script: str, *script_args: str) -> list[str]:
+def launcher(tmp_path, script: str, *script_args: str, groups: int = 2, nproc: int = 2) -> list[str]:
     return [
         "torchft",
         "--groups",
-        "2",
+        str(groups),
         "--nproc",
-        "2",
+        str(nproc),
+        "--max-restarts",
+        "1",
         "--min-replicas",
         "2",
         "--join-timeout-ms",
@@ -44,13 +49,19 @@ def launcher(tmp_path, script: str, *script_args: str) -> list[str]:
     ]
 
 
-def test_two_groups_of_two_ranks_train_the_plan(tmp_path, capsys):
+def replica(tmp_path, steps: int) -> tuple[str, list[str]]:
+    """A job and the arguments of examples/ft_run.py's replica role (its group, rank and store: torchrun's)."""
     table = ft_run.build_job(str(tmp_path))
     out = tmp_path / "out"
     out.mkdir()
-    replica = ["--role", "replica", "--table", table, "--barrier", str(out / "barrier"), "--out", str(out)]
-    replica += ["--steps", str(STEPS), "--kill-step", "0"]
-    assert main(launcher(tmp_path, ft_run.__file__, *replica)) == 0, capsys.readouterr()
+    args = ["--role", "replica", "--table", table, "--barrier", str(out / "barrier"), "--out", str(out)]
+    return table, [*args, "--steps", str(steps), "--kill-step", "0"]
+
+
+def test_two_groups_of_two_ranks_train_the_plan(tmp_path, capsys):
+    table, args = replica(tmp_path, STEPS)
+    out = tmp_path / "out"
+    assert main(launcher(tmp_path, ft_run.__file__, *args)) == 0, capsys.readouterr()
     said = capsys.readouterr().out
     assert "replica group 0 finished" in said and "replica group 1 finished" in said
     ledgers = {name: read_ledger(str(out / name)) for name in sorted(os.listdir(out)) if name.startswith("ledger.")}
@@ -71,3 +82,24 @@ def test_a_failing_group_is_one_line_and_the_status(tmp_path, capsys):
     log = tmp_path / "logs" / "group1.log"
     assert f"zephon-titan: replica group 1 failed (torchrun exit 1); its output: {log}" in said
     assert "replica group 0 finished" in said and log.exists()
+
+
+def test_a_rank_that_fails_is_restarted_by_torchrun_and_heals(tmp_path, capsys):
+    table, args = replica(tmp_path, 8)
+    out = tmp_path / "out"
+    assert main(launcher(tmp_path, ft_run.__file__, *args, "--crash", "1:3", groups=3, nproc=1)) == 0
+    events = {
+        g: [json.loads(line) for line in open(out / f"attempts.group{g}.jsonl") if '"start"' not in line]
+        for g in range(3)
+    }
+    ledgers = {g: read_ledger(str(out / f"ledger.group{g}.jsonl")) for g in range(3)}
+    for g in range(3):  # a group's ledger: exactly its commits, the restarted group's two lives together
+        assert [e.step for e in ledgers[g]] == [a["step"] for a in events[g] if a["event"] == "end" and a["commit"]]
+    healed = [(a["from"], a["to"]) for a in events[1] if a["event"] == "healed"]
+    assert len(healed) == 1 and healed[0][0] == 0 and healed[0][1] >= 3, events[1]  # the new life healed past 3
+    assert [e.step for e in ledgers[1]] == [1, 2, *range(healed[0][1] + 1, 9)]
+    union = union_ledger(ledgers.values())
+    _, plan = ft_run.plan(ft_run.job_spec(table), 8)
+    assert [dataclasses.replace(e, membership=None) for e in union] == plan
+    assert union[2].membership == {"participants": 2, "groups": [0, 2], "attempt": 2, "ranks": 2}
+    assert union[-1].membership["groups"] == [0, 1, 2]  # back to 3 groups

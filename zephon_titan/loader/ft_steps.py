@@ -252,8 +252,9 @@ class FtSteps:
         return Attempt(step, self.attempts + 1, n, rank, self.dp_rank, part, mine, self.local_batch_size, owned)
 
     def finish(self, attempt: Attempt) -> bool:
-        """The table through the Manager, then should_commit(): True advances to the step's end states and records
-        its ledger entry; False keeps the start-of-step states, so the next begin() trains the same step."""
+        """The table over the group (dp_allreduce) and through the Manager, then should_commit(): True advances to
+        the step's end states and records its ledger entry; False keeps the start-of-step states, so the next
+        begin() trains the same step."""
         from torch.distributed import ReduceOp
 
         speaker = attempt.rank if self.dp_rank == 0 else None  # one participant row per group
