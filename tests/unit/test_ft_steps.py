@@ -9,6 +9,7 @@ and a SIGKILL, is tests/integration/test_torchft_elastic.py.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import threading
 
@@ -164,10 +165,12 @@ def test_a_run_with_a_death_a_retry_and_a_rejoin_trains_the_plan(spec, planned):
     assert reborn.healed == [(0, 9)] and groups[0][0].healed == groups[1][0].healed == []
 
 
-def test_a_group_left_out_of_a_step_lacks_it_and_the_union_is_the_plan(spec, planned):
+def test_a_group_left_out_of_a_step_lacks_it_and_the_union_is_the_plan(spec, planned, tmp_path, capsys):
     """Group 0 is late to step 3's quorum (a busy machine: the CI flake): groups 1 and 2 train it, group 0 heals
-    past it at step 4. Its ledger lacks step 3 and says so in `healed`; the union of the ledgers is the plan.
-    Negative control: two groups recording one step differently are refused."""
+    past it at step 4. Its ledger lacks step 3 and says so in `healed` (and `verify` of it shows the gap); the
+    union of the ledgers is the plan. Negative control: two groups recording one step differently are refused."""
+    from zephon_titan.cli.ledgers import cmd_verify
+
     rows, _, entries = planned
     groups = {
         g: (FtSteps(spec, global_batch_size=G, local_batch_size=LOCAL, manager=m, group=g), m)
@@ -185,6 +188,12 @@ def test_a_group_left_out_of_a_step_lacks_it_and_the_union_is_the_plan(spec, pla
     union = union_ledger(source.entries for source, _ in groups.values())
     assert [dataclasses.replace(e, membership=None) for e in union] == entries[:4]
     assert union[2].membership == {"participants": 2, "groups": [1, 2], "attempt": 1, "ranks": 2}
+    # verify of the late group's own ledger names the step it lacks, and its gap.
+    (tmp_path / "plan.jsonl").write_text("".join(e.to_json() + "\n" for e in entries[:4]))
+    (tmp_path / "late.jsonl").write_text("".join(e.to_json() + "\n" for e in late.entries))
+    args = argparse.Namespace(a=str(tmp_path / "plan.jsonl"), b=str(tmp_path / "late.jsonl"), steps=None, prefix=False)
+    assert cmd_verify(args) == 1
+    assert "first difference at step 3" in (said := capsys.readouterr().out) and "late.jsonl: steps 1-2,4)" in said
     other = dataclasses.replace(groups[2][0].entries[0], sha256="0" * 64)
     with pytest.raises(DataError, match="recorded step 1 differently"):
         union_ledger([late.entries, [other]])
