@@ -1,14 +1,16 @@
 """Elastic while running, no row lost or repeated: torchft's lighthouse and 3 replica groups on CPU/gloo (issue 49).
 
-    PYTHONPATH=.:/tmp/tfpkg python examples/ft_run.py [--loader zephon|sampler] [--steps 14] [--sit-out 0:12]
+    PYTHONPATH=. python examples/ft_run.py [--loader zephon|sampler] [--ranks 2] [--steps 16] [--sit-out 0:12]
 
 An example, not a benchmark: it is how a loop wires loader/ft_steps.py to torchft's Manager, and its output is a
 proof, not a figure. A tiny model (an embedding and a linear layer over the rows' token ids) trains on the test
 corpus (examples/corpus.py: prose JSONL and code Parquet, a BPE trained on them); TorchTitan's FT trainer is not
 used: it builds a Llama and its FT path on CPU takes minutes per process here, and what is proven is the data.
 
-The launcher starts the lighthouse, then 3 replica groups of 1 rank. It SIGKILLs group 2 inside step
---kill-step (after its quorum, before its all-reduce), starts it again once a survivor has committed
+The launcher starts the lighthouse, then 3 replica groups of --ranks processes (a rank each, with its Manager; with
+2 or more, a gloo group inside the group for the gradients and the loader's table, the group's store served by
+its rank 0). It SIGKILLs group 2 (every rank) inside step --kill-step (after its quorum, before its all-reduce),
+starts it again once a survivor has committed
 --restart-step (it heals from a live peer: model, optimizer and the loader's lane table), and the run goes on to
 --steps. Each group writes one line per attempt (step, attempt, participants, its rank, commit, the SHA-256 of
 each row it trained) and, with --loader zephon, its ledger of committed steps (out/ledger.groupG.jsonl); the
@@ -17,7 +19,11 @@ GROUP:STEP makes a group late to STEP's quorum (what a busy machine does by chan
 with the plan (the same job's lanes simulated in one process): per committed step,
 the rows trained by its participants against the plan's rows of that step, and the ledger's SHA-256 against the
 plan's. --loader sampler is the negative control: torchft's own torchft.data.DistributedSampler over the same
-rows (the plan's, in global order), one batch of G/3 rows per group and attempt, as torchft's examples use it.
+rows (the plan's, in global order), one batch of G/(3 x ranks) rows per rank and attempt, as torchft's examples
+use it.
+
+`--role replica` is one rank; under `zephon-titan torchft` (torchrun) it takes its group, rank and store from the
+environment, and --crash GROUP:STEP makes a rank of GROUP exit inside STEP once (torchrun restarts the group).
 """
 
 from __future__ import annotations
