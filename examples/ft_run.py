@@ -106,29 +106,33 @@ def replica(args) -> None:
     from torchft import Manager, ProcessGroupGloo
 
     torch.manual_seed(0)  # identical initial weights on every group: the first quorum needs no sync
-    # The group's store (rank 0 serves it, for the group's life: torchft rendezvouses every quorum's PG in it).
-    # Under `zephon-titan torchft` each group is a torchrun job: its agent serves the store, at MASTER_PORT.
+    # The group's store: rank 0 serves it, for the group's life (torchft rendezvouses every quorum's PG in it).
     torchrun = "REPLICA_GROUP_ID" in os.environ and "RANK" in os.environ
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's restarts of this group
-    if torchrun:
+    host = "127.0.0.1"
+    if torchrun:  # under `zephon-titan torchft`: the group is a torchrun job
         args.group, args.groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
         args.dp, args.ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        args.store_port, args.lighthouse = int(os.environ["MASTER_PORT"]), os.environ["TORCHFT_LIGHTHOUSE"]
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1") if torchrun else "127.0.0.1"
-    store = TCPStore(
-        host,
-        args.store_port,
-        is_master=args.dp == 0 and not torchrun,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=60),
-    )
+        args.lighthouse, host = os.environ["TORCHFT_LIGHTHOUSE"], os.environ["MASTER_ADDR"]
+        # Not torchrun's own store for the Manager: it outlives a restart, and a restarted group's rank 1 read the
+        # dead Manager's address there (connection refused). Rank 0 serves a fresh one, its port told per restart.
+        agent = TCPStore(host, int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60))
+        told = PrefixStore(f"zephon_ft_run/{restarts}", agent)
+        if args.dp == 0:
+            store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+            told.set("store_port", str(store.port))
+        args.store_port = int(told.get("store_port"))
+    if not torchrun or args.dp > 0:
+        store = TCPStore(
+            host,
+            args.store_port,
+            is_master=args.dp == 0 and not torchrun,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=60),
+        )
     if args.ranks > 1:  # DP inside the group: its own gloo group, beside torchft's cross-group PG
         dist.init_process_group(
-            "gloo",
-            store=PrefixStore(f"dp{restarts}", store),  # torchrun's store outlives a restart: fresh keys
-            rank=args.dp,
-            world_size=args.ranks,
-            timeout=timedelta(seconds=10),
+            "gloo", store=PrefixStore("dp", store), rank=args.dp, world_size=args.ranks, timeout=timedelta(seconds=10)
         )
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -203,7 +207,10 @@ def replica(args) -> None:
         if args.crash and args.group != args.crash[0] and manager.current_step() + 1 == args.crash[1] + 2:
             # The same pause under torchrun: two steps after the crash, wait for the restarted group.
             back = [f"{args.barrier}.restarted.{args.crash[0]}.{d}" for d in range(args.ranks)]
+            waited = time.monotonic()
             while not all(map(os.path.exists, back)):
+                if time.monotonic() - waited > 120:
+                    raise SystemExit(f"replica group {args.crash[0]} was not back 120 s after its crash")
                 time.sleep(0.05)
         optim.zero_grad()
         if args.sit_out and args.sit_out == (args.group, manager.current_step() + 1):
