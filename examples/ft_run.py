@@ -1,21 +1,29 @@
 """Elastic while running, no row lost or repeated: torchft's lighthouse and 3 replica groups on CPU/gloo (issue 49).
 
-    PYTHONPATH=.:/tmp/tfpkg python examples/ft_run.py [--loader zephon|sampler] [--steps 14] [--out DIR]
+    PYTHONPATH=. python examples/ft_run.py [--loader zephon|sampler] [--ranks 2] [--steps 16] [--sit-out 0:12]
 
 An example, not a benchmark: it is how a loop wires loader/ft_steps.py to torchft's Manager, and its output is a
 proof, not a figure. A tiny model (an embedding and a linear layer over the rows' token ids) trains on the test
 corpus (examples/corpus.py: prose JSONL and code Parquet, a BPE trained on them); TorchTitan's FT trainer is not
 used: it builds a Llama and its FT path on CPU takes minutes per process here, and what is proven is the data.
 
-The launcher starts the lighthouse, then 3 replica groups of 1 rank. It SIGKILLs group 2 inside step
---kill-step (after its quorum, before its all-reduce), starts it again once a survivor has committed
+The launcher starts the lighthouse, then 3 replica groups of --ranks processes (a rank each, with its Manager; with
+2 or more, a gloo group inside the group for the gradients and the loader's table, the group's store served by
+its rank 0). It SIGKILLs group 2 (every rank) inside step --kill-step (after its quorum, before its all-reduce),
+starts it again once a survivor has committed
 --restart-step (it heals from a live peer: model, optimizer and the loader's lane table), and the run goes on to
 --steps. Each group writes one line per attempt (step, attempt, participants, its rank, commit, the SHA-256 of
-each row it trained) and, with --loader zephon, its ledger of committed steps (out/ledger.groupG.jsonl).
-Then the launcher compares with the plan (the same job's lanes simulated in one process): per committed step,
+each row it trained) and, with --loader zephon, its ledger of committed steps (out/ledger.groupG.jsonl); the
+run's ledger is their union (out/ledger.jsonl): a group left out of a step heals past it and lacks it. --sit-out
+GROUP:STEP makes a group late to STEP's quorum (what a busy machine does by chance). Then the launcher compares
+with the plan (the same job's lanes simulated in one process): per committed step,
 the rows trained by its participants against the plan's rows of that step, and the ledger's SHA-256 against the
 plan's. --loader sampler is the negative control: torchft's own torchft.data.DistributedSampler over the same
-rows (the plan's, in global order), one batch of G/3 rows per group and attempt, as torchft's examples use it.
+rows (the plan's, in global order), one batch of G/(3 x ranks) rows per rank and attempt, as torchft's examples
+use it.
+
+`--role replica` is one rank; under `zephon-titan torchft` (torchrun) it takes its group, rank and store from the
+environment, and --crash GROUP:STEP makes a rank of GROUP exit inside STEP once (torchrun restarts the group).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import os
 import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,12 +101,39 @@ def plan(spec, steps: int):
 def replica(args) -> None:
     import numpy as np
     import torch
-    from torch.distributed import TCPStore
+    import torch.distributed as dist
+    from torch.distributed import PrefixStore, TCPStore
     from torchft import Manager, ProcessGroupGloo
 
     torch.manual_seed(0)  # identical initial weights on every group: the first quorum needs no sync
-    store_port = free_port()
-    store = TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
+    # The group's store: rank 0 serves it, for the group's life (torchft rendezvouses every quorum's PG in it).
+    torchrun = "REPLICA_GROUP_ID" in os.environ and "RANK" in os.environ
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))  # torchrun's restarts of this group
+    host = "127.0.0.1"
+    if torchrun:  # under `zephon-titan torchft`: the group is a torchrun job
+        args.group, args.groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+        args.dp, args.ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        args.lighthouse, host = os.environ["TORCHFT_LIGHTHOUSE"], os.environ["MASTER_ADDR"]
+        # Not torchrun's own store for the Manager: it outlives a restart, and a restarted group's rank 1 read the
+        # dead Manager's address there (connection refused). Rank 0 serves a fresh one, its port told per restart.
+        agent = TCPStore(host, int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60))
+        told = PrefixStore(f"zephon_ft_run/{restarts}", agent)
+        if args.dp == 0:
+            store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+            told.set("store_port", str(store.port))
+        args.store_port = int(told.get("store_port"))
+    if not torchrun or args.dp > 0:
+        store = TCPStore(
+            host,
+            args.store_port,
+            is_master=args.dp == 0 and not torchrun,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=60),
+        )
+    if args.ranks > 1:  # DP inside the group: its own gloo group, beside torchft's cross-group PG
+        dist.init_process_group(
+            "gloo", store=PrefixStore("dp", store), rank=args.dp, world_size=args.ranks, timeout=timedelta(seconds=10)
+        )
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
     optim = torch.optim.SGD(model.parameters(), lr=0.1)
     manager = Manager(
@@ -109,10 +145,10 @@ def replica(args) -> None:
         timeout=timedelta(seconds=5),
         quorum_timeout=timedelta(seconds=30),
         connect_timeout=timedelta(seconds=10),
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=store_port,
+        rank=args.dp,
+        world_size=args.ranks,
+        store_addr=host,
+        store_port=args.store_port,
         lighthouse_addr=args.lighthouse,
         replica_id=f"group{args.group}",
     )
@@ -121,51 +157,87 @@ def replica(args) -> None:
         from zephon_titan.loader.ft_steps import FtSteps
 
         source = FtSteps(
-            spec, global_batch_size=GLOBAL_BATCH, local_batch_size=LOCAL_BATCH, manager=manager, group=args.group
+            spec,
+            global_batch_size=GLOBAL_BATCH,
+            local_batch_size=LOCAL_BATCH,
+            manager=manager,
+            group=args.group,
+            dp_rank=args.dp,
+            dp_size=args.ranks,
+            dp_allreduce=dist.all_reduce if args.ranks > 1 else None,
         )
     else:
         from torchft.data import DistributedSampler
 
         rows = [row for step in plan(spec, args.steps + 8)[0] for row in step]  # the plan's rows, global order
         sampler = DistributedSampler(
-            range(len(rows)), replica_rank=args.group, num_replica_groups=GROUPS, group_rank=0, num_replicas=1
+            range(len(rows)),
+            replica_rank=args.group,
+            num_replica_groups=args.groups,
+            group_rank=args.dp,
+            num_replicas=args.ranks,
         )
         sampler.shuffle = False  # the plan's order: a step's rows are G consecutive indices
-        batches = torch.utils.data.DataLoader(range(len(rows)), batch_size=GLOBAL_BATCH // GROUPS, sampler=sampler)
+        size = GLOBAL_BATCH // (args.groups * args.ranks)
+        batches = torch.utils.data.DataLoader(range(len(rows)), batch_size=size, sampler=sampler)
         batch_iter = iter(batches)
-    out = open(os.path.join(args.out, f"attempts.group{args.group}.jsonl"), "a")
-    ledger = open(os.path.join(args.out, f"ledger.group{args.group}.jsonl"), "a")
+    me = f"group{args.group}" + (f".dp{args.dp}" if args.dp else "")
+    out = open(os.path.join(args.out, f"attempts.{me}.jsonl"), "a")
+    ledger = open(os.path.join(args.out, f"ledger.{me}.jsonl"), "a")  # every rank's: they must be equal
 
     def emit(line: dict) -> None:
-        line["group"] = args.group
+        line["group"], line["dp"] = args.group, args.dp
         print(json.dumps(line), flush=True)
         out.write(json.dumps(line) + "\n")
         out.flush()
 
-    open(f"{args.barrier}.{args.group}", "w").close()  # the first quorum waits for every group (see feasibility)
-    while not all(os.path.exists(f"{args.barrier}.{g}") for g in range(GROUPS)) and not os.path.exists(
-        f"{args.barrier}.go"
-    ):
+    open(f"{args.barrier}.{args.group}.{args.dp}", "w").close()  # the first quorum waits for every group
+    everyone = [f"{args.barrier}.{g}.{d}" for g in range(args.groups) for d in range(args.ranks)]  # (feasibility)
+    while not all(map(os.path.exists, everyone)) and not os.path.exists(f"{args.barrier}.go"):
         time.sleep(0.05)
     open(f"{args.barrier}.ready.{args.group}.{os.getpid()}", "w").close()
+    if restarts:
+        open(f"{args.barrier}.restarted.{args.group}.{args.dp}", "w").close()
+    healed = 0
     while manager.current_step() < args.steps and store is not None:  # `store` is the group's server: keep it
         # The harness's pause, not the loader's: once the launcher restarts a group, the survivors wait for it to
         # be up (its imports take seconds here) so that it rejoins before the run ends.
         while os.path.exists(f"{args.barrier}.hold") and not os.path.exists(f"{args.barrier}.rejoined"):
             time.sleep(0.05)
+        if args.crash and args.group != args.crash[0] and manager.current_step() + 1 == args.crash[1] + 2:
+            # The same pause under torchrun: two steps after the crash, wait for the restarted group.
+            back = [f"{args.barrier}.restarted.{args.crash[0]}.{d}" for d in range(args.ranks)]
+            waited = time.monotonic()
+            while not all(map(os.path.exists, back)):
+                if time.monotonic() - waited > 120:
+                    raise SystemExit(f"replica group {args.crash[0]} was not back 120 s after its crash")
+                time.sleep(0.05)
         optim.zero_grad()
+        if args.sit_out and args.sit_out == (args.group, manager.current_step() + 1):
+            # Late to the quorum by more than the lighthouse's join timeout (what a busy machine does by chance):
+            # the others train the step without this group, which heals past it at its next quorum.
+            while not os.path.exists(f"{args.barrier}.committed.{args.sit_out[1]}"):
+                time.sleep(0.05)
+        began = time.perf_counter()  # the step's data-side costs, against the sampler's (the same quorum inside)
         if args.loader == "zephon":
             attempt = source.begin()
             step, tried = attempt.step, attempt.attempt
+            for was, now in source.healed[healed:]:  # steps this group did not train: not in its ledger
+                emit({"event": "healed", "from": was, "to": now})
+            healed = len(source.healed)
             batch = [row for slot in attempt.microbatches() if slot is not None for row in slot]
         else:
             manager.start_quorum()
             step, tried = manager.current_step() + 1, 0
             batch = [rows[i] for i in next(batch_iter).tolist()]
+        begin_s = time.perf_counter() - began
         emit({"event": "start", "step": step})
+        if args.crash == (args.group, step) and not restarts:
+            os._exit(1)  # a rank failing inside the step (after its quorum): torchrun restarts the group
         # The victim's step --kill-step is long, so that the launcher's SIGKILL surely lands inside it (before its
         # all-reduce) even when this machine is busy; the peers wait for it in their all-reduce (PG timeout 5 s).
         victim_step = args.group == GROUPS - 1 and step == args.kill_step and not os.path.exists(f"{args.barrier}.go")
+        victim_step &= args.groups == GROUPS  # (the launcher's kill: 3 groups)
         time.sleep(2.0 if victim_step else args.step_sleep)
         if batch:
             inputs = torch.from_numpy(np.stack([r.inputs for r in batch]).astype(np.int64))
@@ -176,11 +248,15 @@ def replica(args) -> None:
         for p in model.parameters():
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+            if args.ranks > 1:
+                dist.all_reduce(p.grad)  # inside the group, then across groups (HSDP's order)
             manager.allreduce(p.grad).wait()
+        finished = time.perf_counter()
         if args.loader == "zephon":
             commit = source.finish(attempt)
         else:
             commit = manager.should_commit()
+        finish_s = time.perf_counter() - finished
         if commit:
             optim.step()
             if args.loader == "zephon":
@@ -196,6 +272,8 @@ def replica(args) -> None:
                 "commit": commit,
                 "rows": [row_id(r) for r in batch],
                 "weight": round(float(model[1].weight[0, 0].detach()), 6),
+                "begin_s": round(begin_s, 4),
+                "finish_s": round(finish_s, 4),
             }
         )
     manager.shutdown(wait=False)
@@ -227,14 +305,20 @@ def launch(args) -> dict:
         time.sleep(0.1)
     address = open(base).read()
 
-    def start(group: int) -> subprocess.Popen:
+    def start(group: int) -> dict[tuple[int, int], subprocess.Popen]:
+        """The group's ranks, one process each, with a fresh store port (a restarted group's too)."""
         cmd = [*me, "--role", "replica", "--group", str(group), "--lighthouse", address, "--steps", str(args.steps)]
         cmd += ["--step-sleep", str(args.step_sleep), "--barrier", base, "--table", table, "--out", args.out]
-        cmd += ["--loader", args.loader]
+        cmd += ["--loader", args.loader, "--ranks", str(args.ranks), "--store-port", str(free_port())]
+        if args.sit_out:
+            cmd += ["--sit-out", ":".join(map(str, args.sit_out))]
         err = open(os.path.join(args.out, f"group{group}.err"), "a")  # torchft's own lines: why a step failed
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        return {
+            (group, d): subprocess.Popen([*cmd, "--dp", str(d)], stdout=subprocess.PIPE, stderr=err, text=True)
+            for d in range(args.ranks)
+        }
 
-    procs = {g: start(g) for g in range(GROUPS)}
+    procs = {key: p for g in range(GROUPS) for key, p in start(g).items()}
     victim, killed, restarted = GROUPS - 1, False, False
     began = time.monotonic()
     try:
@@ -242,13 +326,16 @@ def launch(args) -> dict:
             if time.monotonic() - began > args.timeout:
                 raise SystemExit(f"the run took over {args.timeout} s; see {args.out}/group*.err")
             ready, _, _ = select.select([p.stdout for p in procs.values() if p.stdout], [], [], 1.0)
-            if restarted and glob.glob(f"{base}.ready.{victim}.{procs[victim].pid}"):
+            victims = [procs[victim, d] for d in range(args.ranks)]
+            if restarted and all(glob.glob(f"{base}.ready.{victim}.{p.pid}") for p in victims):
                 open(f"{base}.rejoined", "w").close()
             for stream in ready:
                 text = stream.readline()
                 if not text:
                     continue
                 event = json.loads(text)
+                if event["event"] == "end" and event["commit"]:
+                    open(f"{base}.committed.{event['step']}", "w").close()  # for --sit-out
                 if (
                     not killed
                     and event["group"] == victim
@@ -256,21 +343,23 @@ def launch(args) -> dict:
                     and event["step"] == args.kill_step
                 ):
                     time.sleep(0.3)  # inside the step (2 s long): after its quorum, before its all-reduce
-                    os.kill(procs[victim].pid, signal.SIGKILL)
+                    for p in victims:  # the whole group: every rank
+                        os.kill(p.pid, signal.SIGKILL)
                     killed = True
                 elif killed and not restarted and event["event"] == "end" and event["commit"]:
                     if event["step"] >= args.restart_step:
-                        procs[victim].wait()
+                        for p in victims:
+                            p.wait()
                         open(f"{base}.go", "w").close()  # a restarted group joins a running quorum: no barrier
                         open(f"{base}.hold", "w").close()
-                        procs[victim] = start(victim)
+                        procs |= start(victim)
                         restarted = True
     finally:
         for p in procs.values():
             if p.poll() is None:
                 p.kill()
         house.kill()
-    if any(p.returncode for g, p in procs.items()):
+    if any(p.returncode for p in procs.values()):
         raise SystemExit(f"a replica group failed; see {args.out}/group*.err")
     return compare(args, job_spec(table))
 
@@ -280,9 +369,10 @@ def compare(args, spec) -> dict:
     plan_rows, plan_entries = plan(spec, args.steps + 8)
     index = {row_id(row): (step + 1, i) for step, rows in enumerate(plan_rows) for i, row in enumerate(rows)}
     attempts = []
-    for g in range(GROUPS):
-        with open(os.path.join(args.out, f"attempts.group{g}.jsonl")) as f:
-            attempts += [json.loads(line) for line in f if '"end"' in line]
+    for path in sorted(glob.glob(os.path.join(args.out, "attempts.group*.jsonl"))):
+        with open(path) as f:
+            attempts += [json.loads(line) for line in f if '"start"' not in line]
+    events, attempts = attempts, [a for a in attempts if a["event"] == "end"]
     committed: dict[int, list[dict]] = collections.defaultdict(list)
     for a in attempts:
         if a["commit"]:
@@ -291,20 +381,21 @@ def compare(args, spec) -> dict:
     expected = collections.Counter(row_id(r) for step in sorted(committed) for r in plan_rows[step - 1])
     per_step = {}
     for step in sorted(committed):
-        groups = sorted(committed[step], key=lambda a: a["rank"] if a["rank"] is not None else 99)
-        got = [r for a in groups for r in a["rows"]]
+        ranks = sorted(committed[step], key=lambda a: (a["rank"] if a["rank"] is not None else 99, a["dp"]))
+        got = [r for a in ranks for r in a["rows"]]  # live-rank order: groups in participating order, DP inside
         per_step[step] = {
-            "participants": [a["group"] for a in groups],
+            "participants": [a["group"] for a in ranks if a["dp"] == 0],
+            "ranks": len(ranks),
             "same_rows_as_plan": collections.Counter(got)
             == collections.Counter(row_id(r) for r in plan_rows[step - 1]),
             "in_plan_order": got == [row_id(r) for r in plan_rows[step - 1]],
             "failed_attempts": sum(1 for a in attempts if a["step"] == step and not a["commit"]),
         }
     failed_rows = {
-        (a["step"], a["group"]): a["rows"] for a in attempts if not a["commit"] and a["rows"]
+        (a["step"], a["group"], a["dp"]): a["rows"] for a in attempts if not a["commit"] and a["rows"]
     }  # what a failed attempt trained: the retry of its step must train the same rows
     retried_same = all(
-        set(rows) <= {r for c in committed[step] for r in c["rows"]} for (step, _), rows in failed_rows.items()
+        set(rows) <= {r for c in committed[step] for r in c["rows"]} for (step, *_), rows in failed_rows.items()
     )
     result = {
         "loader": args.loader,
@@ -317,20 +408,59 @@ def compare(args, spec) -> dict:
         ),
         "retried_rows_equal_first_attempt": retried_same,
         "failed_attempts": sorted({(a["step"], a["group"]) for a in attempts if not a["commit"]}),
+        # After a commit every rank holds the same weights (the gradient summed inside a group, averaged across).
+        "weights_agree": all(len({a["weight"] for a in c}) == 1 for c in committed.values()),
+        # Per committed attempt, median seconds: begin (quorum, then this rank's rows) and finish (the loader's table
+        # through the group and the Manager, then should_commit; the sampler: should_commit alone).
+        "median_begin_s": statistics.median(a["begin_s"] for c in committed.values() for a in c),
+        "median_finish_s": statistics.median(a["finish_s"] for c in committed.values() for a in c),
     }
     if args.loader == "zephon":
-        with open(os.path.join(args.out, "plan.jsonl"), "w") as f:
-            f.writelines(e.to_json() + "\n" for e in plan_entries[: args.steps])
-        matches, mismatches = 0, []
-        for g in range(GROUPS):
-            with open(os.path.join(args.out, f"ledger.group{g}.jsonl")) as f:
-                for line in f:
-                    entry = json.loads(line)
-                    ok = entry["sha256"] == plan_entries[entry["step"] - 1].sha256
-                    matches += ok
-                    mismatches += [] if ok else [(g, entry["step"])]
-        result |= {"ledger_sha_matches": matches, "ledger_sha_mismatches": mismatches}
+        result |= ledgers(args, plan_entries, events)
     return result
+
+
+def ledgers(args, plan_entries, events) -> dict:
+    """Each group's ledger against the plan and against what the group committed; the run's ledger (their union,
+    out/ledger.jsonl) for `verify`. A group's ledger holds exactly the steps it committed: a step it was left out
+    of, or healed past, is in the others' (its healed events say which)."""
+    from zephon_titan.engine.ledger import read_ledger
+    from zephon_titan.loader.ft_steps import union_ledger
+
+    with open(os.path.join(args.out, "plan.jsonl"), "w") as f:
+        f.writelines(e.to_json() + "\n" for e in plan_entries[: args.steps])
+    matches, mismatches, per_group, every = 0, [], {}, []
+    dp_equal = True
+    for g in range(GROUPS):
+        entries = read_ledger(os.path.join(args.out, f"ledger.group{g}.jsonl"))
+        every.append(entries)
+        for d in range(1, args.ranks):  # every rank of a group records the same steps, the same entries
+            dp_equal &= read_ledger(os.path.join(args.out, f"ledger.group{g}.dp{d}.jsonl")) == entries
+        for entry in entries:
+            ok = entry.sha256 == plan_entries[entry.step - 1].sha256
+            matches += ok
+            mismatches += [] if ok else [(g, entry.step)]
+        mine = [a for a in events if a["group"] == g and a["dp"] == 0]
+        per_group[g] = {
+            "ledger_steps": [e.step for e in entries],
+            "committed_steps": [a["step"] for a in mine if a["event"] == "end" and a["commit"]],
+            "healed_past": sorted(
+                {s for a in mine if a["event"] == "healed" for s in range(a["from"] + 1, a["to"] + 1)}
+            ),
+        }
+    with open(os.path.join(args.out, "ledger.jsonl"), "w") as f:
+        f.writelines(e.to_json() + "\n" for e in union_ledger(every))
+    return {
+        "ledger_sha_matches": matches,
+        "ledger_sha_mismatches": mismatches,
+        "groups": per_group,
+        "dp_ledgers_equal": dp_equal,
+    }
+
+
+def group_step(text: str) -> tuple[int, int]:
+    group, step = text.split(":")
+    return int(group), int(step)
 
 
 def main() -> None:
@@ -338,6 +468,12 @@ def main() -> None:
     parser.add_argument("--role", default="launcher", choices=["launcher", "replica", "lighthouse"])
     parser.add_argument("--loader", default="zephon", choices=["zephon", "sampler"])
     parser.add_argument("--group", type=int, default=0)
+    parser.add_argument("--ranks", type=int, default=1, help="ranks per replica group (DP inside the group)")
+    parser.add_argument(
+        "--groups", type=int, default=GROUPS, help="replica groups in the job (a replica role's; the launcher runs 3)"
+    )
+    parser.add_argument("--dp", type=int, default=0)
+    parser.add_argument("--store-port", type=int, default=0)
     parser.add_argument("--lighthouse", default="")
     parser.add_argument("--table", default="")
     parser.add_argument("--steps", type=int, default=14)
@@ -347,6 +483,10 @@ def main() -> None:
     parser.add_argument("--barrier", default="")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--out", default="")
+    parser.add_argument(
+        "--crash", type=group_step, default=None, help="GROUP:STEP: under torchrun, a rank of GROUP exits in STEP"
+    )
+    parser.add_argument("--sit-out", type=group_step, default=None, help="GROUP:STEP: a group late to STEP's quorum")
     args = parser.parse_args()
     if args.role == "replica":
         return replica(args)

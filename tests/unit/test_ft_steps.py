@@ -9,7 +9,9 @@ and a SIGKILL, is tests/integration/test_torchft_elastic.py.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import threading
 
 import corpus
 import numpy as np
@@ -20,7 +22,7 @@ from zephon_titan.engine import LaneState, batch_digest, lane_digest, open_lane_
 from zephon_titan.engine.ledger import LedgerEntry, step_entry
 from zephon_titan.engine.rows import step_tally
 from zephon_titan.errors import DataError
-from zephon_titan.loader.ft_steps import STATE_KEY, FtSteps, LaneReport, LaneTable
+from zephon_titan.loader.ft_steps import STATE_KEY, FtSteps, LaneReport, LaneTable, union_ledger
 from zephon_titan.testing import spec_from_table
 
 LANES, G, LOCAL = 4, 12, 2
@@ -52,6 +54,7 @@ class Collective:
 
     def __init__(self, step: int = 0):
         self.n, self.rank, self.step, self.result, self.commit = 1, 0, step, None, True
+        self.reduce = None
         self.fns: dict = {}
 
     def start_quorum(self) -> None:
@@ -67,7 +70,10 @@ class Collective:
         return self.step
 
     def allreduce(self, tensor, should_quantize=False, reduce_op=None):
-        tensor.copy_(torch.from_numpy(self.result))
+        if self.reduce is not None:
+            self.reduce(tensor)
+        else:
+            tensor.copy_(torch.from_numpy(self.result))
         return self
 
     def wait(self) -> None:
@@ -109,7 +115,7 @@ def test_the_table_round_trips_states_digests_and_tallies(spec, planned):
     )
     summed = table.decode(total)
     assert summed.lanes == [reports[lane] for lane in range(LANES)]
-    assert summed.members == [(7, 1), (4, 2)]
+    assert summed.members == [(7, 1, 1), (4, 2, 1)]
 
 
 def test_a_table_that_did_not_commit_is_refused(spec, planned):
@@ -154,8 +160,43 @@ def test_a_run_with_a_death_a_retry_and_a_rejoin_trains_the_plan(spec, planned):
         assert [e.step for e in got] == list(range(1, 15))
         assert [dataclasses.replace(e, membership=None) for e in got] == entries
         assert [e.membership["participants"] for e in got] == [3] * 4 + [2] * 5 + [3] * 5
-        assert got[4].membership == {"participants": 2, "groups": [0, 1], "attempt": 2}
+        assert got[4].membership == {"participants": 2, "groups": [0, 1], "attempt": 2, "ranks": 2}
     assert [e.sha256 for e in reborn.entries] == [e.sha256 for e in entries[9:]]
+    assert reborn.healed == [(0, 9)] and groups[0][0].healed == groups[1][0].healed == []
+
+
+def test_a_group_left_out_of_a_step_lacks_it_and_the_union_is_the_plan(spec, planned, tmp_path, capsys):
+    """Group 0 is late to step 3's quorum (a busy machine: the CI flake): groups 1 and 2 train it, group 0 heals
+    past it at step 4. Its ledger lacks step 3 and says so in `healed` (and `verify` of it shows the gap); the
+    union of the ledgers is the plan. Negative control: two groups recording one step differently are refused."""
+    from zephon_titan.cli.ledgers import cmd_verify
+
+    rows, _, entries = planned
+    groups = {
+        g: (FtSteps(spec, global_batch_size=G, local_batch_size=LOCAL, manager=m, group=g), m)
+        for g in range(3)
+        for m in [Collective()]
+    }
+    for step in (1, 2):
+        assert attempt_step(groups, [0, 1, 2])[0] == rows[step - 1]
+    assert attempt_step({g: groups[g] for g in (1, 2)}, [1, 2])[0] == rows[2]
+    late, manager = groups[0]
+    manager.step = 3
+    manager.fns[STATE_KEY][0](groups[1][0].state_dict())  # torchft heals the late group at its next quorum
+    assert attempt_step(groups, [0, 1, 2])[0] == rows[3]
+    assert [e.step for e in late.entries] == [1, 2, 4] and late.healed == [(2, 3)]
+    union = union_ledger(source.entries for source, _ in groups.values())
+    assert [dataclasses.replace(e, membership=None) for e in union] == entries[:4]
+    assert union[2].membership == {"participants": 2, "groups": [1, 2], "attempt": 1, "ranks": 2}
+    # verify of the late group's own ledger names the step it lacks, and its gap.
+    (tmp_path / "plan.jsonl").write_text("".join(e.to_json() + "\n" for e in entries[:4]))
+    (tmp_path / "late.jsonl").write_text("".join(e.to_json() + "\n" for e in late.entries))
+    args = argparse.Namespace(a=str(tmp_path / "plan.jsonl"), b=str(tmp_path / "late.jsonl"), steps=None, prefix=False)
+    assert cmd_verify(args) == 1
+    assert "first difference at step 3" in (said := capsys.readouterr().out) and "late.jsonl: steps 1-2,4)" in said
+    other = dataclasses.replace(groups[2][0].entries[0], sha256="0" * 64)
+    with pytest.raises(DataError, match="recorded step 1 differently"):
+        union_ledger([late.entries, [other]])
 
 
 def test_a_rank_behind_torchft_refuses_to_guess(spec):
@@ -214,3 +255,91 @@ def test_survivors_that_do_not_divide_the_step_pad_and_still_train_it_whole(spec
     del groups[1]
     rows, attempts = attempt_step(groups, [0, 2])
     assert rows == plan[1] and all(a.share.padding == 0 for a in attempts.values())
+
+
+class Sum:
+    """An in-place SUM all-reduce among `n` threads, as gloo does among processes."""
+
+    def __init__(self, n: int):
+        self.barrier, self.parts, self.lock = threading.Barrier(n), [], threading.Lock()
+
+    def __call__(self, tensor) -> None:
+        with self.lock:
+            self.parts.append(tensor.clone())
+        self.barrier.wait()
+        tensor.copy_(sum(self.parts))
+
+
+def attempt_dp(ranks: dict, alive: list[int], commit: bool = True, group_sum: bool = True) -> list[bytes]:
+    """One attempt by the `alive` groups of 2 ranks, each rank a thread: its group's table summed by `Sum`
+    (dp_allreduce), then across groups on its DP rank's PG (the Manager's all-reduce; a failed attempt leaves each
+    group its own table). The rows trained, in live-rank order."""
+    attempts = {}
+    for rank, g in enumerate(alive):
+        for d in range(2):
+            source, manager = ranks[g, d]
+            manager.n, manager.rank, manager.commit = len(alive), rank, commit
+            attempts[g, d] = source.begin()
+    inside = {g: Sum(2) if group_sum else lambda t: None for g in alive}
+    across = {d: Sum(len(alive)) for d in range(2)}
+    for (g, d), (source, manager) in ranks.items():
+        source.dp_allreduce, manager.reduce = inside.get(g), across[d] if commit else (lambda t: None)
+    results: dict = {}
+
+    def finish(key) -> None:
+        try:
+            results[key] = ranks[key][0].finish(attempts[key])
+        except Exception as e:  # noqa: BLE001  (reported below, on the test's thread)
+            results[key] = e
+
+    threads = [threading.Thread(target=finish, args=(key,)) for key in attempts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for key, result in results.items():
+        if isinstance(result, Exception):
+            raise result
+        assert result is commit, key
+    return [row.to_bytes() for g in alive for d in range(2) for row in attempts[g, d].rows]
+
+
+def test_replica_groups_of_two_ranks_split_each_step_over_the_live_ranks(spec, planned):
+    """3 groups x 2 DP ranks (M = 6 microbatches: 1 per live rank); group 2 dies inside step 3 (the attempt fails),
+    steps 3-4 by 4 live ranks (shares of 1 and 2 microbatches, 2 slots each), group 2's ranks heal from group 0's
+    ranks and steps 5-6 by 6. Every step the plan's rows in order; every rank's ledger the plan's, with 6, 4, 6
+    ranks recorded. Negative control: without the sum inside the group, the table is refused (lanes missing)."""
+    rows, _, entries = planned
+
+    def source(g: int, d: int, manager) -> FtSteps:
+        return FtSteps(
+            spec,
+            global_batch_size=G,
+            local_batch_size=LOCAL,
+            manager=manager,
+            group=g,
+            dp_rank=d,
+            dp_size=2,
+            dp_allreduce=lambda t: None,
+        )
+
+    ranks = {(g, d): (source(g, d, m), m) for g in range(3) for d in range(2) for m in [Collective()]}
+    for step in (1, 2):
+        assert attempt_dp(ranks, [0, 1, 2]) == rows[step - 1]
+    first = set(attempt_dp(ranks, [0, 1, 2], commit=False))
+    for d in range(2):
+        del ranks[2, d]
+    retried = attempt_dp(ranks, [0, 1])
+    assert retried == rows[2] and first <= set(retried)
+    assert attempt_dp(ranks, [0, 1]) == rows[3]
+    for d in range(2):  # torchft heals rank d of group 2 from rank d of a live group
+        ranks[2, d] = (source(2, d, m := Collective(step=4)), m)
+        m.fns[STATE_KEY][0](ranks[0, d][0].state_dict())
+    for step in (5, 6):
+        assert attempt_dp(ranks, [0, 1, 2]) == rows[step - 1]
+    for (g, d), (got, _) in ranks.items():
+        mine = got.entries if g < 2 else [*entries[:4], *got.entries]
+        assert [dataclasses.replace(e, membership=None) for e in mine] == entries[:6], (g, d)
+    assert [e.membership["ranks"] for e in ranks[0, 1][0].entries] == [6, 6, 4, 4, 6, 6]
+    with pytest.raises(DataError, match="given"):
+        attempt_dp(ranks, [0, 1, 2], group_sum=False)

@@ -7,6 +7,7 @@ zephon-titan inspect CONFIG.toml --step S [--lane L] [--json]
 zephon-titan where CONFIG.toml --source S (--file F --row N | --match TEXT) [--steps A-B] [--json]
 zephon-titan validate CONFIG.toml [--world-sizes 8,16,32] [--plot F.svg]
 zephon-titan run [--nproc N] [--cpu] CONFIG.toml [--section.key value ...]
+zephon-titan torchft --groups R --nproc D [--min-replicas N] SCRIPT [ARGS ...]
 zephon-titan index CONFIG.toml [--check]
 zephon-titan init DATA... --tokenizer DIR [--gpus 8,16] [-o job.toml]
 """
@@ -20,7 +21,7 @@ import select
 import shlex
 import sys
 
-from zephon_titan import launch
+from zephon_titan import ft_launch, launch
 from zephon_titan.cli.index import cmd_index
 from zephon_titan.cli.ledgers import cmd_plan, cmd_verify
 from zephon_titan.cli.trace import cmd_inspect, cmd_where
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_where(sub)
     _add_validate(sub)
     launch.add_parser(sub)
+    ft_launch.add_parser(sub)
     _add_index(sub)
     _add_init(sub)
     return p

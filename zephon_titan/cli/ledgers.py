@@ -233,4 +233,13 @@ def cmd_verify(args) -> int:
 
 
 def _span(entries: dict) -> str:
-    return f"{min(entries)}-{max(entries)}" if entries else "none"
+    """The steps a ledger holds, gaps shown (a torchft group's ledger lacks the steps it healed past): 1-9,11-14."""
+    if not entries:
+        return "none"
+    runs: list[list[int]] = []
+    for step in sorted(entries):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in runs)

@@ -38,7 +38,8 @@ _FIELDS = {"step": int, "sha256": str, "rows": int, "tokens": dict, "padding": i
 # force, at each step from the first change.
 # targets: runs with chat sources, the step's trained targets per source (labels other than -100).
 # membership: runs under torchft (loader/ft_steps.py), who trained the committed step: {"participants": n,
-# "groups": replica groups in participating order, "attempt": the attempt that committed}. A record of the run,
+# "groups": replica groups in participating order, "attempt": the attempt that committed, "ranks": live ranks (DP
+# ranks of the groups together)}. A record of the run,
 # not of its data: `verify` ignores it, so a run with deaths compares equal to its plan.
 # documents: runs that may drop or repeat documents (EngineSpec.counts_documents), per source what the step's rows
 # read, repeated and dropped (engine/document_counts.py).

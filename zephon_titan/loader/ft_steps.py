@@ -13,14 +13,23 @@ committed step's table is complete (a failed attempt's holds whatever arrived): 
 torchft's healing state dict (`register_state_dict_fn("dataloader", ...)`). State moves only through the
 Manager: no collective of the loader's own crosses groups.
 
-Replica groups of one rank each (DP inside a group would sum the table over the group first: not built).
-torchft is never imported here: the Manager is passed in (ManagerLike is what is used of it).
+A group's ledger (`entries`) holds the steps it committed; a group left out of a step (dead, late to the quorum,
+its commit failed where others' did not) heals past it (`healed`), so the run's ledger is the union of the groups'
+(`union_ledger`).
+
+Data parallelism inside a replica group: every rank of a group runs its own Manager (torchft pairs rank r of every
+group in its cross-group PG) and its own FtSteps with its dp_rank; the step's microbatches are dealt over the live
+ranks (groups in participating order, DP ranks inside), the table is summed over the group's ranks first (the
+group's own collective, passed in as `dp_allreduce`) and then across groups by each rank's `manager.allreduce`, so
+every rank of every group holds the whole table. torchft's should_commit agrees inside a group, so a group's
+ranks commit or retry together. torchft is never imported here: the Manager is passed in (ManagerLike is what is
+used of it).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,7 +42,7 @@ from zephon_titan.engine.participants import Membership, RankShare, idle_share, 
 from zephon_titan.engine.resume import canonical, lane_capacity
 from zephon_titan.engine.rows import step_tally
 from zephon_titan.engine.spec import EngineSpec
-from zephon_titan.errors import DataError, ResumeError
+from zephon_titan.errors import ConfigError, DataError, ResumeError
 
 STATE_KEY = "dataloader"
 """The key of the loader's entry in torchft's healing state dict (TorchTitan's name for the loader's state)."""
@@ -65,13 +74,14 @@ class Summed:
     """A committed step's table, decoded."""
 
     lanes: list[LaneReport]
-    members: list[tuple[int, int]]
-    """(group, attempt) of each participant, in participating-rank order."""
+    members: list[tuple[int, int, int]]
+    """(group, attempt, DP ranks) of each participant, in participating-rank order."""
 
 
 class LaneTable:
     """The int64 table of one step: L lane rows, then one row per participant. A lane row is [present, digest as
-    4 words, tally, state length, state bytes in words]; a participant row [present, group, attempt, 0 ...].
+    4 words, tally, state length, state bytes in words]; a participant row [present, group, attempt, DP ranks, 0 ...]
+    (given by the group's DP rank 0).
     int64 because the sum is of raw words: exact with one contributor per row (a float would round)."""
 
     def __init__(self, num_lanes: int, num_sources: int):
@@ -81,7 +91,16 @@ class LaneTable:
         self.state_words = -(-lane_capacity(num_sources) // 8)
         self.width = 1 + 4 + self.tally_width + 1 + self.state_words
 
-    def encode(self, owned: dict[int, LaneReport], participants: int, rank: int | None, group: int, attempt: int):
+    def encode(
+        self,
+        owned: dict[int, LaneReport],
+        participants: int,
+        rank: int | None,
+        group: int,
+        attempt: int,
+        dp_size: int = 1,
+    ):
+        """This rank's table: the lanes it owns and, for `rank` not None, its group's participant row."""
         table = np.zeros((self.num_lanes + participants, self.width), dtype=np.int64)
         for lane, report in owned.items():
             data = canonical(report.state.to_dict())
@@ -91,7 +110,7 @@ class LaneTable:
             digest = np.frombuffer(report.digest, dtype=np.int64)
             table[lane] = np.concatenate([[1], digest, report.tally, [len(data)], words])
         if rank is not None:
-            table[self.num_lanes + rank, :3] = (1, group, attempt)
+            table[self.num_lanes + rank, :4] = (1, group, attempt, dp_size)
         return table
 
     def decode(self, table: np.ndarray) -> Summed:
@@ -113,7 +132,7 @@ class LaneTable:
             text = row[6 + t :].tobytes()[:size]
             state = LaneState.from_dict(json.loads(text), f"lane {lane} of the torchft lane table")
             lanes.append(LaneReport(state, row[1:5].tobytes(), [int(x) for x in row[5 : 5 + t]]))
-        members = [(int(row[1]), int(row[2])) for row in table[self.num_lanes :]]
+        members = [(int(row[1]), int(row[2]), int(row[3])) for row in table[self.num_lanes :]]
         return Summed(lanes, members)
 
 
@@ -127,6 +146,7 @@ class Attempt:
     participants: int
     rank: int | None
     """This group's participating rank (None: in the quorum, healing, padding only)."""
+    dp_rank: int
     share: RankShare
     rows: list[Row]
     """This rank's rows of the step, in global order."""
@@ -142,10 +162,11 @@ class Attempt:
 
 
 class FtSteps:
-    """Step source of one replica group (one rank) under a torchft Manager. Per step: `begin()` (runs
+    """Step source of one rank of a replica group under its torchft Manager. Per step: `begin()` (runs
     start_quorum) -> train `attempt.microbatches()` -> all-reduce the gradients -> `finish(attempt)` (the table
-    through the Manager, then should_commit); the optimizer steps when it returns True. Committed steps'
-    ledger entries are in `entries` (with who trained them)."""
+    through the group and the Manager, then should_commit); the optimizer steps when it returns True. Committed
+    steps' ledger entries are in `entries` (with who trained them), the same on every rank of the group.
+    With dp_size > 1, `dp_allreduce(tensor)` sums an int64 tensor in place over the group's DP ranks."""
 
     def __init__(
         self,
@@ -155,8 +176,21 @@ class FtSteps:
         local_batch_size: int,
         manager: ManagerLike,
         group: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        dp_allreduce: Callable[[torch.Tensor], None] | None = None,
     ):
+        if not 0 <= dp_rank < dp_size:
+            raise ConfigError(
+                f"dp_rank must be in [0, {dp_size}) for a replica group of {dp_size} ranks, got {dp_rank}"
+            )
+        if dp_size > 1 and dp_allreduce is None:
+            raise ConfigError(
+                f"a replica group of {dp_size} ranks needs dp_allreduce (a SUM over its ranks) to assemble the lane "
+                "table; pass e.g. lambda t: torch.distributed.all_reduce(t, group=dp_group)"
+            )
         self.spec, self.manager, self.group = spec, manager, group
+        self.dp_rank, self.dp_size, self.dp_allreduce = dp_rank, dp_size, dp_allreduce
         self.global_batch_size, self.local_batch_size = global_batch_size, local_batch_size
         self.num_lanes = spec.num_lanes
         self.rows_per_lane = rows_per_lane(global_batch_size, self.num_lanes)
@@ -167,6 +201,10 @@ class FtSteps:
         self.steps_done = 0
         self.attempts = 0  # attempts of step steps_done + 1 that did not commit
         self.entries: list[LedgerEntry] = []
+        self.healed: list[tuple[int, int]] = []
+        """(from, to): this group healed from a peer at step `to` while at `from`, so steps from+1 .. to are not in
+        `entries`: it did not train them (left out of their quorums, dead, or its commit failed where others'
+        did not: torchft's commit is per replica group). The run's record is the union of the groups' ledgers."""
         self._lanes: tuple[tuple[int, ...], int, Any] | None = None  # (lanes, steps_done, group): reused while valid
         manager.register_state_dict_fn(STATE_KEY, self.load_state_dict, self.state_dict)
 
@@ -180,6 +218,8 @@ class FtSteps:
         if len(lanes) != self.num_lanes:
             raise ResumeError(f"a healing peer sent {len(lanes)} lane states; this job has {self.num_lanes} lanes")
         self.states = {i: LaneState.from_dict(s, f"lane {i} from a healing peer") for i, s in enumerate(lanes)}
+        if int(state["step"]) != self.steps_done:
+            self.healed.append((self.steps_done, int(state["step"])))
         self.steps_done, self.attempts = int(state["step"]), 0
         self._drop_lanes()
 
@@ -195,10 +235,10 @@ class FtSteps:
             )
         n, rank = self.manager.num_participants(), self.manager.participating_rank()
         if rank is None:
-            part = idle_share(self.num_lanes, self.global_batch_size, self.local_batch_size, n)
+            part = idle_share(self.num_lanes, self.global_batch_size, self.local_batch_size, n * self.dp_size)
         else:
-            members = Membership.uniform(n, 1)
-            part = share(self.num_lanes, self.global_batch_size, self.local_batch_size, members, rank, 0)
+            members = Membership.uniform(n, self.dp_size)  # torchft: every replica group has the same size
+            part = share(self.num_lanes, self.global_batch_size, self.local_batch_size, members, rank, self.dp_rank)
         produced = self._produce(tuple(part.rows.lanes))
         flat = [row for rows in produced for row, _ in rows]
         mine = flat[part.rows.skip : part.rows.skip + part.rows.take]
@@ -209,15 +249,21 @@ class FtSteps:
             plain = [row for row, _ in rows]
             owned[lane] = LaneReport(rows[-1][1], lane_digest(plain), step_tally(plain, len(self.spec.sources)))
         step = self.steps_done + 1
-        return Attempt(step, self.attempts + 1, n, rank, part, mine, self.local_batch_size, owned)
+        return Attempt(step, self.attempts + 1, n, rank, self.dp_rank, part, mine, self.local_batch_size, owned)
 
     def finish(self, attempt: Attempt) -> bool:
-        """The table through the Manager, then should_commit(): True advances to the step's end states and records
-        its ledger entry; False keeps the start-of-step states, so the next begin() trains the same step."""
+        """The table over the group (dp_allreduce) and through the Manager, then should_commit(): True advances to
+        the step's end states and records its ledger entry; False keeps the start-of-step states, so the next
+        begin() trains the same step."""
         from torch.distributed import ReduceOp
 
-        encoded = self.table.encode(attempt.owned, attempt.participants, attempt.rank, self.group, attempt.attempt)
+        speaker = attempt.rank if self.dp_rank == 0 else None  # one participant row per group
+        encoded = self.table.encode(
+            attempt.owned, attempt.participants, speaker, self.group, attempt.attempt, self.dp_size
+        )
         summed = torch.from_numpy(encoded)
+        if self.dp_allreduce is not None:
+            self.dp_allreduce(summed)  # the group's table first: then each rank's cross-group sum is the whole
         self.manager.allreduce(summed, reduce_op=ReduceOp.SUM).wait()
         if not self.manager.should_commit():
             self.attempts += 1
@@ -228,8 +274,9 @@ class FtSteps:
         counts = [sum(column) for column in zip(*(report.tally for report in table.lanes))]
         membership: dict[str, object] = {
             "participants": attempt.participants,
-            "groups": [group for group, _ in table.members],
-            "attempt": max(tried for _, tried in table.members),
+            "groups": [group for group, _, _ in table.members],
+            "attempt": max(tried for _, tried, _ in table.members),
+            "ranks": sum(ranks for _, _, ranks in table.members),
         }
         sha = batch_digest(report.digest for report in table.lanes)
         entry = step_entry(self.spec, attempt.step, sha, self.global_batch_size, counts, membership)
@@ -262,3 +309,19 @@ class FtSteps:
 
     def close(self) -> None:
         self._drop_lanes()
+
+
+def union_ledger(ledgers: Iterable[Iterable[LedgerEntry]]) -> list[LedgerEntry]:
+    """The run's ledger from the replica groups' ledgers: each step once, in step order. A group's ledger holds the
+    steps it committed, so a group left out of a step (see FtSteps.healed) lacks it while the others hold it; every
+    group that committed a step made the same entry from the same summed table, so two that differ are refused."""
+    steps: dict[int, LedgerEntry] = {}
+    for ledger in ledgers:
+        for entry in ledger:
+            held = steps.setdefault(entry.step, entry)
+            if held != entry:
+                raise DataError(
+                    f"two replica groups recorded step {entry.step} differently (SHA-256 {held.sha256[:12]} and "
+                    f"{entry.sha256[:12]}, membership {held.membership} and {entry.membership})"
+                )
+    return [steps[step] for step in sorted(steps)]

@@ -1,0 +1,110 @@
+"""`zephon-titan torchft` (zephon_titan/ft_launch.py) with torchft 0.2.0: its lighthouse and 2 replica groups, each
+a torchrun job of 2 ranks running examples/ft_run.py's replica (a Manager and FtSteps per rank, a gloo group
+inside each group), 4 steps. The union of the groups' ledgers is the plan's, both ranks of a group hold the same
+ledger, and every entry records 2 groups of 4 live ranks. Then 3 groups of 2 ranks, a rank of group 1 exiting
+inside step 3: torchrun (--max-restarts 1) starts the group again, it heals from a live group and trains on; the
+survivors retry step 3 between them; the union is the plan's (this found that a restarted group's rank 1 read
+the dead Manager's address from torchrun's store: ft_run's replica now has rank 0 serve a fresh store). A group whose ranks fail for good is one line and status 1,
+while the other group's end is reported too. The kill-and-restart proof with its negative control (torchft's
+DistributedSampler) is tests/integration/test_torchft_elastic.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+torchft = pytest.importorskip("torchft", reason="torchft is not installed (the test extra installs torchft==0.2.0)")
+
+import ft_run  # noqa: E402  (examples/, on the path through tests/conftest.py)
+
+from zephon_titan.cli import main  # noqa: E402
+from zephon_titan.engine.ledger import read_ledger  # noqa: E402
+from zephon_titan.loader.ft_steps import union_ledger  # noqa: E402
+
+pytestmark = [pytest.mark.slow]  # ~50 s on the 2-core machine: up to 3 torchrun agents and 6 ranks
+
+STEPS = 4
+
+
+def launcher(tmp_path, script: str, *script_args: str, groups: int = 2, nproc: int = 2) -> list[str]:
+    return [
+        "torchft",
+        "--groups",
+        str(groups),
+        "--nproc",
+        str(nproc),
+        "--max-restarts",
+        "1",
+        "--min-replicas",
+        "2",
+        "--join-timeout-ms",
+        "1000",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        script,
+        *script_args,
+    ]
+
+
+def replica(tmp_path, steps: int) -> tuple[str, list[str]]:
+    """A job and the arguments of examples/ft_run.py's replica role (its group, rank and store: torchrun's)."""
+    table = ft_run.build_job(str(tmp_path))
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["--role", "replica", "--table", table, "--barrier", str(out / "barrier"), "--out", str(out)]
+    return table, [*args, "--steps", str(steps), "--kill-step", "0"]
+
+
+def test_two_groups_of_two_ranks_train_the_plan(tmp_path, capsys):
+    table, args = replica(tmp_path, STEPS)
+    out = tmp_path / "out"
+    assert main(launcher(tmp_path, ft_run.__file__, *args)) == 0, capsys.readouterr()
+    said = capsys.readouterr().out
+    assert "replica group 0 finished" in said and "replica group 1 finished" in said
+    ledgers = {name: read_ledger(str(out / name)) for name in sorted(os.listdir(out)) if name.startswith("ledger.")}
+    assert sorted(ledgers) == [f"ledger.group{g}{dp}.jsonl" for g in (0, 1) for dp in (".dp1", "")]
+    for g in (0, 1):
+        assert ledgers[f"ledger.group{g}.dp1.jsonl"] == ledgers[f"ledger.group{g}.jsonl"]
+    union = union_ledger(ledgers.values())
+    _, plan = ft_run.plan(ft_run.job_spec(table), STEPS)
+    assert [dataclasses.replace(e, membership=None) for e in union] == plan
+    assert all(e.membership == {"participants": 2, "groups": [0, 1], "attempt": 1, "ranks": 4} for e in union)
+
+
+def test_a_failing_group_is_one_line_and_the_status(tmp_path, capsys):
+    script = tmp_path / "fails_in_group_1.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['REPLICA_GROUP_ID'] == '1' else 0)\n")
+    assert main(launcher(tmp_path, str(script))) == 1
+    said = capsys.readouterr().out
+    log = tmp_path / "logs" / "group1.log"
+    assert f"zephon-titan: replica group 1 failed (torchrun exit 1); its output: {log}" in said
+    assert "replica group 0 finished" in said and log.exists()
+
+
+def test_a_rank_that_fails_is_restarted_by_torchrun_and_heals(tmp_path, capsys):
+    table, args = replica(tmp_path, 8)
+    out = tmp_path / "out"
+    assert main(launcher(tmp_path, ft_run.__file__, *args, "--crash", "1:3", groups=3)) == 0
+    events = {
+        g: [json.loads(line) for line in open(out / f"attempts.group{g}.jsonl") if '"start"' not in line]
+        for g in range(3)
+    }
+    ledgers = {g: read_ledger(str(out / f"ledger.group{g}.jsonl")) for g in range(3)}
+    for g in range(3):  # rank 1 of each group, the restarted one's included, recorded the same steps
+        assert read_ledger(str(out / f"ledger.group{g}.dp1.jsonl")) == ledgers[g]
+    for g in range(3):  # a group's ledger: exactly its commits, the restarted group's two lives together
+        assert [e.step for e in ledgers[g]] == [a["step"] for a in events[g] if a["event"] == "end" and a["commit"]]
+    healed = [(a["from"], a["to"]) for a in events[1] if a["event"] == "healed"]
+    assert len(healed) == 1 and healed[0][0] == 0 and healed[0][1] >= 2, events[1]  # the new life healed
+    assert [e.step for e in ledgers[1]] == [1, 2, *range(healed[0][1] + 1, 9)]
+    union = union_ledger(ledgers.values())
+    _, plan = ft_run.plan(ft_run.job_spec(table), 8)
+    assert [dataclasses.replace(e, membership=None) for e in union] == plan
+    # Step 3's first attempt failed on the survivors (the rank exited after the quorum); the retry committed. Here
+    # by groups 0 and 2: torchrun's restart (imports, seconds) is far slower than the lighthouse's join timeout.
+    assert union[2].membership == {"participants": 2, "groups": [0, 2], "attempt": 2, "ranks": 4}
+    assert union[-1].membership["groups"] == [0, 1, 2]  # back to 3 groups
