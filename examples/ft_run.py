@@ -3,9 +3,10 @@
     PYTHONPATH=. python examples/ft_run.py [--loader zephon|sampler] [--ranks 2] [--steps 16] [--sit-out 0:12]
 
 An example, not a benchmark: it is how a loop wires loader/ft_steps.py to torchft's Manager, and its output is a
-proof, not a figure. A tiny model (an embedding and a linear layer over the rows' token ids) trains on the test
-corpus (examples/corpus.py: prose JSONL and code Parquet, a BPE trained on them); TorchTitan's FT trainer is not
-used: it builds a Llama and its FT path on CPU takes minutes per process here, and what is proven is the data.
+proof, not a figure. TorchTitan's Llama-3 debug model (SDPA attention on CPU) trains on the test corpus
+(examples/corpus.py: prose JSONL and code Parquet, a BPE trained on them) in a plain loop built on torchft's
+Manager, the way torchft's own train_ddp.py is: TorchTitan's FT trainer is not wired to loader/ft_steps.py yet (its
+loader takes a fixed share per group, `get_dp_info`), and its FT path on CPU takes minutes per process here.
 
 The launcher starts the lighthouse, then 3 replica groups of --ranks processes (a rank each, with its Manager; with
 2 or more, a gloo group inside the group for the gradients and the loader's table, the group's store served by
@@ -98,6 +99,22 @@ def plan(spec, steps: int):
     return rows, entries
 
 
+def debug_model():
+    """TorchTitan's Llama-3 debug model (`debugmodel`: 6 layers, dim 256, 6.2 M parameters), its attention SDPA
+    (FlexAttention has no CPU backward), built the same on every rank from the seed."""
+    from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+    from torchtitan.models.llama3 import model_registry
+
+    config = model_registry("debugmodel").model
+    assert config.vocab_size == VOCAB, config.vocab_size  # the rows' ids are below the test BPE's vocabulary
+    for _, _, parent, attr in list(config.traverse(FlexAttention.Config)):
+        if isinstance(parent, list):
+            parent[attr] = ScaledDotProductAttention.Config()
+        elif parent is not None:
+            setattr(parent, attr, ScaledDotProductAttention.Config())
+    return config.build()
+
+
 def replica(args) -> None:
     import numpy as np
     import torch
@@ -134,8 +151,9 @@ def replica(args) -> None:
         dist.init_process_group(
             "gloo", store=PrefixStore("dp", store), rank=args.dp, world_size=args.ranks, timeout=timedelta(seconds=10)
         )
-    model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB))
-    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    model = debug_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.SGD(params, lr=0.1)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
         load_state_dict=lambda s: (model.load_state_dict(s["model"]), optim.load_state_dict(s["optim"])),
@@ -245,12 +263,16 @@ def replica(args) -> None:
             logits = model(inputs)
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
             loss.backward()
-        for p in model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            if args.ranks > 1:
-                dist.all_reduce(p.grad)  # inside the group, then across groups (HSDP's order)
-            manager.allreduce(p.grad).wait()
+        # The gradients as one flat tensor: one all-reduce inside the group, then one across groups (HSDP's order),
+        # not one per parameter (the model has ~60).
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        if args.ranks > 1:
+            dist.all_reduce(grads)
+        manager.allreduce(grads).wait()
+        at = 0
+        for p in params:
+            p.grad = grads[at : at + p.numel()].view_as(p).clone()
+            at += p.numel()
         finished = time.perf_counter()
         if args.loader == "zephon":
             commit = source.finish(attempt)
@@ -271,7 +293,7 @@ def replica(args) -> None:
                 "rank": manager.participating_rank(),
                 "commit": commit,
                 "rows": [row_id(r) for r in batch],
-                "weight": round(float(model[1].weight[0, 0].detach()), 6),
+                "weight": round(float(params[-1].detach().flatten()[0]), 6),
                 "begin_s": round(begin_s, 4),
                 "finish_s": round(finish_s, 4),
             }

@@ -1,7 +1,7 @@
 """Elastic while running, no row lost or repeated (issue 49): examples/ft_run.py end to end with torchft 0.2.0.
 
 torchft's lighthouse and 3 replica groups of 1 rank, then of 2 ranks (DP inside the group: its own gloo group,
-torchft pairing rank r of every group), on CPU/gloo train a tiny model through loader/ft_steps.py; group 2 (every
+torchft pairing rank r of every group), on CPU/gloo train TorchTitan's Llama-3 debug model through loader/ft_steps.py; group 2 (every
 rank) is SIGKILLed inside step 5 and started again after step 9, healing from a live peer, and group 0 comes
 to step 12's quorum late (the others train 12 without it; it heals past). Every committed step trains the plan's
 rows of that step, in order, with 3, then 2, then 3 groups (6, 4, 6 live ranks with 2 per group: the step's 6
@@ -78,10 +78,14 @@ def test_a_killed_and_restarted_group_loses_and_repeats_no_row(tmp_path, capsys,
     out = tmp_path / "zephon"
     args = argparse.Namespace(a=str(out / "plan.jsonl"), b=str(out / "ledger.jsonl"), steps=None, prefix=False)
     assert cmd_verify(args) == 0, capsys.readouterr().out
-    # Group 0's own ledger is not the run's: the step it sat out is missing there (the CI flake, now expected).
+    # Group 0's own ledger is not the run's: the steps it healed past are missing there (the CI flake, now
+    # expected), the first of them at the latest the step it sat out (a busy machine leaves it out of others too:
+    # seen in CI, step 10 besides 12).
     args.b = str(out / "ledger.group0.jsonl")
     assert cmd_verify(args) == 1
-    assert f"first difference at step {SIT_OUT[1]}" in capsys.readouterr().out
+    first_missing = min(groups[0]["healed_past"])
+    assert first_missing <= SIT_OUT[1]
+    assert f"first difference at step {first_missing}" in capsys.readouterr().out
 
     # Negative control: torchft's DistributedSampler, the same job, the same kill and restart.
     control = run("sampler", str(tmp_path / "sampler"), ranks)
