@@ -214,3 +214,54 @@ def test_a_blocks_lines_are_found_as_split_finds_them(lines, offset, most):
         # Control: a rule that takes white space for blank wherever it starts a line finds fewer documents.
         found = _document_lines(data, offset, most)[1]
         assert len(found) > len([line for line in lines if line and line[:1] not in b" \t\r\x0b\x0c"])
+
+
+def _taken_together_equal_one_by_one(texts, order: list[int]) -> bool:
+    return texts.many(order) == [texts[i] for i in order]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    strings=st.lists(st.text(st.characters(blacklist_categories=("Cs",)), max_size=30), min_size=1, max_size=25),
+    kind=st.sampled_from(["string", "large_string", "dictionary"]),
+    group=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
+)
+def test_a_column_blocks_documents_taken_together_are_those_taken_one_by_one(
+    tmp_path_factory, tokenizer_dir, strings, kind, group, seed
+):
+    """Parquet (and Lance) blocks: documents taken from the Arrow column in one call equal one scalar each, for
+    any text (empty, any script), string type and row-group size, in any order, repeats included; a column of
+    several chunks too. Control: texts taken together off by one row are caught."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zephon_titan.engine.sources.block_documents import LazyTexts
+    from zephon_titan.engine.sources.columns import column_documents
+
+    arrow_type = {"string": pa.string(), "large_string": pa.large_string()}.get(kind, pa.string())
+    column = pa.array(strings, type=arrow_type)
+    if kind == "dictionary":
+        column = column.dictionary_encode()
+    folder = tmp_path_factory.mktemp("columns")
+    pq.write_table(pa.table({"text": column}), folder / "a.parquet", row_group_size=group)
+    table = {"tokenizer_path": tokenizer_dir, "sources": {"a": {"paths": [str(folder / "a.parquet")]}}}
+    source = spec_from_table(table).sources[0]
+    rng = random.Random(seed)
+    read = []
+    for block in range(source.num_blocks):
+        texts = source.read_block(block).texts
+        order = [rng.randrange(len(texts)) for _ in range(rng.randint(1, 2 * len(texts)))]
+        assert _taken_together_equal_one_by_one(texts, order)
+        read += [texts[i] for i in range(len(texts))]
+    assert read == strings
+    chunked = pa.chunked_array([column.slice(0, len(strings) // 2), column.slice(len(strings) // 2)])
+    texts = column_documents(source, chunked, "chunked", 0).texts
+    order = [rng.randrange(len(strings)) for _ in range(2 * len(strings))]
+    assert _taken_together_equal_one_by_one(texts, order) and texts.many(order) == [strings[i] for i in order]
+    # The control: taken together off by one row, the check fails wherever that changes a text.
+    n = len(strings)
+    off_by_one = LazyTexts(n, texts.__getitem__, lambda indices: [strings[(i + 1) % n] for i in indices])
+    assert _taken_together_equal_one_by_one(off_by_one, order) == all(strings[(i + 1) % n] == strings[i] for i in order)
