@@ -42,10 +42,8 @@ def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_r
         i = pc.index(pc.greater(lengths, source.max_document_chars), True).as_py()
         source.check_size(column[i].as_py(), f"{path} row {first_row + i}")
     # The column stays in Arrow's compact form (one buffer, no Python object per row): a row becomes a
-    # Python string only when its document is due. A row group may be hundreds of MiB of text. Several due
-    # together are taken in one call (the same strings; a scalar object each cost ~3x more, issue 47).
-    texts = LazyTexts(len(column), lambda i: column[i].as_py(), lambda indices: column.take(indices).to_pylist())
-    return BlockDocuments(path, texts, rows)
+    # Python string only when its document is due. A row group may be hundreds of MiB of text.
+    return BlockDocuments(path, LazyTexts(len(column), lambda i: column[i].as_py()), rows)
 
 
 def with_columns(block: BlockDocuments, table: pa.Table, fields: list[str], records: bool) -> BlockDocuments:
