@@ -151,9 +151,10 @@ class RowShape:
                     labels[at : at + p.length] = tokens[p.doc_offset + 1 : p.doc_offset + p.length + 1]
                 positions[at : at + p.length] = ramp[: p.length]
                 at += p.length
-        inputs[at:] = self.pad_id
-        positions[at:] = ramp[:padding]
-        pieces = tuple(p for _, p in parts)
+        if padding:  # (a full row has no tail: writing its empty one cost a tenth of a long-document row)
+            inputs[at:] = self.pad_id
+            positions[at:] = ramp[:padding]
+        pieces = tuple([p for _, p in parts])
         targets = None
         if self.masked:  # a chat document's untrained targets: label -100, and the bit off its inputs
             untrained = (labels & MASKED) != 0
@@ -164,7 +165,8 @@ class RowShape:
             trained = np.concatenate([[0], np.cumsum(~untrained)[ends - 1]]) if pieces else np.zeros(1, np.int64)
             targets = tuple(int(n) for n in np.diff(trained))
         if self.within_document:
-            labels[at:] = IGNORE_INDEX
+            if padding:
+                labels[at:] = IGNORE_INDEX
             return Row(inputs, labels, positions, pieces, padding, targets=targets)
         # The stream rule: the row's seq_len + 1 tokens, shifted by one.
         labels[:-1] = inputs[1:]
