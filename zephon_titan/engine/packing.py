@@ -98,6 +98,8 @@ class WrapPacker:
         self.feed = feed
         self.shape = shape
         self._doc: Document | None = None
+        self._slots = 0
+        """The open document's slots (shape.piece_slots), looked up once per document, not once per piece."""
         self._doc_start: FeedState = feed.state()
         self._offset = 0
 
@@ -111,8 +113,9 @@ class WrapPacker:
             )
         self._doc_start = self.feed.state()
         self._doc = self.feed.next_document() if unit_open else None
+        self._slots = self.shape.piece_slots(self._doc) if self._doc is not None else 0
         self._offset = unit_offset
-        if unit_open and (self._doc is None or unit_offset > self.shape.piece_slots(self._doc)):
+        if unit_open and (self._doc is None or unit_offset > self._slots):
             raise ResumeError(
                 f"lane {self.feed.lane_id}: state does not match the data: the open document is shorter than its offset; was the data changed?"
             )
@@ -127,15 +130,16 @@ class WrapPacker:
         need = self.shape.slots
         while need:
             if self.feed.leaving_out and self._doc is not None and self.feed.dropped(*document_id(self._doc)):
-                self._offset = self.shape.piece_slots(self._doc)  # drawn before exclude_from_step: drop its rest
-            if self._doc is None or self._offset == self.shape.piece_slots(self._doc):
+                self._offset = self._slots  # drawn before exclude_from_step: drop its rest
+            if self._doc is None or self._offset == self._slots:
                 self._doc_start = self.feed.state()
                 self._doc = self.feed.next_document()
                 self._offset = 0
                 if self._doc is None:
                     break
+                self._slots = self.shape.piece_slots(self._doc)
             doc = self._doc
-            n = min(need, self.shape.piece_slots(doc) - self._offset)
+            n = min(need, self._slots - self._offset)
             start = doc.start + self._offset
             if parts and _continues(parts[-1][1], doc, start):
                 # The same document's next piece, with nothing between: one block, positions go on.
@@ -145,7 +149,7 @@ class WrapPacker:
                 parts.append((doc.tokens, Piece(doc.source, doc.file, doc.row, start, n)))
             self._offset += n
             need -= n
-            if need and self.draws_runs and self._offset == self.shape.piece_slots(doc):
+            if need and self.draws_runs and self._offset == self._slots:
                 need = self._place_following(parts, need)
         if not parts:
             raise LaneExhausted
@@ -171,6 +175,7 @@ class WrapPacker:
             run.before_last,
             n,
         )
+        self._slots = self.shape.piece_slots(self._doc)
         return need - n
 
 
