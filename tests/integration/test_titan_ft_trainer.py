@@ -44,42 +44,13 @@ GROUPS, STEPS, KILL_STEP, RESTART_STEP = 3, 12, 5, 9
 EVENT = "ZEPHON_FT_EVENT "
 
 
-def toml_value(value) -> str:
-    return json.dumps(value)  # strings, numbers and lists of them are written alike in TOML
-
-
-def write_job(out: str, table: dict, steps: int) -> str:
-    """The job file a user writes: TorchTitan's debug model recipe, this loader's [dataloader] table, and
-    [fault_tolerance] (TorchTitan's FT trainer's table; the replica id is each group's command-line override)."""
-    lines = [
-        f"hf_assets_path = {toml_value(table['tokenizer_path'])}",
-        f"dump_folder = {toml_value(out)}",
-        '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"',
-        f"[training]\nseq_len = {ft_run.SEQ_LEN}\nlocal_batch_size = {ft_run.LOCAL_BATCH}",
-        f"global_batch_size = {ft_run.GLOBAL_BATCH}\nsteps = {steps}",
-        "[checkpoint]\nenable = false",
-        "[metrics]\nlog_freq = 1\ndisable_color_printing = true",
-        "[debug]\nseed = 42",
-        f"[fault_tolerance]\nenable = true\ngroup_size = {GROUPS}\nmin_replica_size = 1",
-        "process_group_timeout_ms = 5000",
-        "[dataloader]",
-        *(f"{key} = {toml_value(value)}" for key, value in table.items() if key != "sources"),
-    ]
-    for name, source in table["sources"].items():
-        lines += [f"[dataloader.sources.{name}]", *(f"{k} = {toml_value(v)}" for k, v in source.items())]
-    path = os.path.join(out, "job.toml")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return path
-
-
 def launch(out: str, steps: int = STEPS, timeout: float = 300) -> dict:
     """The lighthouse, 3 torchrun jobs, the kill and the restart; returns examples/ft_run.py's comparison with the
     plan (its compare and ledgers: the same checks as the plain-loop proof)."""
     os.makedirs(out, exist_ok=True)
     table_path = ft_run.build_job(tempfile.mkdtemp(prefix="job-", dir=out))
     with open(table_path) as f:
-        job = write_job(out, json.load(f), steps)
+        job = ft_run.titan_job(out, json.load(f), steps, GROUPS)
     base = os.path.join(out, "lighthouse")
     house = subprocess.Popen(
         [sys.executable, ft_run.__file__, "--role", "lighthouse", "--lighthouse", base],
