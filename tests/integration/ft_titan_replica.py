@@ -6,8 +6,8 @@ replica prints one line `ZEPHON_FT_EVENT {...}` (examples/ft_run.py's event form
 rank, commit, the rows' ids, a weight, the loader's begin and finish seconds) and appends it to
 attempts.group<G>.jsonl beside the group's ledger. The victim's attempt of kill_step is 2 s long (after its quorum,
 before its all-reduce) so that the launcher's SIGKILL lands inside it; every group waits for all groups before its
-first quorum, and for a restarted group to be up (`<barrier>.hold` until `<barrier>.rejoined`): the harness's
-pauses, never the loader's.
+first quorum, and the survivors for a restarted group to ask for its first quorum (`<barrier>.hold` until
+`<barrier>.rejoined`): the harness's pauses, never the loader's.
 """
 
 import hashlib
@@ -53,7 +53,6 @@ def _install_harness(harness: dict) -> None:
             return call
 
         loader.begin, loader.finish = timed("begin_s", begin), timed("finish_s", finish)
-        open(f"{barrier}.ready.{self.group}.{os.getpid()}", "w").close()
         if restarted:
             return
         everyone = [f"{barrier}.up.{g}" for g in range(harness["groups"])]
@@ -78,6 +77,11 @@ def _install_harness(harness: dict) -> None:
         return original_forward(self, **kwargs)
 
     def train_step(self, data_iterator):
+        if restarted and not getattr(self, "_asked", False):
+            # Up and about to ask for its first quorum: the launcher lets the survivors ask for theirs, so the
+            # lighthouse has this group waiting (written earlier, a loaded machine let the survivors finish first).
+            self._asked = True
+            open(f"{barrier}.ready.{self.group}.{os.getpid()}", "w").close()
         while os.path.exists(f"{barrier}.hold") and not os.path.exists(f"{barrier}.rejoined"):
             time.sleep(0.05)
         original_step(self, data_iterator)
