@@ -218,6 +218,8 @@ class ZephonFtTrainer(FaultTolerantTrainer):
                 input_dict=input_dict, labels=labels.to(self.device), global_valid_tokens=global_tokens
             )
             loss_sum += loss.detach()
+        if should_log and dims.dp_enabled:  # the group's ranks' shares of the loss (the groups': with the gradients)
+            dist.all_reduce(loss_sum, group=dims.get_mesh("batch").get_group())
         grad_norm = self._sum_gradients_over_groups(loss_sum)
         self.committed = self.dataloader.finish(attempt)  # the lane table, then torchft's should_commit
         if not self.committed:
