@@ -8,11 +8,15 @@ command-line override) on TorchTitan's Llama-3 debug model and the tests' corpus
 once a survivor has committed step 9; it heals from a live peer (model, optimizer, LR schedule and the lane table).
 Every committed step trains the plan's rows of that step in order, with 3, then 2, then 3 groups; the step the kill
 fell in is retried with the same rows; every group's ledger SHA-256 is the plan's and `verify` finds their union
-equal to the plan. Negative controls: the same check on the same run with one group's rows of one step dropped (a
-step trained without its dead group's share, what TorchTitan's static `get_dp_info` split does) fails, and a
-ledger with one entry altered is refused by `verify` and by the union.
+equal to the plan. Negative controls: the same check on the same run with one group's rows of one step dropped
+fails, a ledger with one entry altered is refused by `verify` and by the union, and TorchTitan's own FT path
+(FaultTolerantTrainer with its TorchFTManager: asynchronous quorum, `get_dp_info`'s fixed share per group; this
+package's plain loader over that share) under the same kill, not restarted, fails the same check: the dead
+group's share of every later step is lost and the retried step trains the next batch. (Restarted, its group fails
+to load TorchTitan's per-group loader checkpoint with this loader: "the checkpoint's dataloader state has no
+'lane_00002'" — a group's share of 4 rows straddles a lane whose entry is another group's.)
 
-    PYTHONPATH=. python tests/integration/test_titan_ft_trainer.py OUT   # the run by hand, its comparison printed
+    PYTHONPATH=. python tests/integration/test_titan_ft_trainer.py OUT [stock]   # a run by hand, its comparison
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ GROUPS, STEPS, KILL_STEP, RESTART_STEP = 3, 14, 5, 9
 EVENT = "ZEPHON_FT_EVENT "
 
 
-def launch(out: str, steps: int = STEPS, timeout: float = 300) -> dict:
+def launch(out: str, steps: int = STEPS, timeout: float = 300, trainer: str = "zephon", restart: bool = True) -> dict:
     """The lighthouse, 3 torchrun jobs, the kill and the restart; returns examples/ft_run.py's comparison with the
     plan (its compare and ledgers: the same checks as the plain-loop proof)."""
     os.makedirs(out, exist_ok=True)
@@ -56,7 +60,7 @@ def launch(out: str, steps: int = STEPS, timeout: float = 300) -> dict:
         [sys.executable, ft_run.__file__, "--role", "lighthouse", "--lighthouse", base],
         stderr=open(f"{base}.err", "w"),
     )
-    harness = json.dumps({"barrier": base, "groups": GROUPS, "kill_step": KILL_STEP, "victim": GROUPS - 1})
+    harness = {"barrier": base, "groups": GROUPS, "kill_step": KILL_STEP, "victim": GROUPS - 1, "trainer": trainer}
 
     def start(group: int, restarted: bool) -> subprocess.Popen:
         env = {
@@ -65,7 +69,7 @@ def launch(out: str, steps: int = STEPS, timeout: float = 300) -> dict:
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": REPO,
             "TORCHFT_LIGHTHOUSE": address,
-            "ZEPHON_FT_HARNESS": harness,
+            "ZEPHON_FT_HARNESS": json.dumps(harness),
             "ZEPHON_FT_RESTARTED": "1" if restarted else "0",
         }
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
@@ -116,7 +120,7 @@ def launch(out: str, steps: int = STEPS, timeout: float = 300) -> dict:
                     time.sleep(0.3)  # inside the victim's 2 s step: after its quorum, before its all-reduce
                     old_pids = kill_tree(procs[victim].pid)  # the torchrun job: agent and worker
                     killed = True
-                elif killed and not restarted and event["event"] == "end" and event["commit"]:
+                elif restart and killed and not restarted and event["event"] == "end" and event["commit"]:
                     if event["step"] >= RESTART_STEP:
                         procs[victim].wait()
                         while any(_alive(pid) for pid in old_pids):
@@ -130,10 +134,14 @@ def launch(out: str, steps: int = STEPS, timeout: float = 300) -> dict:
                 kill_tree(p.pid)
         house.kill()
         house.wait()
-    failed = {g: p.returncode for g, p in procs.items() if p.returncode}
+    # (the victim, killed and not restarted, ends with SIGKILL's status)
+    failed = {
+        g: p.returncode for g, p in procs.items() if p.returncode and not (g == victim and killed and not restarted)
+    }
     if failed:
         raise SystemExit(f"replica groups failed {failed}; see {out}/group*.err")
-    args = argparse.Namespace(out=os.path.join(out, "checkpoint"), steps=steps, loader="zephon", ranks=1)
+    loader = "zephon" if trainer == "zephon" else "stock"  # (ft_run.compare reads ledgers only of "zephon")
+    args = argparse.Namespace(out=os.path.join(out, "checkpoint"), steps=steps, loader=loader, ranks=1)
     return {**ft_run.compare(args, ft_run.job_spec(table_path)), "table": table_path}
 
 
@@ -189,8 +197,7 @@ def test_titan_ft_trainer_loses_and_repeats_no_row(tmp_path, capsys):
     args.prefix = False
     assert cmd_verify(args) == 0, capsys.readouterr().out
 
-    # Negative control 1: the same check over the same run, one step without its dead group's share of rows
-    # (what TorchTitan's static split trains while a group is dead: G/3 rows of the step are nobody's).
+    # Negative control 1: the same check over the same run, one step without its dead group's share of rows.
     attempts = os.path.join(out, "attempts.group0.jsonl")
     with open(attempts) as f:
         lines = [json.loads(line) for line in f]
@@ -217,5 +224,18 @@ def test_titan_ft_trainer_loses_and_repeats_no_row(tmp_path, capsys):
         union_ledger([entries, read_ledger(bad)])
 
 
+def test_titan_stock_ft_path_loses_rows_under_the_same_kill(tmp_path):
+    """The negative control of the proof above: TorchTitan's FT trainer as it is (see the module's docstring)."""
+    control = launch(str(tmp_path / "stock"), trainer="stock", restart=False)
+    # TorchTitan's step counter counts the failed attempt too: training.steps attempts, one fewer commits.
+    assert control["committed_steps"] == list(range(1, STEPS)), control
+    steps = control["steps"]
+    assert all(steps[s]["same_rows_as_plan"] for s in range(1, KILL_STEP)), steps  # 3 groups: the plan's rows
+    assert not any(steps[s]["same_rows_as_plan"] for s in range(KILL_STEP, STEPS)), steps
+    assert control["lost_rows"] >= (STEPS - KILL_STEP) * ft_run.GLOBAL_BATCH // GROUPS, control
+    assert control["rows_not_of_their_step"] > 0 and not control["retried_rows_equal_first_attempt"], control
+
+
 if __name__ == "__main__":
-    print(json.dumps(launch(sys.argv[1]), indent=1))
+    stock = sys.argv[2:] == ["stock"]
+    print(json.dumps(launch(sys.argv[1], trainer="stock" if stock else "zephon", restart=not stock), indent=1))
