@@ -200,9 +200,9 @@ class ZephonFtTrainer(FaultTolerantTrainer):
         # TorchTitan's data-loading time: here the quorum (with any healing) and this rank's rows.
         self.metrics_processor.data_loading_times.append(time.perf_counter() - began)
         tokens = torch.tensor(0, dtype=torch.int64)
-        for (_, labels), _real in microbatches:
+        for (_, labels), real in microbatches:
             tokens += (labels != IGNORE_INDEX).sum()
-            self.metrics_processor.ntokens_since_last_log += labels.numel() if _real else 0
+            self.metrics_processor.ntokens_since_last_log += labels.numel() if real else 0  # padding slots: none
         # The loss is normalised by the step's tokens over every live rank of every participating group (TorchTitan
         # sums over the group only; with uneven shares the groups' sums differ).
         global_tokens = tokens.to(self.device)
@@ -235,7 +235,7 @@ class ZephonFtTrainer(FaultTolerantTrainer):
         """Every gradient (this rank's local shard under FSDP: torchft pairs rank d of every group, HSDP's order)
         and the loss in one flat tensor, summed by the Manager over the participants (each term is already divided
         by the step's global tokens); then TorchTitan's clipping. A non-participant's contribution is zeroed by
-        torchft."""
+        torchft. One collective a step instead of one per parameter, for a copy of the gradients in memory."""
         params = [p for m in self.model_parts for p in m.parameters() if p.requires_grad]
         local = [self._local(p.grad) if p.grad is not None else torch.zeros_like(self._local(p)) for p in params]
         flat = torch.cat([t.flatten() for t in local] + [loss_sum.reshape(1).to(local[0].dtype)])
