@@ -72,6 +72,36 @@ def build_job(root: str) -> str:
     return path
 
 
+def toml_value(value) -> str:
+    return json.dumps(value)  # strings, numbers and lists of them are written alike in TOML
+
+
+def titan_job(out: str, table: dict, steps: int, groups: int) -> str:
+    """The same job as a job file for TorchTitan's FT trainer with this loader (titan/ft_trainer.py), as a user
+    writes it: the debug model recipe, the [dataloader] table, and [fault_tolerance] (the replica id is each group's
+    command-line override, `--fault_tolerance.replica_id`). Returns its path (in `out`, the run's dump folder)."""
+    lines = [
+        f"hf_assets_path = {toml_value(table['tokenizer_path'])}",
+        f"dump_folder = {toml_value(out)}",
+        '[model]\nmodule = "llama3"\nconfig = "llama3_debugmodel"',
+        f"[training]\nseq_len = {SEQ_LEN}\nlocal_batch_size = {LOCAL_BATCH}",
+        f"global_batch_size = {GLOBAL_BATCH}\nsteps = {steps}",
+        "[checkpoint]\nenable = false",
+        "[metrics]\nlog_freq = 1\ndisable_color_printing = true",
+        "[debug]\nseed = 42",
+        f"[fault_tolerance]\nenable = true\ngroup_size = {groups}\nmin_replica_size = 1",
+        "process_group_timeout_ms = 5000",
+        "[dataloader]",
+        *(f"{key} = {toml_value(value)}" for key, value in table.items() if key != "sources"),
+    ]
+    for name, source in table["sources"].items():
+        lines += [f"[dataloader.sources.{name}]", *(f"{k} = {toml_value(v)}" for k, v in source.items())]
+    path = os.path.join(out, "job.toml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
 def job_spec(table_path: str):
     from zephon_titan.testing import spec_from_table
 

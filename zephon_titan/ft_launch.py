@@ -2,6 +2,8 @@
 
     zephon-titan torchft --groups 3 --nproc 2 [--min-replicas 2] [--max-restarts 3] train.py [ARGS ...]
     zephon-titan torchft --lighthouse http://HOST:29510 --group-ids 2,3 --nproc 2 train.py   # groups on this node
+    zephon-titan torchft --groups 3 zephon_titan/train.py --job.config_file job.toml \
+        --fault_tolerance.replica_id {group}        # TorchTitan's FT trainer ([fault_tolerance] in the job file)
 
 As torchft's own torchx.py launches it: group g is `torchrun --nnodes 1 --nproc-per-node D --master-port P
 --max-restarts K train.py ARGS` with TORCHFT_LIGHTHOUSE, REPLICA_GROUP_ID=g and NUM_REPLICA_GROUPS=R set; the
@@ -36,7 +38,9 @@ def add_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("script", help="the training script every rank runs (it builds the Manager and FtSteps)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    p.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="its arguments; {group} in them is each group's number"
+    )
     p.add_argument("--groups", type=int, default=2, help="replica groups in the job (NUM_REPLICA_GROUPS)")
     p.add_argument("--group-ids", default="", help="the groups started here, e.g. 0,1 (default: all of --groups)")
     p.add_argument("--nproc", type=int, default=1, help="ranks per replica group (torchrun --nproc-per-node)")
@@ -68,12 +72,19 @@ def group_ids(text: str, groups: int) -> list[int]:
     return ids
 
 
-def group_command(script: str, script_args: list[str], nproc: int, master_port: int, max_restarts: int) -> list[str]:
+GROUP_FIELD = "{group}"
+"""In the script's arguments, each group's number (TorchTitan's FT trainer takes it as --fault_tolerance.replica_id)."""
+
+
+def group_command(
+    script: str, script_args: list[str], nproc: int, master_port: int, max_restarts: int, group: int = 0
+) -> list[str]:
     """One replica group: torchrun on this node, its own store port (the group's store: torchft rendezvouses
-    every quorum's cross-group PG in it)."""
+    every quorum's cross-group PG in it); GROUP_FIELD in an argument replaced by the group's number."""
     launcher = ["--nnodes", "1", "--nproc-per-node", str(nproc), "--master-port", str(master_port)]
     launcher += ["--max-restarts", str(max_restarts)]
-    return [sys.executable, "-m", "torch.distributed.run", *launcher, script, *script_args]
+    args = [arg.replace(GROUP_FIELD, str(group)) for arg in script_args]
+    return [sys.executable, "-m", "torch.distributed.run", *launcher, script, *args]
 
 
 def group_env(lighthouse: str, group: int, groups: int) -> dict[str, str]:
@@ -133,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         for g in ids:
             logs[g] = os.path.join(log_dir, f"group{g}.log")
-            cmd = group_command(args.script, args.script_args, args.nproc, free_port(), args.max_restarts)
+            cmd = group_command(args.script, args.script_args, args.nproc, free_port(), args.max_restarts, g)
             with open(logs[g], "w") as log:  # the child keeps its own descriptor
                 groups[g] = subprocess.Popen(
                     cmd, env=group_env(address, g, args.groups), stdout=log, stderr=subprocess.STDOUT

@@ -75,6 +75,51 @@ def test_two_groups_of_two_ranks_train_the_plan(tmp_path, capsys):
     assert all(e.membership == {"participants": 2, "groups": [0, 1], "attempt": 1, "ranks": 4} for e in union)
 
 
+def test_titan_ft_trainer_under_the_launcher(tmp_path, capsys):
+    """TorchTitan's FT trainer with this loader (`[fault_tolerance]` in the job file, titan/ft_trainer.py), 2 groups of
+    1 rank, then of 2 ranks (DP inside each group), `{group}` in the arguments as each group's replica id: the union
+    of the groups' ledgers is `plan`'s of the same job file (`verify`: identical; a plan of another seed is not: the
+    check can fail), every entry names both groups and its live ranks, and the two layouts log the same loss at
+    every step (the gradient is of the step's rows, whoever trains them)."""
+    import importlib.util
+
+    from logs import parse_losses
+
+    train_cpu = importlib.util.find_spec("zephon_titan.train_cpu")  # its path: importing it would patch torch here
+    assert train_cpu is not None and train_cpu.origin is not None
+    with open(ft_run.build_job(str(tmp_path))) as f:
+        table = json.load(f)
+    losses = []
+    for nproc in (1, 2):
+        out = tmp_path / f"run{nproc}"
+        out.mkdir()
+        job = ft_run.titan_job(str(out), table, 3, groups=2)
+        args = ["--job.config_file", job, "--fault_tolerance.replica_id", "{group}"]
+        assert main(launcher(tmp_path / f"launch{nproc}", train_cpu.origin, *args, nproc=nproc)) == 0
+        said = capsys.readouterr().out
+        assert "replica group 0 finished" in said and "replica group 1 finished" in said
+        union = union_ledger(read_ledger(str(out / "checkpoint" / f"ledger.group{g}.jsonl")) for g in (0, 1))
+        assert [e.step for e in union] == [1, 2, 3]
+        assert all(
+            e.membership == {"participants": 2, "groups": [0, 1], "attempt": 1, "ranks": 2 * nproc} for e in union
+        )
+        with open(out / "ledger.jsonl", "w") as f:
+            f.writelines(e.to_json() + "\n" for e in union)
+        with open(tmp_path / f"launch{nproc}" / "logs" / "group1.log") as f:
+            losses.append(parse_losses(f.read()))
+    assert main(["plan", job, "--steps", "3", "-o", str(tmp_path / "plan.jsonl")]) == 0
+    for nproc in (1, 2):
+        assert main(["verify", str(tmp_path / "plan.jsonl"), str(tmp_path / f"run{nproc}" / "ledger.jsonl")]) == 0
+        assert "identical" in capsys.readouterr().out
+    assert sorted(losses[0]) == [1, 2, 3] and losses[0] == losses[1], losses
+    with open(job) as f:
+        other = f.read().replace("seed = 7", "seed = 8")
+    with open(tmp_path / "other.toml", "w") as f:
+        f.write(other)
+    assert main(["plan", str(tmp_path / "other.toml"), "--steps", "3", "-o", str(tmp_path / "other.jsonl")]) == 0
+    assert main(["verify", str(tmp_path / "other.jsonl"), str(tmp_path / "run1" / "ledger.jsonl")]) == 1
+
+
 def test_a_failing_group_is_one_line_and_the_status(tmp_path, capsys):
     script = tmp_path / "fails_in_group_1.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ['REPLICA_GROUP_ID'] == '1' else 0)\n")

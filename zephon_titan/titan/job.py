@@ -356,11 +356,22 @@ def read_job_config(path: str) -> ZephonTrainer.Config:
     loader = ZephonDataLoader.Config(data=file.data, ledger=file.ledger)
     validator = validator_config(file.validator, file.dataloader, file.data, base.validator, path)
     document = dict(file.document)
+    fault_tolerance = document.pop("fault_tolerance", None)  # TorchTitan's FT trainer's table, not the recipe's
     _apply(base, document, "the top level", path)
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
     values["dataloader"] = loader
     values["validator"] = validator
     try:
-        return ZephonTrainer.Config(**values)
+        config = ZephonTrainer.Config(**values)
     except (ValueError, AssertionError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+    if fault_tolerance is None:
+        return config
+    if not isinstance(fault_tolerance, dict):
+        raise ConfigError(f"{path}: fault_tolerance must be a table ([fault_tolerance] with its settings)")
+    from zephon_titan.titan.ft_trainer import ZephonFtTrainer  # imports TorchTitan's torchft integration
+
+    try:
+        return ZephonFtTrainer.Config.of(config, fault_tolerance)  # type: ignore[return-value]
+    except (ConfigError, ValueError, TypeError) as e:
         raise ConfigError(f"{path}: {e}") from None
