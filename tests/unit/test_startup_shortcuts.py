@@ -10,7 +10,7 @@ import os
 import posixpath
 
 import pytest
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, example, find, given, settings
 from hypothesis import strategies as st
 
 from zephon_titan.config import SourceConfig
@@ -163,8 +163,14 @@ def _general_or_error(paths):
         return str(e)
 
 
+_ONE_ENDING_TWO_FORMATS = ["/data/a.json", "/data/index.json"]
+"""Two names of one dotted ending (".json") and two formats: "index.json" names a dataset's index. Random lists
+meet such a pair rarely (2,000 of them once missed it), so the property always tries it too."""
+
+
 @settings(max_examples=500, deadline=None)
 @given(paths=st.lists(_NAMES, max_size=8))
+@example(paths=_ONE_ENDING_TWO_FORMATS)
 def test_formats_asked_once_per_ending_are_every_files_format(paths, monkeypatch_module):
     assert _shortcut_or_error(paths) == _general_or_error(paths)
 
@@ -172,12 +178,8 @@ def test_formats_asked_once_per_ending_are_every_files_format(paths, monkeypatch
 def test_negative_control_an_ending_cache_blind_to_other_names_is_caught(monkeypatch_module):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(formats, "_undotted", lambda version: ())  # forgets that "index.json" is a name of its own
-        found = find(
-            st.lists(_NAMES, max_size=8),
-            lambda paths: _shortcut_or_error(paths) != _general_or_error(paths),
-            settings=settings(max_examples=2000, database=None),
-        )
-    assert any(p.endswith("index.json") for p in found)
+        # The property's check fails on the pair it always tries.
+        assert _shortcut_or_error(_ONE_ENDING_TWO_FORMATS) != _general_or_error(_ONE_ENDING_TWO_FORMATS)
 
 
 @pytest.fixture(scope="module")
