@@ -74,7 +74,12 @@ def test_a_killed_and_restarted_group_loses_and_repeats_no_row(tmp_path, capsys,
         assert got["ledger_steps"] == got["committed_steps"] == sorted(set(got["committed_steps"])), (g, got)
     for g in (0, 1):  # never killed: every step either trained or healed past, never both
         assert sorted(groups[g]["ledger_steps"] + groups[g]["healed_past"]) == every, groups[g]
-    assert SIT_OUT[1] in groups[0]["healed_past"] and SIT_OUT[0] not in steps[SIT_OUT[1]]["participants"]
+    # Group 0 heals past the step it sits out, or, when a busy machine already left it out of an earlier quorum, past
+    # that one (seen in CI at load ~4.5: left out of 11, healed to 12 at its next quorum, so it never waited for 12);
+    # either way it trains no step it healed past.
+    healed = groups[0]["healed_past"]
+    assert healed and min(healed) <= SIT_OUT[1], groups[0]
+    assert all(SIT_OUT[0] not in steps[step]["participants"] for step in healed), steps
     out = tmp_path / "zephon"
     args = argparse.Namespace(a=str(out / "plan.jsonl"), b=str(out / "ledger.jsonl"), steps=None, prefix=False)
     assert cmd_verify(args) == 0, capsys.readouterr().out
