@@ -19,7 +19,9 @@ documents as 4 Parquet files (a text column, row groups of 1,000) instead of JSO
 
 With JSONL it also prints the JSON floor: the least a CPython reader spends getting the texts out of the lines (one
 UTF-8 decode, one scan by the standard library's C decoder and one field lookup per line, nothing else), as a share
-of the bound: no loader that decodes JSONL with Python's json can come closer to the bound than that.
+of the bound: no loader that decodes JSONL with Python's json can come closer to the bound than that. Beside it,
+the same for Arrow's JSON reader (`pyarrow.json`, one thread, 1 MiB reads, the texts as Python strings), the
+vectorized reader issue 47 proposed.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
@@ -69,14 +72,42 @@ def documents(kind: str, part: int = 0) -> list[str]:
     return [p.strip() for text in texts for p in text.split("\n\n") if len(p.strip()) > 80]
 
 
+def median_cpu(run: Callable[[], object], passes: int = 3) -> float:
+    """The median CPU seconds of `passes` calls of `run` (one pass of a few hundredths of a second swings alone)."""
+    times = []
+    for _ in range(passes):
+        cpu = time.process_time()
+        run()
+        times.append(time.process_time() - cpu)
+    return sorted(times)[passes // 2]
+
+
 def json_floor(lines: list[bytes]) -> float:
     """CPU seconds to get the text out of every line the cheapest way CPython's json allows (as the loader's own
     inline scan does, without its checks)."""
     scan = json.JSONDecoder().scan_once
-    cpu = time.process_time()
-    for raw in lines:
-        scan(raw.decode("utf-8", "surrogatepass"), 0)[0].get("text")
-    return time.process_time() - cpu
+
+    def texts() -> None:
+        for raw in lines:
+            scan(raw.decode("utf-8", "surrogatepass"), 0)[0].get("text")
+
+    return median_cpu(texts)
+
+
+def arrow_json_floor(lines: list[bytes], block: int = 1 << 20) -> float:
+    """CPU seconds for Arrow's JSON reader (C++, one thread) to get the texts out of the same lines as Python
+    strings, in reads of `block` bytes (its fastest size here; a lane's batch of 64 lines costs ~3x as much a line)."""
+    import pyarrow as pa
+    import pyarrow.json as pj
+
+    options = pj.ReadOptions(use_threads=False, block_size=block)
+    parse = pj.ParseOptions(explicit_schema=pa.schema([("text", pa.string())]), unexpected_field_behavior="ignore")
+    data = b"\n".join(lines) + b"\n"
+    return median_cpu(
+        lambda: (
+            pj.read_json(pa.BufferReader(data), read_options=options, parse_options=parse).column("text").to_pylist()
+        )
+    )
 
 
 def main() -> int:
@@ -135,7 +166,10 @@ def main() -> int:
         del bound_tokenizer, backend
     bound_cpu = sorted(passes)[1]
     bound = bound_tokens / bound_cpu
-    floor = json_floor([line.encode() for line in lines]) if args.format == "jsonl" else None
+    floor = arrow_floor = None
+    if args.format == "jsonl":
+        encoded = [line.encode() for line in lines]
+        floor, arrow_floor = json_floor(encoded), arrow_json_floor(encoded)
 
     # At most one pass over the documents: a document read again would be tokenized from fastokens' warm cache,
     # which the bound (one pass, never seen) does not have.
@@ -161,6 +195,11 @@ def main() -> int:
         print(
             f"JSON floor: {floor * 1e6 / len(docs):.2f} us of CPU per line = "
             f"{bound_cpu / (bound_cpu + floor):.2f} of the bound at best"
+        )
+    if arrow_floor is not None:
+        print(
+            f"Arrow's JSON reader: {arrow_floor * 1e6 / len(docs):.2f} us of CPU per line = "
+            f"{bound_cpu / (bound_cpu + arrow_floor):.2f} of the bound at best"
         )
     print(
         f"{'plan, ' if args.plan else ''}{args.format}, {args.docs} documents ({len(docs):,}, "
