@@ -243,8 +243,8 @@ class ZephonFtTrainer(FaultTolerantTrainer):
         at = 0
         for p, t in zip(params, local):
             t.copy_(flat[at : at + t.numel()].view_as(t))  # a DTensor's to_local() shares its storage
-            if p.grad is None and not isinstance(p, DTensor):  # no gradient here, some from the other groups
-                p.grad = t
+            if p.grad is None:  # no gradient here (a part this group's rows never reached), some from the others
+                p.grad = self._like(p, t)
             at += t.numel()
         loss_sum.copy_(flat[-1])
         grad_norm = dist_utils.clip_grad_norm_(
@@ -259,6 +259,15 @@ class ZephonFtTrainer(FaultTolerantTrainer):
     @staticmethod
     def _local(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+    @staticmethod
+    def _like(param: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """A gradient for `param` from this rank's part of it: a DTensor sharded as the parameter is (FSDP)."""
+        if not isinstance(param, DTensor):
+            return local
+        return DTensor.from_local(
+            local, param.device_mesh, param.placements, shape=param.shape, stride=param.stride(), run_check=False
+        )
 
     def close(self) -> None:
         super().close()
