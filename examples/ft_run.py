@@ -152,6 +152,8 @@ def replica(args) -> None:
     from torch.distributed import PrefixStore, TCPStore
     from torchft import Manager, ProcessGroupGloo
 
+    from zephon_titan.loader.ft_store import fresh_group_store
+
     torch.manual_seed(0)  # identical initial weights on every group: the first quorum needs no sync
     # The group's store: rank 0 serves it, for the group's life (torchft rendezvouses every quorum's PG in it).
     torchrun = "REPLICA_GROUP_ID" in os.environ and "RANK" in os.environ
@@ -160,15 +162,12 @@ def replica(args) -> None:
     if torchrun:  # under `zephon-titan torchft`: the group is a torchrun job
         args.group, args.groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
         args.dp, args.ranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        args.lighthouse, host = os.environ["TORCHFT_LIGHTHOUSE"], os.environ["MASTER_ADDR"]
-        # Not torchrun's own store for the Manager: it outlives a restart, and a restarted group's rank 1 read the
-        # dead Manager's address there (connection refused). Rank 0 serves a fresh one, its port told per restart.
-        agent = TCPStore(host, int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60))
-        told = PrefixStore(f"zephon_ft_run/{restarts}", agent)
-        if args.dp == 0:
-            store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-            told.set("store_port", str(store.port))
-        args.store_port = int(told.get("store_port"))
+        args.lighthouse = os.environ["TORCHFT_LIGHTHOUSE"]
+        # Not torchrun's own store for the Manager: a restarted group's rank 1 read the dead Manager's address there
+        # (connection refused). Rank 0 serves a fresh one per life of the group (loader/ft_store.py).
+        host, args.store_port, served = fresh_group_store(args.dp)
+        if served is not None:
+            store = served
     if not torchrun or args.dp > 0:
         store = TCPStore(
             host,

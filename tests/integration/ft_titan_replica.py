@@ -2,7 +2,8 @@
 `zephon_titan.train_cpu` plus the harness's hooks, which only watch and wait.
 
 ZEPHON_FT_HARNESS (JSON): {"barrier": path prefix, "groups": R, "kill_step": s, "victim": g, "trainer": "zephon" or
-"stock"}. "zephon" is ZephonFtTrainer (titan/ft_trainer.py); "stock" is the negative control, TorchTitan's own FT
+"stock", optionally "crash": [g, s, r]: rank r of group g exits inside step s (test_ft_launch.py: torchrun restarts
+the group)}. "zephon" is ZephonFtTrainer (titan/ft_trainer.py); "stock" is the negative control, TorchTitan's own FT
 path as it is: FaultTolerantTrainer with its TorchFTManager (asynchronous quorum, `get_dp_info`'s fixed share per
 group), TorchFTOptimizersContainer (the quorum in zero_grad, should_commit in step) and this package's plain loader
 over that share. Per attempt the replica prints one line `ZEPHON_FT_EVENT {...}` (examples/ft_run.py's event
@@ -13,6 +14,7 @@ groups before its first quorum, and the survivors for a restarted group to ask f
 (`<barrier>.hold` until `<barrier>.rejoined`): the harness's pauses, never the loader's.
 """
 
+import glob
 import hashlib
 import json
 import os
@@ -91,7 +93,10 @@ def stock_config(config: ZephonFtTrainer.Config) -> StockFtTrainer.Config:
 
 
 def _install_harness(cls, harness: dict) -> None:
-    barrier, restarted = harness["barrier"], os.environ.get("ZEPHON_FT_RESTARTED") == "1"
+    # Restarted by the test (ZEPHON_FT_RESTARTED) or by torchrun (--max-restarts: a later life of the group).
+    restarted = os.environ.get("ZEPHON_FT_RESTARTED") == "1" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    barrier, rank = harness["barrier"], int(os.environ.get("RANK", "0"))
+    crash = harness.get("crash")  # [group, step, rank]: that rank exits inside that step, in its group's first life
     stock = cls is StockFtTrainer
     original_init, original_step = cls.__init__, cls.train_step
     original_forward = cls.forward_backward_step
@@ -101,7 +106,7 @@ def _install_harness(cls, harness: dict) -> None:
         self.group = config.fault_tolerance.replica_id
         folder = os.path.join(config.dump_folder, config.checkpoint.folder)  # beside the group's ledger
         os.makedirs(folder, exist_ok=True)
-        self.events = open(os.path.join(folder, f"attempts.group{self.group}.jsonl"), "a")
+        self.events = open(os.path.join(folder, f"attempts.group{self.group}{f'.dp{rank}' if rank else ''}.jsonl"), "a")
         self.healed_seen, self.timings, self.tries = 0, {"begin_s": 0.0, "finish_s": 0.0}, {}
         if not stock:
             loader = self.dataloader
@@ -126,7 +131,7 @@ def _install_harness(cls, harness: dict) -> None:
             time.sleep(0.05)
 
     def emit(self, line: dict) -> None:
-        line["group"], line["dp"] = self.group, 0
+        line["group"], line["dp"] = self.group, rank
         text = json.dumps(line)
         print(f"ZEPHON_FT_EVENT {text}", flush=True)
         self.events.write(text + "\n")
@@ -139,6 +144,8 @@ def _install_harness(cls, harness: dict) -> None:
             emit(self, {"event": "start", "step": step})
             if self.group == harness["victim"] and step == harness["kill_step"] and not restarted:
                 time.sleep(2.0)  # the launcher's SIGKILL lands here
+            if crash == [self.group, step, rank] and not restarted:
+                os._exit(1)  # a rank failing inside the step (after its quorum): torchrun restarts the group
         return original_forward(self, **kwargs)
 
     def train_step(self, data_iterator):
@@ -149,6 +156,9 @@ def _install_harness(cls, harness: dict) -> None:
             open(f"{barrier}.ready.{self.group}.{os.getpid()}", "w").close()
         while os.path.exists(f"{barrier}.hold") and not os.path.exists(f"{barrier}.rejoined"):
             time.sleep(0.05)
+        if crash and self.group != crash[0] and self.step >= crash[1] + 2:  # the crashed group's new life asks first
+            while not glob.glob(f"{barrier}.ready.{crash[0]}.*"):
+                time.sleep(0.05)
         self.fresh, self.rows_taken = True, []
         original_step(self, data_iterator)
         manager = self.ft_manager.manager

@@ -30,7 +30,9 @@ pytestmark = [pytest.mark.slow]  # ~50 s on the 2-core machine: up to 3 torchrun
 STEPS = 4
 
 
-def launcher(tmp_path, script: str, *script_args: str, groups: int = 2, nproc: int = 2) -> list[str]:
+def launcher(
+    tmp_path, script: str, *script_args: str, groups: int = 2, nproc: int = 2, min_replicas: int = 2
+) -> list[str]:
     return [
         "torchft",
         "--groups",
@@ -40,7 +42,7 @@ def launcher(tmp_path, script: str, *script_args: str, groups: int = 2, nproc: i
         "--max-restarts",
         "1",
         "--min-replicas",
-        "2",
+        str(min_replicas),
         "--join-timeout-ms",
         "1000",
         "--log-dir",
@@ -153,3 +155,40 @@ def test_a_rank_that_fails_is_restarted_by_torchrun_and_heals(tmp_path, capsys):
     # by groups 0 and 2: torchrun's restart (imports, seconds) is far slower than the lighthouse's join timeout.
     assert union[2].membership == {"participants": 2, "groups": [0, 2], "attempt": 2, "ranks": 4}
     assert union[-1].membership["groups"] == [0, 1, 2]  # back to 3 groups
+
+
+def test_titan_ft_trainer_group_restarted_by_torchrun_heals(tmp_path, capsys, monkeypatch):
+    """TorchTitan's FT trainer (titan/ft_trainer.py), 2 groups of 2 ranks under the launcher: rank 1 of group 1 exits
+    inside step 3, torchrun (--max-restarts 1) starts the group's 2 ranks again, and the new life heals from group 0
+    and trains on with it. Group 0 trains on alone meanwhile (min_replica_size 1); the harness holds it before step
+    5 until the new life is about to ask for its first quorum (its pause, not the loader's). The union of the
+    groups' ledgers is `plan`'s (`verify`: identical). This found that the new life's rank 1 read the dead Manager's
+    address from torchrun's store (connection refused, the group failed for good): rank 0 now serves a fresh store
+    per life (loader/ft_store.py)."""
+    with open(ft_run.build_job(str(tmp_path))) as f:
+        table = json.load(f)
+    out = tmp_path / "run"
+    out.mkdir()
+    steps = 6
+    job = ft_run.titan_job(str(out), table, steps, groups=2)
+    harness = {"barrier": str(tmp_path / "barrier"), "groups": 2, "kill_step": 0, "victim": -1, "trainer": "zephon"}
+    monkeypatch.setenv("ZEPHON_FT_HARNESS", json.dumps({**harness, "crash": [1, 3, 1]}))
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ft_titan_replica.py")
+    args = ["--job.config_file", job, "--fault_tolerance.replica_id", "{group}"]
+    assert main(launcher(tmp_path / "launch", script, *args, nproc=2, min_replicas=1)) == 0, capsys.readouterr()
+    said = capsys.readouterr().out
+    assert "replica group 0 finished" in said and "replica group 1 finished" in said
+    folder = out / "checkpoint"
+    ledgers = {g: read_ledger(str(folder / f"ledger.group{g}.jsonl")) for g in (0, 1)}
+    events = [json.loads(line) for line in open(folder / "attempts.group1.jsonl")]
+    healed = [(e["from"], e["to"]) for e in events if e["event"] == "healed"]
+    assert len(healed) == 1 and healed[0][1] >= 2, events  # the new life healed, to the step its rank left or later
+    assert [e.step for e in ledgers[1]] == [1, 2, *range(healed[0][1] + 1, steps + 1)]
+    assert [e.step for e in ledgers[0]] == list(range(1, steps + 1))
+    union = union_ledger(ledgers.values())
+    assert union[-1].membership == {"participants": 2, "groups": [0, 1], "attempt": 1, "ranks": 4}  # back to 2
+    with open(out / "ledger.jsonl", "w") as f:
+        f.writelines(e.to_json() + "\n" for e in union)
+    assert main(["plan", job, "--steps", str(steps), "-o", str(tmp_path / "plan.jsonl")]) == 0
+    assert main(["verify", str(tmp_path / "plan.jsonl"), str(out / "ledger.jsonl")]) == 0
+    assert "identical" in capsys.readouterr().out

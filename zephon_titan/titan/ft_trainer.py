@@ -43,6 +43,7 @@ from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.trainer import Trainer
 
 from zephon_titan.errors import ConfigError
+from zephon_titan.loader.ft_store import fresh_group_store, under_torchrun
 from zephon_titan.titan.ft_dataloader import ZephonFtDataLoader
 
 TRAINER_STATE_KEY = "trainer"
@@ -185,6 +186,16 @@ class ZephonFtTrainer(FaultTolerantTrainer):
         manager.register_state_dict_fn(TRAINER_STATE_KEY, load, state)
         self.committed: bool | None = None  # the last attempt's outcome
         self.attempt: Any = None  # the last attempt (loader/ft_steps.Attempt)
+
+    def init_distributed(self) -> Any:
+        """TorchTitan's, in a store of this life of the group under torchrun (loader/ft_store.py): the group's own
+        process group and torchft's Manager find each other through MASTER_ADDR:MASTER_PORT, and torchrun's store
+        there keeps a dead life's addresses after a restart (--max-restarts), where a new rank read them and waited
+        for ever (gloo) or was refused (the Manager)."""
+        if under_torchrun():
+            host, port, self._group_store = fresh_group_store(int(os.environ["RANK"]))
+            os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, str(port)
+        return super().init_distributed()
 
     def train_step(self, data_iterator: Any) -> None:
         """One attempt of a step (see the module's docstring); `data_iterator` (TorchTitan's) is not used."""
