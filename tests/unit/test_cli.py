@@ -48,6 +48,30 @@ def test_verify_says_when_only_the_record_differs(tmp_path, corpus_dir, tokenize
     assert capsys.readouterr().out.splitlines()[0] == "first difference at step 1 (sha256):"
 
 
+def test_verify_takes_replica_group_ledgers_as_their_union(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    """`verify plan ledger.group0.jsonl ledger.group1.jsonl ...`: a torchft run's groups each hold the steps they
+    committed (one left out of a step lacks it); their union is the run's ledger."""
+    job = _job(tmp_path, corpus_dir, tokenizer_dir)
+    assert main(["plan", job, "--steps", "6", "-o", str(tmp_path / "plan.jsonl")]) == 0
+    lines = (tmp_path / "plan.jsonl").read_text().splitlines(keepends=True)
+    groups = [tmp_path / "ledger.group0.jsonl", tmp_path / "ledger.group1.jsonl"]
+    groups[0].write_text("".join(lines[:2] + lines[4:]))  # group 0 healed past steps 3 and 4
+    groups[1].write_text("".join(lines[:5]))  # group 1 died after step 5
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "plan.jsonl"), *map(str, groups)]) == 0
+    assert "identical: all 6 steps (1-6)" in capsys.readouterr().out
+    # Controls: a step no group holds is a difference; two groups that recorded a step differently are one line.
+    groups[1].write_text("".join(lines[:2]))
+    assert main(["verify", str(tmp_path / "plan.jsonl"), *map(str, groups)]) == 1
+    assert "first difference at step 3: " in capsys.readouterr().out
+    other = json.loads(lines[1])
+    groups[1].write_text(lines[0] + json.dumps({**other, "sha256": "0" * 64}) + "\n")
+    assert main(["verify", str(tmp_path / "plan.jsonl"), *map(str, groups)]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "two replica groups recorded step 2 differently" in said[0], said
+    assert str(groups[0]) in said[0] and str(groups[1]) in said[0]
+
+
 def _first_step_with(job_path, file, row, steps=12):
     job = load_job(job_path)
     r = job.check_layout(1)

@@ -99,7 +99,11 @@ def _add_plan(sub) -> None:
 def _add_verify(sub) -> None:
     verify = sub.add_parser("verify", help="compare two ledgers; exit 1 at the first differing step")
     verify.add_argument("a", help="a ledger (e.g. the plan, or a finished run)")
-    verify.add_argument("b", help="another ledger")
+    verify.add_argument(
+        "b",
+        nargs="+",
+        help="another ledger; several: their union (a torchft run's replica-group ledgers, e.g. ledger.group*.jsonl)",
+    )
     verify.add_argument(
         "--prefix",
         action="store_true",

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from zephon_titan.errors import ZephonError
+from zephon_titan.errors import DataError, ZephonError
 
 if TYPE_CHECKING:
     from zephon_titan.engine.ledger import LedgerEntry
@@ -193,9 +193,27 @@ def _value(value: object) -> str:
     return "(not recorded)" if value is None else str(value)
 
 
+def _read_union(paths: list[str]) -> tuple[dict[int, LedgerEntry], str]:
+    """The ledger of one path, or of several (a torchft run's replica groups: each holds the steps it committed) their
+    union, each step once (loader/ft_steps.union_ledger refuses two groups that recorded a step differently); and
+    what to call it."""
+    if len(paths) == 1:
+        return _read(paths[0]), paths[0]
+    from zephon_titan.engine.ledger import union_ledger
+
+    ledgers = [_read(path) for path in paths]
+    try:
+        union = union_ledger(ledger.values() for ledger in ledgers)
+    except DataError as e:
+        raise ZephonError(f"{e}, among {', '.join(paths)}") from None
+    return {e.step: e for e in union}, f"the union of {len(paths)} ledgers ({paths[0]}, ...)"
+
+
 def cmd_verify(args) -> int:
-    """Every step of either ledger must be in both, with every field equal (--prefix: B may stop early)."""
-    a, b = _read(args.a), _read(args.b)
+    """Every step of either ledger must be in both, with every field equal (--prefix: B may stop early). Several B:
+    their union (a torchft run's replica-group ledgers)."""
+    b_paths = args.b if isinstance(args.b, list) else [args.b]
+    a, (b, args.b) = _read(args.a), _read_union(b_paths)
     if args.steps:
         a, b = ({s: e for s, e in x.items() if args.steps[0] <= s <= args.steps[1]} for x in (a, b))
     if not a or not b:

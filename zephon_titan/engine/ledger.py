@@ -20,11 +20,13 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 
 from zephon_titan.engine.document_counts import COUNTS, PER_SOURCE, by_source
 from zephon_titan.engine.jsonl_log import AppendOnlyLog, RecordFormat, read_entries
 from zephon_titan.engine.spec import EngineSpec
+from zephon_titan.errors import DataError
 
 log = logging.getLogger("zephon_titan")
 
@@ -238,3 +240,19 @@ class LedgerWriter:
 
     def write(self, entry: LedgerEntry) -> None:
         self._log.append(entry)
+
+
+def union_ledger(ledgers: Iterable[Iterable[LedgerEntry]]) -> list[LedgerEntry]:
+    """The run's ledger from the replica groups' ledgers: each step once, in step order. A group's ledger holds the
+    steps it committed, so a group left out of a step (see FtSteps.healed) lacks it while the others hold it; every
+    group that committed a step made the same entry from the same summed table, so two that differ are refused."""
+    steps: dict[int, LedgerEntry] = {}
+    for ledger in ledgers:
+        for entry in ledger:
+            held = steps.setdefault(entry.step, entry)
+            if held != entry:
+                raise DataError(
+                    f"two replica groups recorded step {entry.step} differently (SHA-256 {held.sha256[:12]} and "
+                    f"{entry.sha256[:12]}, membership {held.membership} and {entry.membership})"
+                )
+    return [steps[step] for step in sorted(steps)]

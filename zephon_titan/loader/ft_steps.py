@@ -29,7 +29,7 @@ used of it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from zephon_titan.engine import LaneState, Row, batch_digest, lane_digest, open_lane_group, rows_per_lane
-from zephon_titan.engine.ledger import LedgerEntry, step_entry
+from zephon_titan.engine.ledger import LedgerEntry, step_entry, union_ledger  # noqa: F401 (its home was here)
 from zephon_titan.engine.participants import Membership, RankShare, idle_share, microbatch_count, share
 from zephon_titan.engine.resume import canonical, lane_capacity
 from zephon_titan.engine.rows import step_tally
@@ -309,19 +309,3 @@ class FtSteps:
 
     def close(self) -> None:
         self._drop_lanes()
-
-
-def union_ledger(ledgers: Iterable[Iterable[LedgerEntry]]) -> list[LedgerEntry]:
-    """The run's ledger from the replica groups' ledgers: each step once, in step order. A group's ledger holds the
-    steps it committed, so a group left out of a step (see FtSteps.healed) lacks it while the others hold it; every
-    group that committed a step made the same entry from the same summed table, so two that differ are refused."""
-    steps: dict[int, LedgerEntry] = {}
-    for ledger in ledgers:
-        for entry in ledger:
-            held = steps.setdefault(entry.step, entry)
-            if held != entry:
-                raise DataError(
-                    f"two replica groups recorded step {entry.step} differently (SHA-256 {held.sha256[:12]} and "
-                    f"{entry.sha256[:12]}, membership {held.membership} and {entry.membership})"
-                )
-    return [steps[step] for step in sorted(steps)]
