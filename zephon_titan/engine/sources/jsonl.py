@@ -32,7 +32,7 @@ from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
 from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import InitSampling
-from zephon_titan.engine.sources.jsonl_files import check_record, compression, init_sample, num_blocks
+from zephon_titan.engine.sources.jsonl_files import check_record, compression, init_sample, num_blocks, unreadable_json
 from zephon_titan.engine.sources.storage import FileStat
 from zephon_titan.errors import DataError
 
@@ -148,7 +148,7 @@ class JsonlSource(Source):
             line = data[offset - start : offset - start + length]
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 record = None
             if not isinstance(record, dict):
                 self._text_of(line, path, offset, line_number)  # its one-line error
@@ -303,6 +303,8 @@ class JsonlSource(Source):
             raise _BadLine(f"line is not valid UTF-8 ({e}); re-encode the file as UTF-8") from None
         except json.JSONDecodeError as e:
             raise _BadLine(f"line is not valid JSON ({e.msg}, column {e.colno}); fix or remove it") from None
+        except (ValueError, RecursionError) as e:  # JSON that Python's json cannot hold
+            raise _BadLine(unreadable_json(e) or str(e)) from None
         if not isinstance(record, dict):
             raise _BadLine(f"expected a JSON object per line, got {type(record).__name__}")
         return record

@@ -1,0 +1,239 @@
+"""Hostile inputs found by an adversarial sweep: each fails in one line naming the file, the row and the fix (never a
+traceback, a hang, or rows silently changed), and a valid neighbour still gives its rows."""
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from helpers import SHARED_TOKENIZERS, make_spec, within_seconds
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_chat import CHATML, _chat_table, _with_template, _write
+
+from zephon_titan.engine import LaneStream
+from zephon_titan.errors import ConfigError, DataError
+from zephon_titan.testing import epoch_rows, spec_from_table
+
+
+def _jsonl_spec(path, corpus_dir, tokenizer_dir, table=None, **source):
+    return make_spec(
+        corpus_dir,
+        tokenizer_dir,
+        sources={"web": {"paths": [str(path)], **source}},
+        num_lanes=1,
+        exhaustion="redistribute",
+        **(table or {}),
+    )
+
+
+def _texts(spec) -> list[str]:
+    """Each document's text as the rows give it (one pass), decoded: BOS and EOS left out."""
+    tokenizer = spec.tokenizer
+    out = []
+    for row in epoch_rows(spec):
+        ids = [i for i in row.inputs.tolist() if i not in (tokenizer.bos_id, tokenizer.eos_id)]
+        out.append(tokenizer.decode(ids))
+    return out
+
+
+# ---- JSON that Python's json refuses although it is JSON ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("9" * 5000, r"line cannot be read by Python's json \(Exceeds the limit \(4300 digits\).*\); write the value"),
+        ("[" * 100_000 + "]" * 100_000, r"line nests arrays or objects too deeply for Python's json to read"),
+    ],
+    ids=["a 5000-digit number", "arrays nested 100,000 deep"],
+)
+@pytest.mark.parametrize("keep", [None, "n != 0"], ids=["plain", "with a keep"])
+def test_json_python_cannot_hold_is_one_line_naming_the_line(tmp_path, corpus_dir, tokenizer_dir, value, says, keep):
+    """Before: a ValueError or RecursionError traceback from json (in the lanes, in a keep's fields, in init)."""
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b'{"text": "fine", "n": 1}\n' + b'{"text": "x", "n": ' + value.encode() + b"}\n")
+    spec = _jsonl_spec(path, corpus_dir, tokenizer_dir, **({"keep": keep} if keep else {}))
+    with pytest.raises(DataError, match=r"web\.jsonl line 2 \(at byte 25\): " + says) as e:
+        epoch_rows(spec)
+    assert "\n" not in str(e.value)
+    path.write_bytes(b'{"text": "fine", "n": 1}\n{"text": "x", "n": 2}\n')  # the control: the same lines, readable
+    assert _texts(_jsonl_spec(path, corpus_dir, tokenizer_dir, **({"keep": keep} if keep else {})))
+
+
+def test_init_names_a_line_python_cannot_hold(tmp_path, tokenizer_dir, capsys):
+    from zephon_titan.cli import main
+
+    (tmp_path / "web.jsonl").write_bytes(b'{"text": "x", "n": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n")
+    argv = ["init", f"web={tmp_path / 'web.jsonl'}", "--tokenizer", tokenizer_dir, "-o", str(tmp_path / "job.toml")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "web.jsonl line 1: line nests arrays or objects too deeply" in err and "\n" not in err
+    assert not (tmp_path / "job.toml").exists()
+
+
+# ---- lone surrogates: JSON reads them, no tokenizer encodes them -------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    before=st.text(st.characters(codec="utf-8"), max_size=20),
+    after=st.text(st.characters(codec="utf-8"), max_size=20),
+    surrogate=st.integers(0xD800, 0xDFFF),
+    backend=st.sampled_from(["auto", "tokenizers"]),
+    at=st.integers(0, 3),
+)
+def test_a_lone_surrogate_is_named_with_its_file_and_byte(
+    tmp_path, corpus_dir, tokenizer_dir, before, after, surrogate, backend, at
+):
+    """Before: `TypeError: TextEncodeInput must be Union[...]` from the tokenizer, with no file or row. A JSON escape
+    \\udXXX without its pair (or its bytes as UTF-8) anywhere in a document; the other documents are fine."""
+    docs = [f"document {i}" for i in range(4)]
+    lines = [json.dumps({"text": d}).encode() + b"\n" for d in docs]
+    lines[at] = json.dumps({"text": before + chr(surrogate) + after}).encode() + b"\n"  # ensure_ascii: \udXXX
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b"".join(lines))
+    offset = sum(len(line) for line in lines[:at])
+    spec = _jsonl_spec(path, corpus_dir, tokenizer_dir, {"tokenizer_backend": backend})
+    with pytest.raises(
+        DataError,
+        match=rf"web\.jsonl byte offset {offset} \(source 'web'\): the text holds a lone surrogate "
+        rf"\(U\+{surrogate:04X} at character {len(before)}\).*fix the text",
+    ) as e:
+        epoch_rows(spec)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.skipif(not os.path.isdir(os.path.join(SHARED_TOKENIZERS, "gpt2")), reason="no shared GPT-2 tokenizer")
+def test_a_lone_surrogate_is_named_when_fastokens_encodes(tmp_path, corpus_dir):
+    """fastokens raises on the batch before the reference is asked: the document is named all the same (before, it
+    logged "the reference encodes such documents", which then raised the TypeError)."""
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b'{"text": "fine"}\n{"text": "a\\udfff"}\n')
+    spec = _jsonl_spec(path, corpus_dir, os.path.join(SHARED_TOKENIZERS, "gpt2"), {"tokenizer_backend": "fastokens"})
+    with pytest.raises(DataError, match=r"web\.jsonl byte offset 17 .* lone surrogate \(U\+DFFF at character 1\)"):
+        epoch_rows(spec)
+    assert spec.tokenizer.select_backend() == "fastokens"
+
+
+def test_a_surrogate_pair_is_text_and_raw_surrogate_bytes_are_not(tmp_path, corpus_dir, tokenizer_dir):
+    """The control: an escaped pair is one character (U+1F600) and tokenizes; the same surrogate's UTF-8 bytes (which
+    Python's json reads as json.loads does, "surrogatepass") are named as the escape is."""
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(b'{"text": "smile \\ud83d\\ude00"}\n')
+    assert _texts(_jsonl_spec(path, corpus_dir, tokenizer_dir)) == ["smile \U0001f600"]
+    path.write_bytes(b'{"text": "ok"}\n{"text": "a\xed\xa0\x80"}\n')
+    with pytest.raises(DataError, match=r"web\.jsonl byte offset 15 .* lone surrogate \(U\+D800 at character 1\)"):
+        epoch_rows(_jsonl_spec(path, corpus_dir, tokenizer_dir))
+
+
+# ---- chat: a surrogate, a template that renders nothing, a template file that is no file -------------------------
+
+GOOD = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+
+
+def _chat_rows(tmp_path, tokenizer_dir, records, template=CHATML, **source):
+    tokenizer = _with_template(tokenizer_dir, str(tmp_path / "tok"), template)
+    path = _write(str(tmp_path / "c.jsonl"), records)
+    return epoch_rows(spec_from_table(_chat_table(path, tokenizer, **source), seq_len=64))
+
+
+def test_a_lone_surrogate_in_a_conversation_is_named(tmp_path, tokenizer_dir):
+    bad = {"messages": [{"role": "user", "content": "q\ud800"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(DataError, match=r"c\.jsonl byte offset 88 \(source 'chat'\): the text holds a lone surrogate"):
+        _chat_rows(tmp_path, tokenizer_dir, [GOOD, bad])
+
+
+@pytest.mark.parametrize(
+    "template, loss_on, says",
+    [
+        ("", "assistant", "renders assistant message 1 as no text"),
+        ("{% for m in messages %}{% endfor %}", "last_assistant", "renders assistant message 1 as no text"),
+        ("{% for m in messages %} \n{% endfor %}", "all", "renders the conversation as no text"),
+        (  # the assistant's content is left out: only the EOS after it would be trained
+            "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}",
+            "assistant",
+            "renders assistant message 1 as no text",
+        ),
+    ],
+    ids=["empty", "no output", "white space", "no assistant content"],
+)
+def test_a_template_that_renders_no_text_of_a_message_is_one_line(tmp_path, tokenizer_dir, template, loss_on, says):
+    """Before: every conversation trained as BOS -> EOS (or its user text and an EOS), the assistant's text nowhere."""
+    with pytest.raises(DataError, match=r"c\.jsonl byte offset 0 \(source 'chat'\): the chat template .*" + says):
+        _chat_rows(tmp_path, tokenizer_dir, [GOOD], template, loss_on=loss_on)
+
+
+def test_an_assistant_message_of_no_text_is_still_trained_as_the_template_writes_it(tmp_path, tokenizer_dir):
+    """The control: an empty assistant message (its span empty because it is) and a template that writes every
+    content are no error."""
+    empty = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": " "}]}
+    assert _chat_rows(tmp_path, tokenizer_dir, [GOOD, empty], "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert _chat_rows(tmp_path, tokenizer_dir, [GOOD, empty])
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "latin-1", "directory"])
+def test_a_chat_template_file_that_is_no_utf8_file_is_one_line_not_a_hang(tmp_path, tokenizer_dir, kind):
+    """Before: a FIFO hung the loader for good, /dev/zero was read until memory ran out, and a Latin-1 file was a
+    UnicodeDecodeError traceback."""
+    target = {"fifo": str(tmp_path / "t.jinja"), "device": "/dev/zero", "latin-1": str(tmp_path / "t.jinja")}
+    target["directory"] = str(tmp_path)
+    if kind == "fifo":
+        os.mkfifo(target[kind])
+    elif kind == "latin-1":
+        (tmp_path / "t.jinja").write_bytes(b"{{ messages }} caf\xe9")
+    path = _write(str(tmp_path / "c.jsonl"), [GOOD])
+    table = _chat_table(path, _with_template(tokenizer_dir, str(tmp_path / "tok"), CHATML), chat_template=target[kind])
+    says = {
+        "fifo": "is a FIFO",
+        "device": "is a character device",
+        "latin-1": r"is not UTF-8 text \(byte 18\); save it as UTF-8",
+        "directory": "is a directory",
+    }[kind]
+    with within_seconds(30), pytest.raises(ConfigError, match=r"\[dataloader\.sources\.chat\] chat template.*" + says):
+        spec_from_table(table, seq_len=64)
+
+
+# ---- Parquet: strings that are not UTF-8, token ids past int32 ---------------------------------------------------
+
+
+def test_a_parquet_string_that_is_not_utf8_names_its_row(tmp_path, corpus_dir, tokenizer_dir):
+    """Before: a UnicodeDecodeError traceback (Arrow keeps a file's string bytes unchecked; Python decodes them)."""
+    column = pa.array([b"fine", b"also fine", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"text": column}), tmp_path / "t.parquet")
+    with pytest.raises(DataError, match=r"t\.parquet row 2: column 'text' is not valid UTF-8 \(byte 3 of its text\)"):
+        epoch_rows(_jsonl_spec(tmp_path / "t.parquet", corpus_dir, tokenizer_dir))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    dtype=st.sampled_from([pa.int64(), pa.uint64(), pa.uint32()]),
+    wide=st.integers(2**31, 2**32 - 1) | st.integers(2**32, 2**63 - 1),
+    row=st.integers(0, 2),
+)
+def test_token_ids_past_int32_are_named_never_wrapped(tmp_path, corpus_dir, tokenizer_dir, dtype, wide, row):
+    """Before: int64 id 2**32 became id 0 (and 2**32 + 5 id 5: a valid token, silently), uint32 ids wrapped to
+    negatives named as ids they are not."""
+    if pa.types.is_uint32(dtype):
+        wide %= 2**32
+        wide = max(wide, 2**31)
+    ids = [[5, 6, 7], [8, 9], [10, 11, 12]]
+    ids[row] = [*ids[row], wide]
+    pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(dtype))}), tmp_path / "t.parquet")
+    spec = _jsonl_spec(tmp_path / "t.parquet", corpus_dir, tokenizer_dir, token_field="ids")
+    with pytest.raises(DataError, match=rf"t\.parquet row {row}: column 'ids' holds token id {wide:,}, which no"):
+        epoch_rows(spec)
+
+
+def test_wide_integer_ids_within_the_vocabulary_give_the_int32_rows(tmp_path, corpus_dir, tokenizer_dir):
+    """The control: ids stored as int64, uint64 or uint32 give the rows that int32 storage gives."""
+    ids = [[5, 6, 7], [8, 9], [1999, 0, 3]]
+    rows = {}
+    for dtype in (pa.int32(), pa.int64(), pa.uint64(), pa.uint32()):
+        pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(dtype))}), tmp_path / f"{dtype}.parquet")
+        spec = _jsonl_spec(tmp_path / f"{dtype}.parquet", corpus_dir, tokenizer_dir, token_field="ids")
+        rows[str(dtype)] = [row.to_bytes() for row in LaneStream(spec, 0).take(1)]
+    assert len({tuple(r) for r in rows.values()}) == 1, rows.keys()
+    assert np.isin([1999], LaneStream(spec, 0).take(1)[0].inputs).all()
