@@ -3,12 +3,14 @@ traceback, a hang, or rows silently changed), and a valid neighbour still gives 
 
 import json
 import os
+import re
+import stat
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from helpers import SHARED_TOKENIZERS, make_spec, within_seconds
+from helpers import SHARED_TOKENIZERS, make_spec, within_seconds, write_job
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_chat import CHATML, _chat_table, _with_template, _write
@@ -237,3 +239,90 @@ def test_wide_integer_ids_within_the_vocabulary_give_the_int32_rows(tmp_path, co
         rows[str(dtype)] = [row.to_bytes() for row in LaneStream(spec, 0).take(1)]
     assert len({tuple(r) for r in rows.values()}) == 1, rows.keys()
     assert np.isin([1999], LaneStream(spec, 0).take(1)[0].inputs).all()
+
+
+# ---- the command line: outputs that are no file, ledgers that are no file, counts that are no count ------------
+
+
+def test_plan_output_that_is_no_file_is_one_line_and_a_fifo_stays_one(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    """Before: -o naming a folder or a file in a missing folder was a traceback after the whole simulation, -o /dev/full
+    was an exit 0, and -o naming a device or FIFO replaced it with a regular file (os.replace of the .partial file:
+    as root, `-o /dev/null` put a file in place of /dev/null)."""
+    import threading
+
+    from zephon_titan.cli import main
+
+    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir)
+    fifo = tmp_path / "ledger.fifo"
+    os.mkfifo(fifo)
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(open(fifo, "rb").read()), daemon=True)
+    reader.start()
+    with within_seconds(60):
+        assert main(["plan", job, "--steps", "2", "-o", str(fifo)]) == 0
+    reader.join(30)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the FIFO, and what came through it is the ledger
+    assert main(["plan", job, "--steps", "2", "-o", str(tmp_path / "p.jsonl")]) == 0
+    assert read == [(tmp_path / "p.jsonl").read_bytes()]
+    capsys.readouterr()
+    # Only now /dev/full (a device is written in place, as the FIFO was: never replaced by a file).
+    for output, says in [
+        (tmp_path, rf"-o {tmp_path} is a folder; name a file in it \(-o {tmp_path}/planned.jsonl\)"),
+        (
+            tmp_path / "no" / "p.jsonl",
+            rf"-o {tmp_path}/no/p.jsonl: the folder {tmp_path}/no does not exist; create it.*",
+        ),
+        ("/dev/full", r"-o /dev/full: cannot write the ledger \(No space left on device\)"),
+    ]:
+        assert main(["plan", job, "--steps", "2", "-o", str(output)]) == 2
+        assert re.fullmatch(f"zephon-titan: error: {says}", capsys.readouterr().err.strip())
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+@pytest.mark.parametrize("kind", ["folder", "device", "fifo", "deep"])
+def test_verify_of_a_ledger_that_is_no_file_is_one_line_not_a_hang(tmp_path, capsys, kind):
+    """Before: a folder was an IsADirectoryError traceback, /dev/zero and a FIFO hung verify, a line nested too deep a
+    RecursionError traceback."""
+    from zephon_titan.cli import main
+
+    path = {"folder": str(tmp_path), "device": "/dev/zero", "fifo": str(tmp_path / "f"), "deep": str(tmp_path / "d")}
+    if kind == "fifo":
+        os.mkfifo(path[kind])
+    (tmp_path / "d").write_text('{"step": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    (tmp_path / "ok.jsonl").write_text("")
+    with within_seconds(30):
+        assert main(["verify", path[kind], str(tmp_path / "ok.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    says = {
+        "folder": "is a directory, not a regular file: zephon reads only regular files; name the ledger's file",
+        "device": "is a character device, not a regular file",
+        "fifo": "is a FIFO (named pipe), not a regular file",
+        "deep": "line 1: not a ledger entry (maximum recursion depth exceeded",
+    }[kind]
+    assert err.startswith(f"zephon-titan: error: {path[kind]}") and says in err and "\n" not in err
+
+
+@pytest.mark.parametrize("argv", [["validate", "JOB", "--world-sizes", "0,2"], ["init", "x", "--tokenizer", "t"]])
+def test_a_count_of_ranks_below_one_is_refused_by_the_parser(tmp_path, capsys, argv):
+    """Before: validate --world-sizes 0 was a ZeroDivisionError traceback."""
+    from zephon_titan.cli import main
+
+    argv = [a.replace("JOB", str(tmp_path / "job.toml")) for a in argv] + (
+        ["--gpus", "-1"] if argv[0] == "init" else []
+    )
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "expected numbers >= 1 separated by commas (e.g. 8,16)" in capsys.readouterr().err
+
+
+def test_init_output_in_no_folder_is_refused_before_the_files_are_read(tmp_path, tokenizer_dir, capsys):
+    """Before: a FileNotFoundError traceback once every file had been sampled and counted."""
+    from zephon_titan.cli import main
+
+    (tmp_path / "web.jsonl").write_text('{"text": "hello"}\n')
+    for output, says in [(tmp_path / "no" / "job.toml", "does not exist"), (tmp_path, "is a folder")]:
+        argv = ["init", f"web={tmp_path / 'web.jsonl'}", "--tokenizer", tokenizer_dir, "-o", str(output), "--force"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"zephon-titan: error: -o {output}") and says in err and "\n" not in err

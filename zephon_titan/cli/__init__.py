@@ -228,10 +228,14 @@ def _positive(text: str) -> int:
 
 
 def _int_list(text: str) -> list[int]:
+    """Counts of ranks or GPUs: whole numbers >= 1 (a 0 divided the batch by zero)."""
     try:
-        return [int(x) for x in text.split(",") if x]
+        numbers = [int(x) for x in text.split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas (e.g. 8,16), got {text!r}") from None
+        numbers = [0]
+    if not all(n >= 1 for n in numbers):
+        raise argparse.ArgumentTypeError(f"expected numbers >= 1 separated by commas (e.g. 8,16), got {text!r}")
+    return numbers
 
 
 # The commands that may keep a person waiting (reading every file, simulating every lane): what they are doing is

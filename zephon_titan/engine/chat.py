@@ -126,7 +126,7 @@ def _template_text(path: str, where: str) -> str:
     from zephon_titan.errors import ZephonError
 
     try:
-        with open_bounded(path, MAX_TEMPLATE_FILE_BYTES, "the chat template") as f:
+        with open_bounded(path, MAX_TEMPLATE_FILE_BYTES, "the chat template", fix="name a template file") as f:
             data = f.read()
     except OSError as e:
         raise ConfigError(f"{where} chat_template {path!r} cannot be read ({e.strerror})") from None
