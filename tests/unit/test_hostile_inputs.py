@@ -326,3 +326,23 @@ def test_init_output_in_no_folder_is_refused_before_the_files_are_read(tmp_path,
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"zephon-titan: error: -o {output}") and says in err and "\n" not in err
+
+
+# ---- keep: a field alone that is no condition ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value", [("n", 3), ("lang", "en"), ("score", 0.5), ("tags", ["a"])])
+def test_keep_on_a_field_that_is_no_condition_is_one_line(tmp_path, corpus_dir, tokenizer_dir, field, value):
+    """Before: `keep = "n"` on a number or string field was an ArrowTypeError traceback (fill_null(ints, False))."""
+    path = tmp_path / "web.jsonl"
+    path.write_text("".join(json.dumps({"text": f"doc {i}", field: value, "ok": i % 2 == 0}) + "\n" for i in range(6)))
+    with pytest.raises(
+        DataError, match=rf"web\.jsonl .*keep = '{field}' gives values of type .*, expected a condition"
+    ):
+        epoch_rows(_jsonl_spec(path, corpus_dir, tokenizer_dir, keep=field))
+    # The control: a field of booleans is a condition by itself.
+    assert sorted(_texts(_jsonl_spec(path, corpus_dir, tokenizer_dir, keep="ok"))[0].split("doc ")[1:]) == [
+        "0",
+        "2",
+        "4",
+    ]
