@@ -346,3 +346,33 @@ def test_keep_on_a_field_that_is_no_condition_is_one_line(tmp_path, corpus_dir, 
         "2",
         "4",
     ]
+
+
+# ---- a file whose name has glob characters, named as it is ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, neighbour, says",
+    [
+        ("data[1].jsonl", "data1.jsonl", r"other files \(.*/data1\.jsonl\)"),
+        ("data[1].jsonl", None, "no file"),
+        ("star*.jsonl", "starX.jsonl", r"other files \(.*/starX\.jsonl\)"),
+        ("q?.jsonl", None, None),  # matches itself alone: read
+    ],
+)
+def test_a_file_named_like_a_glob_is_never_swapped_for_another(
+    tmp_path, corpus_dir, tokenizer_dir, name, neighbour, says
+):
+    """Before: naming `data[1].jsonl` read data1.jsonl instead (silently other data), or said it matched no file."""
+    import glob
+
+    (tmp_path / name).write_text(json.dumps({"text": "the named file"}) + "\n")
+    if neighbour:
+        (tmp_path / neighbour).write_text(json.dumps({"text": "a neighbour"}) + "\n")
+    if says is None:
+        assert _texts(_jsonl_spec(tmp_path / name, corpus_dir, tokenizer_dir)) == ["the named file"]
+        return
+    with pytest.raises(ConfigError, match=rf"path '.*{re.escape(name)}' is a file, but as a glob it matches {says}; "):
+        _jsonl_spec(tmp_path / name, corpus_dir, tokenizer_dir)
+    escaped = glob.escape(str(tmp_path / name))  # what the message says to write: the file alone
+    assert _texts(_jsonl_spec(escaped, corpus_dir, tokenizer_dir)) == ["the named file"]

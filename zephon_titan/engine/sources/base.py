@@ -12,6 +12,7 @@ ones listed. expand_paths lists a source's files (storage.py: where they are).
 from __future__ import annotations
 
 import bisect
+import glob
 import hashlib
 import json
 import os
@@ -358,6 +359,7 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         guards.refuse_credentials_in_path(pattern, f"[dataloader.sources.{source_name}] path")
         relative = not (os.path.isabs(pattern) or storage.is_uri(pattern))
         matches = storage.expand(pattern, options)
+        _refuse_a_file_named_like_a_glob(source_name, pattern, matches)
         if not matches:
             if not storage.is_uri(pattern) and os.path.isdir(pattern):
                 folder = pattern.rstrip("/")
@@ -375,6 +377,20 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         files.update((m.path, m) for m in matches)
     guards.refuse_duplicate_targets(source_name, list(files))
     return [files[path] for path in sorted(files)]
+
+
+def _refuse_a_file_named_like_a_glob(source_name: str, pattern: str, matches: list[FileStat]) -> None:
+    """A local file whose name has glob characters (`data[1].jsonl`), named as it is: as a glob it matches other files
+    (`data1.jsonl`, read instead of it) or none. Which one was meant cannot be told, so say both."""
+    if storage.is_uri(pattern) or not any(c in pattern for c in "*?[") or not os.path.isfile(pattern):
+        return
+    others = [m.path for m in matches if os.path.abspath(m.path) != os.path.abspath(pattern)]
+    if others or not matches:
+        found = f"other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if others else "no file"
+        raise ConfigError(
+            f"source {source_name!r}: path {pattern!r} is a file, but as a glob it matches {found}; write "
+            f"{glob.escape(pattern)!r} to name the file alone, or rename it"
+        )
 
 
 def file_blocks(source: Source, path: str) -> Iterator[BlockDocuments]:
