@@ -376,3 +376,35 @@ def test_a_file_named_like_a_glob_is_never_swapped_for_another(
         _jsonl_spec(tmp_path / name, corpus_dir, tokenizer_dir)
     escaped = glob.escape(str(tmp_path / name))  # what the message says to write: the file alone
     assert _texts(_jsonl_spec(escaped, corpus_dir, tokenizer_dir)) == ["the named file"]
+
+
+# ---- JSON Lines in UTF-16 or UTF-32 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le"])
+def test_a_utf16_or_utf32_file_is_refused_at_its_first_line(tmp_path, corpus_dir, tokenizer_dir, encoding):
+    """Before: json.loads took each line for its own encoding, so the lines whose bytes paired up were read (each block
+    of a big file trained) and the run stopped only at the file's last line: 'not valid UTF-8 ('utf-16-be' ...)'."""
+    lines = "".join(json.dumps({"text": f"document {i} " + "x" * 40}) + "\n" for i in range(200))
+    path = tmp_path / "web.jsonl"
+    path.write_bytes(lines.encode(encoding))
+    spec = _jsonl_spec(path, corpus_dir, tokenizer_dir, block_bytes=1024)
+    with pytest.raises(
+        DataError, match=r"web\.jsonl line [\d,]+ \(at byte [\d,]+\): line is not UTF-8 text: the file looks"
+    ):
+        LaneStream(spec, 0).take(1)  # the first block read, whichever it is
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    record=st.dictionaries(st.text(max_size=5), st.text() | st.integers() | st.none(), max_size=4),
+    ascii_only=st.booleans(),
+    before=st.sampled_from(["", " ", "\t", "\ufeff", "\ufeff "]),
+)
+def test_utf8_lines_decode_as_json_loads_decodes_them(record, ascii_only, before):
+    """The control: on UTF-8 lines (a byte order mark or white space first, any escape) the lanes' decoding gives what
+    json.loads gives, so no row of valid data changes."""
+    from zephon_titan.engine.sources.jsonl import _decode_json
+
+    line = (before + json.dumps({"text": "t", **record}, ensure_ascii=ascii_only)).encode("utf-8", "surrogatepass")
+    assert _decode_json(line) == json.loads(line)

@@ -100,7 +100,7 @@ def unreadable_json(e: ValueError | RecursionError) -> str | None:
 
 def _record(line: bytes, path: str, number: int) -> dict[str, Any]:
     try:
-        record = json.loads(line)
+        record = json.loads(line.decode("utf-8-sig", "surrogatepass"))  # UTF-8 only, as the lanes read it
     except (ValueError, RecursionError) as e:
         problem = unreadable_json(e) or f"not valid JSON ({e}); fix the line or leave the file out"
         raise ConfigError(f"{path} line {number}: {problem}") from None
