@@ -408,3 +408,35 @@ def test_utf8_lines_decode_as_json_loads_decodes_them(record, ascii_only, before
 
     line = (before + json.dumps({"text": "t", **record}, ensure_ascii=ascii_only)).encode("utf-8", "surrogatepass")
     assert _decode_json(line) == json.loads(line)
+
+
+# ---- a damaged Parquet page: Arrow's three-line message ------------------------------------------------------
+
+
+def _damaged_parquet(path, texts) -> None:
+    """`texts` in row groups of 4, with row group 1's first data page overwritten (the footer intact)."""
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=4)
+    start = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 40] = b"\xff" * 40
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_parquet_page_is_one_line_in_the_lanes_and_on_the_command_line(
+    tmp_path, corpus_dir, tokenizer_dir, capsys
+):
+    """Before: 'cannot read row group 1 (Couldn't deserialize thrift: ...\\nDeserializing page header failed.\\n)' on
+    three lines, with no fix, and the command line printed the three."""
+    from zephon_titan.cli import main
+
+    path = tmp_path / "t.parquet"
+    _damaged_parquet(path, [f"document {i}" for i in range(12)])
+    with pytest.raises(DataError, match=r"t\.parquet: cannot read row group 1 \(.*\); the file is damaged") as e:
+        epoch_rows(_jsonl_spec(path, corpus_dir, tokenizer_dir))
+    assert "\n" not in str(e.value)
+    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir)
+    text = (tmp_path / "job.toml").read_text().replace(f"{corpus_dir}/code/*.parquet", str(path))
+    (tmp_path / "job.toml").write_text(text)
+    assert main(["plan", job, "--steps", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "t.parquet: cannot read row group 1" in err and "\n" not in err

@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
-    except ZephonError as e:
-        print(f"zephon-titan: error: {e}", file=sys.stderr)
+    except ZephonError as e:  # one line, as report_once prints it under torchrun (a library's text may hold more)
+        print("zephon-titan: error: " + " ".join(str(e).split("\n")), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130
