@@ -440,3 +440,16 @@ def test_a_damaged_parquet_page_is_one_line_in_the_lanes_and_on_the_command_line
     assert main(["plan", job, "--steps", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert "t.parquet: cannot read row group 1" in err and "\n" not in err
+
+
+@given(weight=st.sampled_from(["0", "-1", "nan", "inf", "-inf", "-0.0"]) | st.floats(max_value=0).map(str))
+def test_init_weights_that_are_no_share_name_the_option(weight):
+    """Before: `init --weights a=-1` was refused as a key of the job init had not written ('/x/my_job.toml:
+    [dataloader.sources.a] weight must be ...'), after every file was sampled."""
+    from zephon_titan.init_job import parse_weights
+
+    with pytest.raises(
+        ConfigError, match=rf"^--weights a=.*: a's weight must be a finite number > 0, got {re.escape(weight)}"
+    ):
+        parse_weights(f"a={weight}")
+    assert parse_weights("a=0.7,b=3") == {"a": 0.7, "b": 3.0}  # the control

@@ -65,6 +65,8 @@ def parse_weights(text: str) -> dict[str, float]:
             weights[name.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"--weights {text}: expected NAME=WEIGHT,... (e.g. web=0.7,code=0.3)") from None
+        if not 0 < weights[name.strip()] < math.inf:  # said now, not as a key of the job it would write
+            raise ConfigError(f"--weights {text}: {name.strip()}'s weight must be a finite number > 0, got {value}")
     return weights
 
 
