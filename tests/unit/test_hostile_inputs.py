@@ -453,3 +453,25 @@ def test_init_weights_that_are_no_share_name_the_option(weight):
     ):
         parse_weights(f"a={weight}")
     assert parse_weights("a=0.7,b=3") == {"a": 0.7, "b": 3.0}  # the control
+
+
+# ---- a Parquet file with two columns of one name -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("twice", ["text", "ids", "q"])
+def test_two_parquet_columns_of_one_name_are_one_line(tmp_path, corpus_dir, tokenizer_dir, capsys, twice):
+    """Before: `KeyError: 'Field "text" exists 2 times in schema'` (a traceback) from the lanes and from init."""
+    from zephon_titan.cli import main
+
+    columns = {"text": pa.array(["a b", "c d"]), "ids": pa.array([[5, 6], [7]]), "q": pa.array([1, 2])}
+    names = [*columns, twice]
+    pq.write_table(pa.Table.from_arrays([*columns.values(), columns[twice]], names=names), tmp_path / "t.parquet")
+    source = {"token_field": "ids"} if twice == "ids" else {"keep": "q > 1"} if twice == "q" else {}
+    with pytest.raises(DataError, match=rf"t\.parquet: the file has 2 columns named '{twice}', so which one to read"):
+        epoch_rows(_jsonl_spec(tmp_path / "t.parquet", corpus_dir, tokenizer_dir, **source))
+    if twice == "text":  # init: not a column it can choose (the other string columns still are)
+        argv = ["init", f"t={tmp_path / 't.parquet'}", "--tokenizer", tokenizer_dir, "-o", str(tmp_path / "j.toml")]
+        assert main(argv) == 2
+        assert "columns: text (the name of more than one column), ids (list<element: int64>), q (int64))" in (
+            capsys.readouterr().err
+        )

@@ -261,6 +261,7 @@ class Source(BlockPipeline, ABC):
             raise DataError(
                 f"{path}: no column {self.column!r} (columns: {', '.join(names)}); set {which} for source {self.name!r}"
             )
+        _named_once(path, self.column, names)
 
     def check_field(self, path: str, name: str, names: list[str]) -> None:
         """A column the source's keep or repeat reads must be in the file; a derived value they use (chars, bytes)
@@ -276,6 +277,7 @@ class Source(BlockPipeline, ABC):
                 f"{path}: no column {name!r}, which source {self.name!r}'s keep or repeat reads (columns: "
                 f"{', '.join(names)}); fix the expression or the file"
             )
+        _named_once(path, name, names)
 
     def check_size(self, text: str, where: str) -> None:
         problem = self.size_problem(text)
@@ -377,6 +379,15 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         files.update((m.path, m) for m in matches)
     guards.refuse_duplicate_targets(source_name, list(files))
     return [files[path] for path in sorted(files)]
+
+
+def _named_once(path: str, name: str, names: list[str]) -> None:
+    """A file may hold two columns of one name (Arrow and Parquet allow it); which one a source means cannot be told."""
+    if names.count(name) > 1:
+        raise DataError(
+            f"{path}: the file has {names.count(name)} columns named {name!r}, so which one to read cannot be told; "
+            "rename or drop the others"
+        )
 
 
 def _refuse_a_file_named_like_a_glob(source_name: str, pattern: str, matches: list[FileStat]) -> None:
