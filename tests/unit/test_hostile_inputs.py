@@ -475,3 +475,17 @@ def test_two_parquet_columns_of_one_name_are_one_line(tmp_path, corpus_dir, toke
         assert "columns: text (the name of more than one column), ids (list<element: int64>), q (int64))" in (
             capsys.readouterr().err
         )
+
+
+@given(name=st.text(min_size=1, max_size=8).filter(lambda n: n != "text"))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_field_names_from_the_data_never_break_the_one_line(tmp_path, corpus_dir, tokenizer_dir, name):
+    """Before: a record's keys (or a file's column names) were listed as they are, so a key holding a newline split the
+    message and one holding a terminal escape (\\x1b[2J) was sent to the terminal. A printable name is shown as it is."""
+    path = tmp_path / "web.jsonl"
+    path.write_text(json.dumps({name: "x", "ok": 1}) + "\n")
+    with pytest.raises(DataError, match=r"no field 'text' \(fields: ") as e:
+        epoch_rows(_jsonl_spec(path, corpus_dir, tokenizer_dir))
+    message = str(e.value)
+    assert message.isprintable(), message
+    assert (name if name.isprintable() else repr(name)) in message

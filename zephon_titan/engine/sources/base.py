@@ -20,7 +20,7 @@ import posixpath
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -259,7 +259,7 @@ class Source(BlockPipeline, ABC):
         if self.column not in names:
             which = "token_field" if self.token_field else "text_field"
             raise DataError(
-                f"{path}: no column {self.column!r} (columns: {', '.join(names)}); set {which} for source {self.name!r}"
+                f"{path}: no column {self.column!r} (columns: {shown_names(names)}); set {which} for source {self.name!r}"
             )
         _named_once(path, self.column, names)
 
@@ -275,7 +275,7 @@ class Source(BlockPipeline, ABC):
         if name not in names:
             raise DataError(
                 f"{path}: no column {name!r}, which source {self.name!r}'s keep or repeat reads (columns: "
-                f"{', '.join(names)}); fix the expression or the file"
+                f"{shown_names(names)}); fix the expression or the file"
             )
         _named_once(path, name, names)
 
@@ -379,6 +379,12 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         files.update((m.path, m) for m in matches)
     guards.refuse_duplicate_targets(source_name, list(files))
     return [files[path] for path in sorted(files)]
+
+
+def shown_names(names: Iterable[str]) -> str:
+    """Field or column names from a data file, for a one-line message: a name with a newline or a terminal escape
+    in it is shown as its repr."""
+    return ", ".join(n if n.isprintable() else repr(n) for n in names)
 
 
 def _named_once(path: str, name: str, names: list[str]) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_titan.engine.sources import node_cache, storage
-from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source, shown_names
 from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import InitSampling
@@ -316,7 +316,7 @@ class JsonlSource(Source):
     def _parse_line(self, line: bytes) -> str:
         record = self._parse_record(line)
         if self.text_field not in record:
-            keys = ", ".join(sorted(record)[:10])
+            keys = shown_names(sorted(record)[:10])
             raise _BadLine(f"no field {self.text_field!r} (fields: {keys}); set text_field for source {self.name!r}")
         text = record[self.text_field]
         if not isinstance(text, str):
