@@ -489,3 +489,19 @@ def test_field_names_from_the_data_never_break_the_one_line(tmp_path, corpus_dir
     message = str(e.value)
     assert message.isprintable(), message
     assert (name if name.isprintable() else repr(name)) in message
+
+
+def test_validate_names_a_lone_surrogate_as_the_lanes_do(tmp_path, corpus_dir, tokenizer_dir, capsys):
+    """Before: validate (which reads every document) stopped with the tokenizer's TypeError, or with the message and
+    no file once the tokenizer named the document."""
+    from zephon_titan.cli import main
+
+    (tmp_path / "prose").mkdir()
+    (tmp_path / "prose" / "p.jsonl").write_bytes(b'{"text": "fine"}\n{"text": "a\\udc00"}\n')
+    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir)
+    text = (tmp_path / "job.toml").read_text().replace(f"{corpus_dir}/prose/*.jsonl", f"{tmp_path}/prose/*.jsonl")
+    (tmp_path / "job.toml").write_text(text)
+    assert main(["validate", job]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"zephon-titan: error: {tmp_path}/prose/p.jsonl byte offset 17 (source 'prose'): the text ")
+    assert "lone surrogate (U+DC00 at character 1)" in err
