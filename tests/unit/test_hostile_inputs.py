@@ -540,3 +540,23 @@ def test_eval_files_that_training_reads_are_refused(tmp_path, corpus_dir, tokeni
     assert plan_eval_set(
         write_job(tmp_path / "held.toml", corpus_dir, tokenizer_dir, source="eval_fraction = 0.2", validator=held)
     )["rows"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_checkpoint_index_that_is_no_file_is_one_line_not_a_hang(tmp_path, kind):
+    """Before: a `.metadata` that is a FIFO hung `plan --from-checkpoint` (and a resume) for good; a folder was
+    'not a readable DCP checkpoint ([Errno 21] ...)', a device read as a pickle."""
+    from zephon_titan.errors import ResumeError
+    from zephon_titan.loader.checkpoint import read_checkpoint_metadata
+
+    checkpoint = tmp_path / "step-2"
+    checkpoint.mkdir()
+    {"fifo": lambda p: os.mkfifo(p), "device": lambda p: os.symlink("/dev/zero", p), "folder": os.mkdir}[kind](
+        checkpoint / ".metadata"
+    )
+    says = {"fifo": "a FIFO (named pipe)", "device": "a character device", "folder": "a directory"}[kind]
+    with (
+        within_seconds(30),
+        pytest.raises(ResumeError, match=rf"step-2/\.metadata is {re.escape(says)}, not a regular"),
+    ):
+        read_checkpoint_metadata(str(checkpoint))
