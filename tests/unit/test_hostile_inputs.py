@@ -560,3 +560,21 @@ def test_a_checkpoint_index_that_is_no_file_is_one_line_not_a_hang(tmp_path, kin
         pytest.raises(ResumeError, match=rf"step-2/\.metadata is {re.escape(says)}, not a regular"),
     ):
         read_checkpoint_metadata(str(checkpoint))
+
+
+def test_a_checkpoint_data_file_that_is_a_fifo_is_refused_with_the_index(tmp_path):
+    """The files the index names (`__0_0.distcp`, ...) are checked when it is read: a FIFO among them hung DCP's
+    load. The control: the committed checkpoint as written reads."""
+    import shutil
+
+    from zephon_titan.errors import ResumeError
+    from zephon_titan.loader.checkpoint import read_checkpoint_metadata
+
+    fixture = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "checkpoint_v2", "checkpoint")
+    checkpoint = tmp_path / "step-3"
+    shutil.copytree(os.path.join(fixture, "step-3"), checkpoint)
+    assert read_checkpoint_metadata(str(checkpoint)).state_dict_metadata
+    os.remove(checkpoint / "__1_0.distcp")
+    os.mkfifo(checkpoint / "__1_0.distcp")
+    with within_seconds(30), pytest.raises(ResumeError, match=r"step-3/__1_0\.distcp is a FIFO \(named pipe\)"):
+        read_checkpoint_metadata(str(checkpoint))

@@ -126,6 +126,9 @@ def _read_metadata(reader: FileSystemReader, kwargs: dict[str, Any]) -> Metadata
         _refuse_special_file(str(path))
         with reader.fs.create_stream(path, "rb") as file:
             metadata = unpickle_metadata(file, str(reader.path))  # type: ignore[arg-type]
+        storage = getattr(metadata, "storage_data", None) or {}
+        for name in sorted({getattr(info, "relative_path", "") for info in storage.values()} - {""}):
+            _refuse_special_file(os.path.join(str(reader.path), name))  # the .distcp files DCP will open
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     assert metadata.storage_meta is not None
