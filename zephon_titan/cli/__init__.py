@@ -232,10 +232,14 @@ def _positive(text: str) -> int:
 
 
 def _int_list(text: str) -> list[int]:
+    """Counts of ranks or GPUs: whole numbers >= 1 (a 0 divided the batch by zero)."""
     try:
-        return [int(x) for x in text.split(",") if x]
+        numbers = [int(x) for x in text.split(",") if x]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers separated by commas (e.g. 8,16), got {text!r}") from None
+        numbers = [0]
+    if not all(n >= 1 for n in numbers):
+        raise argparse.ArgumentTypeError(f"expected numbers >= 1 separated by commas (e.g. 8,16), got {text!r}")
+    return numbers
 
 
 # The commands that may keep a person waiting (reading every file, simulating every lane): what they are doing is
@@ -275,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_BROKEN_PIPE
-    except ZephonError as e:
-        print(f"zephon-titan: error: {e}", file=sys.stderr)
+    except ZephonError as e:  # one line, as report_once prints it under torchrun (a library's text may hold more)
+        print("zephon-titan: error: " + " ".join(str(e).split("\n")), file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         return 130

@@ -11,6 +11,7 @@ def check_tokenizer(spec, fast_json: str | None = None) -> int:
     """fastokens against tokenizers, document by document over every source; 1 at the first difference.
     `fast_json` (tests) loads fastokens from another tokenizer.json."""
     from zephon_titan import progress
+    from zephon_titan.engine.tokenize import DocumentProblem, check_encodable
     from zephon_titan.engine.tokenizer_backends import FastBackend, ReferenceBackend, fast_eligibility, first_difference
 
     reference = ReferenceBackend(spec.tokenizer.tokenizer)
@@ -38,6 +39,10 @@ def check_tokenizer(spec, fast_json: str | None = None) -> int:
             try:
                 bad = first_difference(reference, fast, texts)
             except Exception as e:  # it cannot encode some document: name the first
+                try:
+                    check_encodable(texts)  # no tokenizer can, if it is no Unicode text: the data's fault
+                except DocumentProblem as problem:
+                    raise problem.at(docs.file, source.row_unit, rows[problem.index], source.name) from None
                 print(f"fastokens fails on {docs.file} {source.row_unit} {rows[_first_failing(fast, texts)]}: {e}")
                 return 1
             if bad is not None:

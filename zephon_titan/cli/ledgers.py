@@ -90,21 +90,34 @@ def _plot(job: LoaderJob, entries: list[LedgerEntry], path: str, out) -> None:
     name = os.path.splitext(os.path.basename(str(job.path)))[0]
     title = f"{name}: token share per source, steps {report.steps[0]:,}-{report.steps[-1]:,}"
     text = shares_svg(report.names, report.steps, report.shares, report.cumulative, targets, title)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ZephonError(f"--plot {path}: cannot write the picture ({e.strerror})") from None
     print(f"wrote {path}", file=out)
 
 
 def _write_ledger(entries: Iterable[LedgerEntry], output: str) -> None:
-    """Written beside the target and renamed at the end: a plan that fails leaves no file behind."""
-    partial = f"{output}.partial"
+    """Written beside the target and renamed at the end: a plan that fails leaves no file behind. A target that is
+    no regular file (/dev/null, /dev/stdout, a FIFO) is written as it is: the rename would put a file in its place."""
+    if os.path.isdir(output):
+        raise ZephonError(f"-o {output} is a folder; name a file in it (-o {os.path.join(output, 'planned.jsonl')})")
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise ZephonError(f"-o {output}: the folder {folder} does not exist; create it or name a file elsewhere")
+    special = os.path.exists(output) and not os.path.isfile(output)
+    partial = output if special else f"{output}.partial"
     try:
         with open(partial, "w", encoding="utf-8") as out:
             for entry in entries:
                 out.write(entry.to_json() + "\n")
-        os.replace(partial, output)
+        if not special:
+            os.replace(partial, output)
+    except OSError as e:  # no room, no permission: the sources name their own read errors (DataError)
+        raise ZephonError(f"-o {output}: cannot write the ledger ({e.strerror})") from None
     finally:
-        if os.path.exists(partial):
+        if not special and os.path.exists(partial):
             os.remove(partial)
 
 

@@ -155,6 +155,7 @@ def _count(job: LoaderJob, index: int) -> Counts:
     from zephon_titan import progress
     from zephon_titan.engine.source_reader import check_token_ids
     from zephon_titan.engine.split import held_out
+    from zephon_titan.engine.tokenize import DocumentProblem
 
     spec = job.spec
     source, config = spec.sources[index], job.data.sources[index]
@@ -176,11 +177,15 @@ def _count(job: LoaderJob, index: int) -> Counts:
         if spec.exclusion is not None:
             counts.excluded += _excluded_in(spec.exclusion, index, documents)
         counts.documents += len(texts)
-        encoded = (
-            _conversations(job, source, texts, counts)
-            if source.chat is not None
-            else spec.tokenizer.encode(texts, source.specials_in_tokens)
-        )
+        try:
+            encoded = (
+                _conversations(job, source, texts, counts)
+                if source.chat is not None
+                else spec.tokenizer.encode(texts, source.specials_in_tokens)
+            )
+        except DocumentProblem as e:  # a document that gives no ids, named as a lane names it
+            rows = [row for text, row in zip(texts, documents.rows) if isinstance(text, str)]
+            raise e.at(documents.file, source.row_unit, rows[e.index], source.name) from None
         lengths = np.array([len(t) for t in encoded], dtype=np.int64)
         if dropped:
             lengths[np.asarray(dropped)] = 0
@@ -222,10 +227,16 @@ def _conversations(job: LoaderJob, source, texts: list, counts: Counts) -> list:
     import numpy as np
 
     from zephon_titan.engine import chat
+    from zephon_titan.engine.tokenize import check_encodable
 
     tokenizer = job.spec.tokenizer
     out = []
-    for ids in chat.encode(tokenizer.tokenizer, texts, tokenizer.bos_id, tokenizer.eos_id):
+    try:
+        encoded = chat.encode(tokenizer.tokenizer, texts, tokenizer.bos_id, tokenizer.eos_id)
+    except Exception:
+        check_encodable(texts)  # the conversation that is no Unicode text, named by the caller
+        raise
+    for ids in encoded:
         if ids is chat.REFUSED:
             counts.chat_refused += 1
             ids = np.zeros(0, dtype=np.int32)

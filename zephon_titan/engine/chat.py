@@ -96,21 +96,16 @@ def load_template(path: str, tokenizer_dir: str, where: str) -> ChatTemplate:
     """The template a chat source renders with: the file at `path`, else the tokenizer's (ConfigError in one line
     when there is none or it does not compile)."""
     if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                template = ChatTemplate(f.read(), path)
-        except OSError as e:
-            raise ConfigError(f"{where} chat_template {path!r} cannot be read ({e.strerror})") from None
+        template = ChatTemplate(_template_text(path, where), path)
     else:
         folder = tokenizer_dir if os.path.isdir(tokenizer_dir) else os.path.dirname(tokenizer_dir)
         jinja, config = os.path.join(folder, TEMPLATE_FILE), os.path.join(folder, "tokenizer_config.json")
-        text = None
+        text: Any = None
         if os.path.isfile(jinja):
-            with open(jinja, encoding="utf-8") as f:
-                text, origin = f.read(), jinja
+            text, origin = _template_text(jinja, where), jinja
         elif os.path.isfile(config):
-            with open(config, encoding="utf-8") as f:
-                text, origin = json.load(f).get("chat_template"), config
+            settings = json.loads(_template_text(config, where))  # TorchTitan's tokenizer read it as JSON already
+            text, origin = settings.get("chat_template") if isinstance(settings, dict) else None, config
         if not isinstance(text, str):
             raise ConfigError(
                 f"{where} is a chat source, but the tokenizer in {folder} has no chat template ({TEMPLATE_FILE}, or "
@@ -122,6 +117,27 @@ def load_template(path: str, tokenizer_dir: str, where: str) -> ChatTemplate:
     except Exception as e:  # jinja2's TemplateSyntaxError, said with its line
         raise ConfigError(f"{where} chat template {template.origin}: {type(e).__name__}: {e}") from None
     return template
+
+
+def _template_text(path: str, where: str) -> str:
+    """A template file's text, read as data: a regular file (a FIFO would never end, /dev/zero never stop), within
+    MAX_TEMPLATE_FILE_BYTES, UTF-8 (ConfigError in one line naming it otherwise)."""
+    from zephon_titan.engine.sources.guards import open_bounded
+    from zephon_titan.errors import ZephonError
+
+    try:
+        with open_bounded(path, MAX_TEMPLATE_FILE_BYTES, "the chat template", fix="name a template file") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"{where} chat_template {path!r} cannot be read ({e.strerror})") from None
+    except ZephonError as e:  # not a regular file, or too big: said by the guard
+        raise ConfigError(f"{where} chat template: {e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{where} chat template {path} is not UTF-8 text (byte {e.start:,}); save it as UTF-8"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -144,7 +160,7 @@ class ChatFields:
         if isinstance(messages, str):
             try:
                 messages = json.loads(messages)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: arrays nested deeper than json's parser goes
                 raise DataError(f"{where}: field {self.messages_field!r} is a string that is not JSON") from None
         if not isinstance(messages, list) or not messages:
             raise DataError(
@@ -166,7 +182,7 @@ class ChatFields:
 
 
 def _kind(value: Any) -> str:
-    return "missing" if value is None else type(value).__name__
+    return "missing" if value is None else "an empty list" if value == [] else type(value).__name__
 
 
 class Conversation(str):
@@ -176,8 +192,14 @@ class Conversation(str):
     spans: tuple[tuple[int, int], ...]
 
 
+def _has_text(message: dict[str, Any]) -> bool:
+    content = message.get("content")
+    return isinstance(content, str) and bool(content.strip())
+
+
 def render(template: ChatTemplate, messages: list[dict[str, Any]], loss_on: str, where: str) -> Conversation:
     """The conversation's text and supervised spans (module docstring); DataError when the template fails."""
+    turns: list[int] = []  # the assistant messages trained (loss_on = "all": the whole, spans[0])
     try:
         full = template.render(messages)
         if loss_on == "all":
@@ -197,7 +219,18 @@ def render(template: ChatTemplate, messages: list[dict[str, Any]], loss_on: str,
     except Exception as e:  # the template's own raise_exception, or an error inside it
         first = str(e).splitlines()[0] if str(e) else ""
         raise DataError(f"{where}: the chat template {template.origin} fails: {type(e).__name__}: {first}") from None
+    for i, (start_at, end_at) in zip(turns, spans):
+        if start_at == end_at and _has_text(messages[i]):
+            raise DataError(
+                f"{where}: the chat template {template.origin} renders assistant message {i} as no text, so none of "
+                "its content would be trained; fix the template (it must write each message's content)"
+            )
     text = full.rstrip("\n")
+    if not text.strip() and any(_has_text(m) for m in messages):
+        raise DataError(
+            f"{where}: the chat template {template.origin} renders the conversation as no text; fix the template "
+            "(it must write each message's content)"
+        )
     out = Conversation(text)
     out.spans = tuple((a, min(b, len(text))) for a, b in spans if a < min(b, len(text)))
     if spans and not out.spans:

@@ -61,7 +61,9 @@ def parse_list(path: str) -> list[Entry]:
     names: dict[str, str] = {}  # one string per distinct source and file name: a long list names few files
     n = 0
     try:
-        with guards.open_bounded(path, MAX_LIST_BYTES, "[dataloader] exclude:") as f:
+        with guards.open_bounded(
+            path, MAX_LIST_BYTES, "[dataloader] exclude:", fix="point exclude at a list file"
+        ) as f:
             for n, raw in enumerate(f, 1):
                 entry = _parse_line(path, n, raw.decode("utf-8"))
                 if entry is not None:

@@ -50,9 +50,12 @@ def read_entries(path: str, fmt: RecordFormat[T], drop_torn_tail: bool = False) 
 
     A bad line before the last is a DataError naming the file and line; a bad last line is one too,
     unless `drop_torn_tail` (a run resuming: it is what an interrupted append leaves)."""
+    from zephon_titan.engine.sources.guards import open_regular
+
     entries: list[T] = []
-    bad: tuple[int, ValueError] | None = None
-    with open(path, "rb") as f:
+    bad: tuple[int, ValueError | RecursionError] | None = None
+    # A folder, a device or a FIFO: one line, never a hang.
+    with os.fdopen(open_regular(path, fix=f"name {fmt.record}'s file"), "rb") as f:
         for number, raw in enumerate(f, 1):
             if bad is not None:  # a bad line with more after it: not a torn append
                 raise DataError(
@@ -62,7 +65,7 @@ def read_entries(path: str, fmt: RecordFormat[T], drop_torn_tail: bool = False) 
             if raw.strip():  # NUL bytes (what a crash can leave of an unflushed append) are a bad line
                 try:
                     entries.append(fmt.parse(raw))
-                except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError; nesting too deep
                     bad = (number, e)
     if bad is not None and not drop_torn_tail:
         raise DataError(

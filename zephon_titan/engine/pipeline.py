@@ -100,11 +100,15 @@ class SourcePipeline:
             return field_values(table, node.path)
 
         try:
-            keep = (
-                np.asarray(pc.fill_null(evaluate(self.keep, column, size), False), dtype=bool)
-                if self.keep is not None
-                else np.ones(size, dtype=bool)
-            )
+            keep = np.ones(size, dtype=bool)
+            if self.keep is not None:
+                kept = evaluate(self.keep, column, size)
+                if not (pa.types.is_boolean(kept.type) or pa.types.is_null(kept.type)):  # a field alone: `keep = "n"`
+                    raise DataError(
+                        f"keep = {self.keep.text!r} gives values of type {kept.type}, expected a condition (true or "
+                        f'false); compare them, e.g. keep = "{self.keep.text} > 0"'
+                    )
+                keep = np.asarray(pc.fill_null(kept, False), dtype=bool)
             if self.repeat is None:
                 return keep, np.ones(size)
             repeat = pc.fill_null(evaluate(self.repeat, column, size).cast(pa.float64()), 0.0).to_numpy()

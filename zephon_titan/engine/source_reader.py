@@ -39,7 +39,7 @@ from zephon_titan.engine.sources.base import Source, file_blocks
 from zephon_titan.engine.sources.block_documents import BlockDocuments
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.engine.state import SourceCursor
-from zephon_titan.engine.tokenize import BackendMismatch
+from zephon_titan.engine.tokenize import DocumentProblem, check_encodable
 from zephon_titan.errors import DataError, ResumeError
 
 # A lane that meets only blocks without a document (a file's tail block often holds no line start) reads on
@@ -355,7 +355,7 @@ class LaneSourceReader:
         groups = [len(docs), *(len(more) for _, _, more in others)] if others else []
         try:
             encoded = self._encode(texts, groups)
-        except BackendMismatch as e:  # the e.index-th text of the batch, not counting dropped slots
+        except DocumentProblem as e:  # the e.index-th text of the batch, not counting dropped slots
             if e.index < sum(item is not DROPPED for item, _, _ in docs) or not others:  # one of this reader's
                 raise self._mismatch(e, docs) from None
             encoded = self._encode([item for item, _, _ in docs])
@@ -374,7 +374,11 @@ class LaneSourceReader:
         if self.source.chat is not None:
             tokenizer = self.spec.tokenizer
             conversations = [i for i in items if i is not DROPPED]
-            ids = iter(chat.encode(tokenizer.tokenizer, conversations, tokenizer.bos_id, tokenizer.eos_id))  # type: ignore[arg-type]
+            try:
+                ids = iter(chat.encode(tokenizer.tokenizer, conversations, tokenizer.bos_id, tokenizer.eos_id))  # type: ignore[arg-type]
+            except Exception:
+                check_encodable(conversations)  # type: ignore[arg-type]  # the one that is no Unicode text, named
+                raise
             return [DROPPED if item is DROPPED else next(ids) for item in items]
         cuts = [0, *accumulate(groups or [])]
         strings = [sum(item is not DROPPED for item in items[a:b]) for a, b in zip(cuts, cuts[1:])]
@@ -385,9 +389,9 @@ class LaneSourceReader:
         )
         return [DROPPED if item is DROPPED else next(encoded) for item in items]
 
-    def _mismatch(self, e: BackendMismatch, docs: list[_Text]) -> DataError:
+    def _mismatch(self, e: DocumentProblem, docs: list[_Text]) -> DataError:
         _, file, row = [doc for doc in docs if isinstance(doc[0], str)][e.index]
-        return DataError(f"{file} {self.source.row_unit} {row} (source {self.source.name!r}): {e}")
+        return e.at(file, self.source.row_unit, row, self.source.name)
 
 
 def _textual(item: str | np.ndarray) -> bool:

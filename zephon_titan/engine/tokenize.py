@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 from zephon_titan.engine import tokenizer_backends
 from zephon_titan.engine.buffers import lasting_array
 from zephon_titan.engine.tokenizer_backends import Backend, ReferenceBackend
-from zephon_titan.errors import ConfigError, ZephonError
+from zephon_titan.errors import ConfigError, DataError, ZephonError
 
 TOKEN_DTYPE = np.int32
 
@@ -36,16 +36,52 @@ class SpecialTokenChoice:
     reason: str
 
 
-class BackendMismatch(ZephonError):
+class DocumentProblem(ZephonError):
+    """The document at `index` among the strings of an encode call gives no ids the run can use; the caller, which
+    knows where the document came from, names its file and row (`at`)."""
+
+    def __init__(self, index: int, message: str):
+        self.index = index
+        super().__init__(message)
+
+    def at(self, file: str, row_unit: str, row: int, source: str) -> DataError:
+        return DataError(f"{file} {row_unit} {row} (source {source!r}): {self}")
+
+
+class UnencodableText(DocumentProblem):
+    """A text no tokenizer can encode: it holds a lone surrogate (a JSON escape such as \\ud800 without its pair, or
+    those bytes encoded as UTF-8), which is no Unicode character. Python's json reads them; tokenizers cannot."""
+
+    def __init__(self, index: int, error: UnicodeEncodeError):
+        code = ord(error.object[error.start]) if isinstance(error.object, str) else 0
+        super().__init__(
+            index,
+            f"the text holds a lone surrogate (U+{code:04X} at character {error.start:,}), which is not a Unicode "
+            "character, so no tokenizer can encode it; fix the text (a JSON escape \\ud800-\\udfff must be one of "
+            "a pair)",
+        )
+
+
+def check_encodable(strings: Sequence[str]) -> None:
+    """Raise UnencodableText for the first string that is not Unicode text (after an encode call failed: the check
+    costs a UTF-8 copy of each string, so it never runs on the way to valid ids)."""
+    for index, text in enumerate(strings):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UnencodableText(index, e) from None
+
+
+class BackendMismatch(DocumentProblem):
     """The fast backend gave other ids than the reference for the document at `index` of an encode
     call (engine/source_reader.py names its file and row). The run stops: the rows must be the reference's."""
 
     def __init__(self, index: int, text: str, backend: str):
-        self.index = index
         super().__init__(
+            index,
             f"{backend} gives other ids than tokenizers for this document ({text[:60]!r}); the rows would "
             'depend on the backend, so the run stops: set [dataloader] tokenizer_backend = "tokenizers" '
-            "(and please report the document)"
+            "(and please report the document)",
         )
 
 
@@ -140,14 +176,15 @@ class DocumentTokenizer:
         backend = self._backend
         assert backend is not None
         if backend is self._reference:
-            return self._reference.encode_flat(strings)
+            return self._encode_reference(strings)
         try:
             ids, offsets = backend.encode_flat(strings)
         except Exception:  # some document it cannot encode: find it, so that the others stay fast's
+            check_encodable(strings)  # none can, if it is no Unicode text
             ids, offsets = self._encode_one_by_one(backend, strings)
         if self._verify_left > 0 and self._verify_chars_left > 0:
             k = self._documents_to_verify(strings)
-            ref_ids, ref_offsets = self._reference.encode_flat(strings[:k])
+            ref_ids, ref_offsets = self._encode_reference(strings[:k])
             if not (np.array_equal(ref_offsets, offsets[: k + 1]) and np.array_equal(ref_ids, ids[: offsets[k]])):
                 bad = tokenizer_backends.first_difference(self._reference, _Fixed(ids, offsets), strings[:k])
                 index = bad if bad is not None else 0
@@ -155,6 +192,13 @@ class DocumentTokenizer:
             self._verify_left -= k
             self._verify_chars_left -= sum(len(text) for text in strings[:k])
         return ids, offsets
+
+    def _encode_reference(self, strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self._reference.encode_flat(strings)
+        except Exception:
+            check_encodable(strings)  # the document that is no Unicode text, named; else tokenizers' own error
+            raise
 
     def _documents_to_verify(self, strings: list[str]) -> int:
         """How many of the leading `strings` the reference checks: the documents left to check, up to and

@@ -65,6 +65,8 @@ def parse_weights(text: str) -> dict[str, float]:
             weights[name.strip()] = float(value)
         except ValueError:
             raise ConfigError(f"--weights {text}: expected NAME=WEIGHT,... (e.g. web=0.7,code=0.3)") from None
+        if not 0 < weights[name.strip()] < math.inf:  # said now, not as a key of the job it would write
+            raise ConfigError(f"--weights {text}: {name.strip()}'s weight must be a finite number > 0, got {value}")
     return weights
 
 
@@ -82,6 +84,13 @@ def run(args, command: str) -> int:
 
     if os.path.exists(args.output) and not args.force:
         raise ConfigError(f"{args.output} exists; pass --force to replace it, or -o another file")
+    folder = os.path.dirname(os.path.abspath(args.output))
+    if os.path.isdir(args.output):  # found now, not after the files are read
+        raise ConfigError(
+            f"-o {args.output} is a folder; name a file in it (-o {os.path.join(args.output, 'job.toml')})"
+        )
+    if not os.path.isdir(folder):
+        raise ConfigError(f"-o {args.output}: the folder {folder} does not exist; create it or name a file elsewhere")
     check_tokenizer_dir(args.tokenizer)
     module, config = parse_recipe(args.recipe)
     given = parse_weights(args.weights or "")

@@ -23,6 +23,7 @@ from zephon_titan.config import SourceConfig
 from zephon_titan.engine.sources import open_source
 from zephon_titan.engine.sources.base import FileBlocks, Source
 from zephon_titan.engine.sources.storage import FileStat
+from zephon_titan.engine.tokenize import DocumentProblem
 
 SOURCE_BUDGET_BYTES = 16 << 20  # bytes of a source's files read (and tokenized) at most, spread over its samples
 FILE_BUDGET_BYTES = 2 << 20  # ... and at least this many per sampled file: smaller files are counted whole
@@ -127,14 +128,19 @@ def stratified(n: int, k: int, rng: random.Random) -> list[int]:
 def _count_block(source: Source, block: int, tokenizer, fraction: float, rng: random.Random) -> Count:
     """A block's documents, and its tokens and characters: all of its documents tokenized, or a seeded sample
     of about `fraction` of them (scaled up) where the block is bigger than its share of the budget."""
-    texts = source.read_block(block).texts
+    documents = source.read_block(block)
+    texts = documents.texts
     n = len(texts)
     if n == 0:
         return Count()
     take = n if fraction >= 1 else max(1, round(n * fraction))
     picked = range(n) if take == n else sorted(rng.sample(range(n), take))
     strings = [texts[i] for i in picked]
-    ids = tokenizer.encode(strings)
+    try:
+        ids = tokenizer.encode(strings)
+    except DocumentProblem as e:  # named as the run would name it
+        rows = [documents.rows[i] for i, text in zip(picked, strings) if isinstance(text, str)]
+        raise e.at(documents.file, source.row_unit, rows[e.index], source.name) from None
     scale = n / take
     return Count(
         documents=n,

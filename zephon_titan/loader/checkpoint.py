@@ -122,13 +122,32 @@ def _read_metadata(reader: FileSystemReader, kwargs: dict[str, Any]) -> Metadata
     rank = kwargs.get("rank")
     metadata: Metadata | None = getattr(reader, "checked_metadata", None) if rank is None else None
     if metadata is None:
-        with reader.fs.create_stream(reader._get_metadata_path(rank), "rb") as file:
+        path = reader._get_metadata_path(rank)
+        _refuse_special_file(str(path))
+        with reader.fs.create_stream(path, "rb") as file:
             metadata = unpickle_metadata(file, str(reader.path))  # type: ignore[arg-type]
+        storage = getattr(metadata, "storage_data", None) or {}
+        for name in sorted({getattr(info, "relative_path", "") for info in storage.values()} - {""}):
+            _refuse_special_file(os.path.join(str(reader.path), name))  # the .distcp files DCP will open
     if getattr(metadata, "storage_meta", None) is None:
         metadata.storage_meta = StorageMeta()
     assert metadata.storage_meta is not None
     metadata.storage_meta.load_id = reader.load_id
     return metadata
+
+
+def _refuse_special_file(path: str) -> None:
+    """A local `.metadata` that is a FIFO (its read would wait for a writer for good), a device or a folder is
+    refused before it is opened; a missing one is left to the reader, whose error the caller words."""
+    from zephon_titan.engine.sources import guards
+
+    if "://" in path:
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    guards.check_regular(path, st, ResumeError, "resume from a checkpoint folder as DCP wrote it")
 
 
 class SafeFileSystemReader(FileSystemReader):

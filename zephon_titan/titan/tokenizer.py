@@ -106,7 +106,7 @@ def _refuse_special_files(path: str, where: str) -> None:
             st = os.stat(file)
         except OSError:  # absent (or a dangling link): the library says what it misses
             continue
-        guards.check_regular(file, st, ConfigError)
+        guards.check_regular(file, st, ConfigError, f"{where}: point it at a folder of regular tokenizer files")
         if st.st_size > MAX_TOKENIZER_FILE_BYTES:
             raise ConfigError(
                 f"{where}: {name} has {st.st_size:,} bytes, more than the {MAX_TOKENIZER_FILE_BYTES:,} a tokenizer "

@@ -12,6 +12,7 @@ ones listed. expand_paths lists a source's files (storage.py: where they are).
 from __future__ import annotations
 
 import bisect
+import glob
 import hashlib
 import json
 import os
@@ -19,7 +20,7 @@ import posixpath
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -258,8 +259,9 @@ class Source(BlockPipeline, ABC):
         if self.column not in names:
             which = "token_field" if self.token_field else "text_field"
             raise DataError(
-                f"{path}: no column {self.column!r} (columns: {', '.join(names)}); set {which} for source {self.name!r}"
+                f"{path}: no column {self.column!r} (columns: {shown_names(names)}); set {which} for source {self.name!r}"
             )
+        _named_once(path, self.column, names)
 
     def check_field(self, path: str, name: str, names: list[str]) -> None:
         """A column the source's keep or repeat reads must be in the file; a derived value they use (chars, bytes)
@@ -273,8 +275,9 @@ class Source(BlockPipeline, ABC):
         if name not in names:
             raise DataError(
                 f"{path}: no column {name!r}, which source {self.name!r}'s keep or repeat reads (columns: "
-                f"{', '.join(names)}); fix the expression or the file"
+                f"{shown_names(names)}); fix the expression or the file"
             )
+        _named_once(path, name, names)
 
     def check_size(self, text: str, where: str) -> None:
         problem = self.size_problem(text)
@@ -358,6 +361,7 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         guards.refuse_credentials_in_path(pattern, f"[dataloader.sources.{source_name}] path")
         relative = not (os.path.isabs(pattern) or storage.is_uri(pattern))
         matches = storage.expand(pattern, options)
+        _refuse_a_file_named_like_a_glob(source_name, pattern, matches)
         if not matches:
             if not storage.is_uri(pattern) and os.path.isdir(pattern):
                 folder = pattern.rstrip("/")
@@ -375,6 +379,35 @@ def expand_paths(source_name: str, patterns: list[str], options: StorageOptions 
         files.update((m.path, m) for m in matches)
     guards.refuse_duplicate_targets(source_name, list(files))
     return [files[path] for path in sorted(files)]
+
+
+def shown_names(names: Iterable[str]) -> str:
+    """Field or column names from a data file, for a one-line message: a name with a newline or a terminal escape
+    in it is shown as its repr."""
+    return ", ".join(n if n.isprintable() else repr(n) for n in names)
+
+
+def _named_once(path: str, name: str, names: list[str]) -> None:
+    """A file may hold two columns of one name (Arrow and Parquet allow it); which one a source means cannot be told."""
+    if names.count(name) > 1:
+        raise DataError(
+            f"{path}: the file has {names.count(name)} columns named {name!r}, so which one to read cannot be told; "
+            "rename or drop the others"
+        )
+
+
+def _refuse_a_file_named_like_a_glob(source_name: str, pattern: str, matches: list[FileStat]) -> None:
+    """A local file whose name has glob characters (`data[1].jsonl`), named as it is: as a glob it matches other files
+    (`data1.jsonl`, read instead of it) or none. Which one was meant cannot be told, so say both."""
+    if storage.is_uri(pattern) or not any(c in pattern for c in "*?[") or not os.path.isfile(pattern):
+        return
+    others = [m.path for m in matches if os.path.abspath(m.path) != os.path.abspath(pattern)]
+    if others or not matches:
+        found = f"other files ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if others else "no file"
+        raise ConfigError(
+            f"source {source_name!r}: path {pattern!r} is a file, but as a glob it matches {found}; write "
+            f"{glob.escape(pattern)!r} to name the file alone, or rename it"
+        )
 
 
 def file_blocks(source: Source, path: str) -> Iterator[BlockDocuments]:

@@ -41,9 +41,19 @@ def column_documents(source: Source, column: pa.ChunkedArray, path: str, first_r
     if len(column) and pc.max(lengths).as_py() > source.max_document_chars:  # name the first one too long
         i = pc.index(pc.greater(lengths, source.max_document_chars), True).as_py()
         source.check_size(column[i].as_py(), f"{path} row {first_row + i}")
+
     # The column stays in Arrow's compact form (one buffer, no Python object per row): a row becomes a
     # Python string only when its document is due. A row group may be hundreds of MiB of text.
-    return BlockDocuments(path, LazyTexts(len(column), lambda i: column[i].as_py()), rows)
+    def text(i: int) -> str:
+        try:
+            return column[i].as_py()  # type: ignore[no-any-return]
+        except UnicodeDecodeError as e:  # Arrow does not check a file's strings; Python does, here
+            raise DataError(
+                f"{path} row {first_row + i}: column {source.text_field!r} is not valid UTF-8 (byte {e.start:,} of "
+                "its text); re-encode the file's text as UTF-8"
+            ) from None
+
+    return BlockDocuments(path, LazyTexts(len(column), text), rows)
 
 
 def with_columns(block: BlockDocuments, table: pa.Table, fields: list[str], records: bool) -> BlockDocuments:
@@ -65,8 +75,17 @@ def _token_lists(column: pa.ChunkedArray, path: str, name: str) -> TokenLists:
         raise DataError(f"{path}: column {name!r} has type {column.type}, expected lists of integer token ids")
     array = column.combine_chunks()
     offsets = array.offsets.to_numpy()
-    values = array.flatten().to_numpy().astype(np.int32, copy=False)
-    return TokenLists(values, offsets - offsets[0])
+    values = array.flatten().to_numpy()
+    if values.dtype.itemsize >= 4 and values.dtype != np.int32 and values.size:  # could hold ids past int32
+        limits = np.iinfo(np.int32)
+        wide = np.flatnonzero((values < limits.min) | (values > limits.max))
+        if wide.size:  # int32 would wrap such an id to another, valid-looking one (the lanes check the rest)
+            row = int(np.searchsorted(offsets - offsets[0], wide[0], side="right")) - 1
+            raise DataError(
+                f"{path} row {row}: column {name!r} holds token id {int(values[wide[0]]):,}, which no tokenizer's "
+                "vocabulary holds; the column must hold ids of this run's tokenizer"
+            )
+    return TokenLists(values.astype(np.int32, copy=False), offsets - offsets[0])
 
 
 class TokenLists(Sequence[np.ndarray]):

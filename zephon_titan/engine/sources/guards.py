@@ -41,14 +41,14 @@ def _kind(mode: int) -> str | None:
     return "not a regular file"
 
 
-def check_regular(path: str, st: os.stat_result, error: type[ZephonError] = DataError) -> None:
-    """Refuse anything but a regular file on a real filesystem (one line naming the path)."""
+SOURCE_FIX = "point the source at regular files (or narrow its glob)"
+
+
+def check_regular(path: str, st: os.stat_result, error: type[ZephonError] = DataError, fix: str = SOURCE_FIX) -> None:
+    """Refuse anything but a regular file on a real filesystem (one line naming the path; `fix`: what to do)."""
     kind = _kind(st.st_mode)
     if kind is not None:
-        raise error(
-            f"{path} is {kind}, not a regular file: zephon reads only regular files; point the source "
-            "at regular files (or narrow its glob)"
-        )
+        raise error(f"{path} is {kind}, not a regular file: zephon reads only regular files; {fix}")
     real = os.path.realpath(path)
     if real.startswith(PSEUDO_ROOTS):
         raise error(
@@ -57,27 +57,29 @@ def check_regular(path: str, st: os.stat_result, error: type[ZephonError] = Data
         )
 
 
-def open_regular(path: str, error: type[ZephonError] = DataError) -> int:
+def open_regular(path: str, error: type[ZephonError] = DataError, fix: str = SOURCE_FIX) -> int:
     """A read-only descriptor of `path`, checked to be a regular file before and after opening.
 
     The stat comes first so that no device is ever opened; O_NONBLOCK closes the race with a
     swap to a FIFO between the stat and the open (such an open returns at once instead of
     waiting for a writer), and the fstat checks what was actually opened.
     """
-    check_regular(path, os.stat(path), error)
+    check_regular(path, os.stat(path), error, fix)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        check_regular(path, os.fstat(fd), error)
+        check_regular(path, os.fstat(fd), error, fix)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def open_bounded(path: str, max_bytes: int, what: str, error: type[ZephonError] = ConfigError) -> BinaryIO:
+def open_bounded(
+    path: str, max_bytes: int, what: str, error: type[ZephonError] = ConfigError, fix: str = SOURCE_FIX
+) -> BinaryIO:
     """A regular file (open_regular) of at most `max_bytes`, opened for streaming reads; `what` names it in
     the refusal of a larger one (a sparse file of gigabytes would otherwise be read whole)."""
-    fd = open_regular(path, error)
+    fd = open_regular(path, error, fix)
     size = os.fstat(fd).st_size
     if size > max_bytes:
         os.close(fd)

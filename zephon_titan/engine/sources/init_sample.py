@@ -66,9 +66,11 @@ class InitSampling:
 
 
 def string_columns(schema: pa.Schema) -> tuple[list[str], dict[str, str]]:
-    """(the string columns, {other column: its type})."""
-    strings = [f.name for f in schema if is_text_type(f.type)]
-    return strings, {f.name: str(f.type) for f in schema if f.name not in strings}
+    """(the string columns, {other column: its type}); a name two columns share is no column init can choose."""
+    twice = {name for name in schema.names if schema.names.count(name) > 1}
+    strings = [f.name for f in schema if is_text_type(f.type) and f.name not in twice]
+    others = {f.name: str(f.type) for f in schema if f.name not in strings}
+    return strings, {**others, **{name: "the name of more than one column" for name in twice}}
 
 
 def columns_sample(first_rows: pa.Table | pa.RecordBatch, others: dict[str, str], total: int) -> Sample:

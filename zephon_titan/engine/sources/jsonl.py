@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_titan.engine.sources import node_cache, storage
-from zephon_titan.engine.sources.base import FileBlocks, Listing, Source
+from zephon_titan.engine.sources.base import FileBlocks, Listing, Source, shown_names
 from zephon_titan.engine.sources.block_documents import BlockDocuments, LazyTexts
 from zephon_titan.engine.sources.formats import Format
 from zephon_titan.engine.sources.init_sample import InitSampling
-from zephon_titan.engine.sources.jsonl_files import check_record, compression, init_sample, num_blocks
+from zephon_titan.engine.sources.jsonl_files import check_record, compression, init_sample, num_blocks, unreadable_json
 from zephon_titan.engine.sources.storage import FileStat
 from zephon_titan.errors import DataError
 
@@ -147,8 +147,8 @@ class JsonlSource(Source):
         for offset, length in zip(rows, lengths):
             line = data[offset - start : offset - start + length]
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = _decode_json(line)
+            except (ValueError, RecursionError):
                 record = None
             if not isinstance(record, dict):
                 self._text_of(line, path, offset, line_number)  # its one-line error
@@ -299,10 +299,16 @@ class JsonlSource(Source):
     def _parse_record(self, line: bytes) -> dict[str, Any]:
         try:
             record = _decode_json(line)
-        except UnicodeDecodeError as e:
-            raise _BadLine(f"line is not valid UTF-8 ({e}); re-encode the file as UTF-8") from None
-        except json.JSONDecodeError as e:
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            if b"\0" in line[:4]:  # what UTF-16 or UTF-32 text looks like, read as UTF-8
+                raise _BadLine(
+                    "line is not UTF-8 text: the file looks UTF-16 or UTF-32; re-encode it as UTF-8"
+                ) from None
+            if isinstance(e, UnicodeDecodeError):
+                raise _BadLine(f"line is not valid UTF-8 ({e}); re-encode the file as UTF-8") from None
             raise _BadLine(f"line is not valid JSON ({e.msg}, column {e.colno}); fix or remove it") from None
+        except (ValueError, RecursionError) as e:  # JSON that Python's json cannot hold
+            raise _BadLine(unreadable_json(e) or str(e)) from None
         if not isinstance(record, dict):
             raise _BadLine(f"expected a JSON object per line, got {type(record).__name__}")
         return record
@@ -310,7 +316,7 @@ class JsonlSource(Source):
     def _parse_line(self, line: bytes) -> str:
         record = self._parse_record(line)
         if self.text_field not in record:
-            keys = ", ".join(sorted(record)[:10])
+            keys = shown_names(sorted(record)[:10])
             raise _BadLine(f"no field {self.text_field!r} (fields: {keys}); set text_field for source {self.name!r}")
         text = record[self.text_field]
         if not isinstance(text, str):
@@ -326,12 +332,14 @@ _SCAN = _DECODER.scan_once  # type: ignore[attr-defined]  # what _DECODER.decode
 
 
 def _decode_json(line: bytes) -> Any:
-    """json.loads(line), without its per-call checks on the common line (an object, so `{` first, then no zero
-    byte: UTF-8 by json.detect_encoding's own rules): the same decoding ("surrogatepass", as json.loads decodes
-    bytes), the same errors."""
+    """json.loads(line) of a UTF-8 line, without its per-call checks on the common line (an object, so `{` first,
+    then no zero byte): the same decoding ("surrogatepass", as json.loads decodes bytes), the same errors. Any other
+    line is UTF-8 too (a byte order mark at its start left out, as json.loads does): json.loads would take a line of
+    a UTF-16 or UTF-32 file for its own encoding, read the lines whose bytes happen to pair up, and fail only at the
+    file's last line, after the lanes trained the rest."""
     if line[:1] == b"{" and line[1:2] != b"\0":
         return _DECODER.decode(line.decode("utf-8", "surrogatepass"))
-    return json.loads(line)
+    return json.loads(line.decode("utf-8-sig", "surrogatepass"))
 
 
 @lru_cache(maxsize=64)

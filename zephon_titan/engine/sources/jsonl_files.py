@@ -88,11 +88,22 @@ def _count_lines(stream: pa.NativeFile, handle: pa.NativeFile, seen: int, size: 
     return float(seen * size / handle.tell())  # tell() is untyped
 
 
+def unreadable_json(e: ValueError | RecursionError) -> str | None:
+    """What is wrong with a line Python's json refuses although it is JSON (None for any other error): a number of
+    more digits than Python converts, or arrays and objects nested deeper than its parser recurses."""
+    if isinstance(e, RecursionError):
+        return "line nests arrays or objects too deeply for Python's json to read; flatten the record or remove it"
+    if isinstance(e, (UnicodeDecodeError, json.JSONDecodeError)):
+        return None
+    return f"line cannot be read by Python's json ({e}); write the value as a string or remove it"
+
+
 def _record(line: bytes, path: str, number: int) -> dict[str, Any]:
     try:
-        record = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path} line {number}: not valid JSON ({e}); fix the line or leave the file out") from None
+        record = json.loads(line.decode("utf-8-sig", "surrogatepass"))  # UTF-8 only, as the lanes read it
+    except (ValueError, RecursionError) as e:
+        problem = unreadable_json(e) or f"not valid JSON ({e}); fix the line or leave the file out"
+        raise ConfigError(f"{path} line {number}: {problem}") from None
     if not isinstance(record, dict):
         raise ConfigError(f"{path} line {number}: a JSON {type(record).__name__}, expected an object per line")
     return record
