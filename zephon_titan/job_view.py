@@ -185,38 +185,6 @@ class LoaderJob:
             validate_batch_layout(data.num_lanes, self.eval_global_batch_size, dp_world_size, self.local_batch_size)
         except ConfigError as e:
             raise ConfigError(f"{self.path}: {eval_message(e)}") from None
-        refuse_trained_eval_files(self.path, self.data, data)
-
-
-def refuse_trained_eval_files(job: str, train: DataConfig, evaluation: DataConfig) -> None:
-    """An eval source's local file that a training source reads too: its loss would be measured on trained documents
-    (the held-out way, eval_fraction, keeps them apart). Globs are listed again here; object storage is not."""
-    from zephon_titan.engine.sources import storage
-
-    if evaluation.split == "eval":  # the held-out part of the training sources: apart by construction
-        return
-
-    def files(data: DataConfig) -> dict[str, str]:  # real path -> source name
-        return {
-            os.path.realpath(match.path): source.name
-            for source in data.sources
-            for pattern in source.paths
-            if not storage.is_uri(pattern)
-            for match in storage.expand(pattern)
-        }
-
-    evaluated = files(evaluation)
-    if not evaluated:
-        return
-    trained = files(train)
-    both = sorted(set(evaluated) & set(trained))
-    if both:
-        raise ConfigError(
-            f"{job}: [validator.dataloader.sources.{evaluated[both[0]]}] reads {both[0]}, which "
-            f"[dataloader.sources.{trained[both[0]]}] trains on ({len(both)} such file{'s' * (len(both) > 1)}): its "
-            "eval loss would be measured on trained documents; give the eval set other files, or hold documents out "
-            "with eval_fraction"
-        )
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -28,7 +28,7 @@ from zephon_titan.engine.ledger import LedgerEntry, step_entry
 from zephon_titan.engine.spec import EngineSpec
 from zephon_titan.errors import ConfigError
 from zephon_titan.job_file import check_eval_data, eval_message, read_job_file
-from zephon_titan.job_view import FileJob, LoaderJob, refuse_trained_eval_files
+from zephon_titan.job_view import FileJob, LoaderJob
 from zephon_titan.titan.tokenizer import loader_tokenizer
 
 
@@ -103,7 +103,6 @@ def plan_eval_set(job_path: str | LoaderJob) -> dict:
     job = open_job(job_path) if isinstance(job_path, str) else job_path
     data = job.eval_data
     check_eval_data(data)
-    refuse_trained_eval_files(str(job.path), job.data, data)
     spec = build_engine(data, job.seq_len, loader_tokenizer(data, job.trainer_tokenizer))
     batch = job.eval_global_batch_size
     try:

@@ -510,41 +510,6 @@ def test_validate_names_a_lone_surrogate_as_the_lanes_do(tmp_path, corpus_dir, t
         assert "lone surrogate (U+DC00 at character 1)" in err
 
 
-# ---- an eval set of its own that reads training files --------------------------------------------------------
-
-
-@pytest.mark.parametrize("how", ["the same glob", "one file", "a symlink to one"])
-def test_eval_files_that_training_reads_are_refused(tmp_path, corpus_dir, tokenizer_dir, capsys, how):
-    """Before: [validator.dataloader.sources.x] over training files was planned and run: an eval loss on trained
-    documents, said nowhere. The held-out way (eval_fraction) and separate files stay (the control)."""
-    from zephon_titan.cli import main
-    from zephon_titan.plan import plan_eval_set
-
-    os.symlink(f"{corpus_dir}/prose/part-00001.jsonl", tmp_path / "linked.jsonl")
-    paths = {
-        "the same glob": f"{corpus_dir}/prose/*.jsonl",
-        "one file": f"{corpus_dir}/prose/part-00001.jsonl",
-        "a symlink to one": str(tmp_path / "linked.jsonl"),
-    }[how]
-    validator = f'[validator]\nenable = true\nsteps = 1\n[validator.dataloader.sources.ev]\npaths = ["{paths}"]\n'
-    job = write_job(tmp_path / "job.toml", corpus_dir, tokenizer_dir, validator=validator)
-    assert main(["plan", job, "--validation"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert re.fullmatch(
-        r"zephon-titan: error: .*job\.toml: \[validator\.dataloader\.sources\.ev\] reads .*/prose/part-0000\d\.jsonl, "
-        r"which \[dataloader\.sources\.prose\] trains on \(\d such files?\): its eval loss would be measured on "
-        r"trained documents; give the eval set other files, or hold documents out with eval_fraction",
-        err,
-    ), err
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps({"text": f"held apart {i}"}) + "\n" for i in range(40)))
-    apart = validator.replace(paths, str(tmp_path / "eval.jsonl"))
-    assert plan_eval_set(write_job(tmp_path / "apart.toml", corpus_dir, tokenizer_dir, validator=apart))["rows"]
-    held = "[validator]\nenable = true\nsteps = 1\n"
-    assert plan_eval_set(
-        write_job(tmp_path / "held.toml", corpus_dir, tokenizer_dir, source="eval_fraction = 0.2", validator=held)
-    )["rows"]
-
-
 @pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
 def test_a_checkpoint_index_that_is_no_file_is_one_line_not_a_hang(tmp_path, kind):
     """Before: a `.metadata` that is a FIFO hung `plan --from-checkpoint` (and a resume) for good; a folder was
