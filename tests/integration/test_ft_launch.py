@@ -114,12 +114,18 @@ def test_titan_ft_trainer_under_the_launcher(tmp_path, capsys):
         assert main(["verify", str(tmp_path / "plan.jsonl"), str(tmp_path / f"run{nproc}" / "ledger.jsonl")]) == 0
         assert "identical" in capsys.readouterr().out
     assert sorted(losses[0]) == [1, 2, 3] and losses[0] == losses[1], losses
+    assert_another_seed_differs(tmp_path, job, 3, str(tmp_path / "run1" / "ledger.jsonl"))
+
+
+def assert_another_seed_differs(tmp_path, job: str, steps: int, ledger: str) -> None:
+    """The control of a `verify` against the plan: the plan of the same job with another seed is not the ledger."""
     with open(job) as f:
         other = f.read().replace("seed = 7", "seed = 8")
+    assert other != open(job).read()
     with open(tmp_path / "other.toml", "w") as f:
         f.write(other)
-    assert main(["plan", str(tmp_path / "other.toml"), "--steps", "3", "-o", str(tmp_path / "other.jsonl")]) == 0
-    assert main(["verify", str(tmp_path / "other.jsonl"), str(tmp_path / "run1" / "ledger.jsonl")]) == 1
+    assert main(["plan", str(tmp_path / "other.toml"), "--steps", str(steps), "-o", str(tmp_path / "other.jsonl")]) == 0
+    assert main(["verify", str(tmp_path / "other.jsonl"), ledger]) == 1
 
 
 def test_a_failing_group_is_one_line_and_the_status(tmp_path, capsys):
@@ -162,9 +168,9 @@ def test_titan_ft_trainer_group_restarted_by_torchrun_heals(tmp_path, capsys, mo
     inside step 3, torchrun (--max-restarts 1) starts the group's 2 ranks again, and the new life heals from group 0
     and trains on with it. Group 0 trains on alone meanwhile (min_replica_size 1); the harness holds it before step
     5 until the new life is about to ask for its first quorum (its pause, not the loader's). The union of the
-    groups' ledgers is `plan`'s (`verify`: identical). This found that the new life's rank 1 read the dead Manager's
-    address from torchrun's store (connection refused, the group failed for good): rank 0 now serves a fresh store
-    per life (loader/ft_store.py)."""
+    groups' ledgers is `plan`'s (`verify`: identical; another seed's plan is not). This found that the new life's
+    ranks read dead addresses from torchrun's store (the Manager's: refused; gloo's: a hang): rank 0 now serves a
+    fresh store per life (loader/ft_store.py)."""
     with open(ft_run.build_job(str(tmp_path))) as f:
         table = json.load(f)
     out = tmp_path / "run"
@@ -192,3 +198,4 @@ def test_titan_ft_trainer_group_restarted_by_torchrun_heals(tmp_path, capsys, mo
     assert main(["plan", job, "--steps", str(steps), "-o", str(tmp_path / "plan.jsonl")]) == 0
     assert main(["verify", str(tmp_path / "plan.jsonl"), str(out / "ledger.jsonl")]) == 0
     assert "identical" in capsys.readouterr().out
+    assert_another_seed_differs(tmp_path, job, steps, str(out / "ledger.jsonl"))
