@@ -228,7 +228,15 @@ def test_titan_ft_trainer_loses_and_repeats_no_row(tmp_path, capsys):
 
 def test_titan_stock_ft_path_loses_rows_under_the_same_kill(tmp_path):
     """The negative control of the proof above: TorchTitan's FT trainer as it is (see the module's docstring)."""
-    control = launch(str(tmp_path / "stock"), trainer="stock", restart=False)
+    try:
+        control = launch(str(tmp_path / "stock"), trainer="stock", restart=False)
+    except SystemExit as e:
+        # TorchTitan's FT path as it ships can fail a group by itself: once in CI (2026-12-06, load ~5) group 0 died
+        # in its own forward ("setStorage: ... out of bounds for storage of size 0", a parameter with no storage,
+        # asynchronous quorum) and group 1 then timed out on the quorum. The control needs a run that ends: once more.
+        if "replica groups failed" not in str(e):
+            raise
+        control = launch(str(tmp_path / "stock_again"), trainer="stock", restart=False)
     # TorchTitan's step counter counts the failed attempt too: training.steps attempts, one fewer commits.
     assert control["committed_steps"] == list(range(1, STEPS)), control
     steps = control["steps"]
